@@ -1,0 +1,151 @@
+"""The artifact, format version 1: "for kernel K, key values V, on device D, use config C".
+
+Identity = (format, kernel, key, device); the content address is sha256 of its canonical JSON.
+Provenance (versions, time, every candidate's timing) never enters the identity.
+Nothing read from an artifact is ever executed or imported.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import codec
+from .codec import Fields
+from .config import Config
+from .device import DeviceIdentity
+from .errors import ArtifactError
+
+FORMAT_VERSION = 1
+KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FILE_NAME = re.compile(r"(?P<kernel>.+)-(?P<address>[0-9a-f]{16})\.json")
+PROVENANCE_FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "created", "space_hash", "ranking",
+                     "candidates")
+RANKINGS = ("measured", "synthetic", "imported")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    kernel: str
+    key: Mapping[str, Any]
+    device: DeviceIdentity
+    config: Config
+    provenance: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    def identity(self) -> dict:
+        return {"format": FORMAT_VERSION, "kernel": self.kernel, "key": dict(self.key),
+                "device": self.device.to_json()}
+
+    @property
+    def address(self) -> str:
+        return hashlib.sha256(codec.canonical(self.identity())).hexdigest()
+
+    @property
+    def filename(self) -> str:
+        return f"{self.kernel}-{self.address[:16]}.json"
+
+    def key_axes(self) -> tuple[str, ...]:
+        return tuple(sorted(self.key))
+
+    def to_json(self) -> dict:
+        doc = {**self.identity(), "config": self.config.to_json()}
+        if self.provenance is not None:
+            doc["provenance"] = dict(self.provenance)
+        return doc
+
+    def to_bytes(self) -> bytes:
+        return codec.canonical(self.to_json()) + b"\n"
+
+    @classmethod
+    def from_json(cls, doc: Any, *, file: object = None) -> "Artifact":
+        f = Fields(file, ArtifactError)
+        f.table(doc, "", ("format", "kernel", "key", "device", "config"), ("provenance",))
+        version = doc["format"]
+        if isinstance(version, bool) or not isinstance(version, int):
+            f.fail("format", f"must be an integer, not {codec._kind(version)}")
+        if version != FORMAT_VERSION:
+            f.fail("format", f"is unknown format version {version} (this flytune reads {FORMAT_VERSION})")
+        kernel = f.string(doc["kernel"], "kernel", KERNEL_NAME, "a dotted Python name (e.g. pkg.rmsnorm)", 200)
+        key = f.mapping(doc["key"], "key")
+        if len(key) > 64:
+            f.fail("key", "must have at most 64 axes")
+        for axis, value in key.items():
+            f.string(axis, "key", AXIS_NAME, f"an identifier naming a kernel parameter (axis {axis!r})", 128)
+            f.scalar(value, f"key.{axis}")
+            if isinstance(value, str) and len(value) > 256:
+                f.fail(f"key.{axis}", "must be at most 256 characters")
+        device = DeviceIdentity.from_json(doc["device"], f)
+        config = Config.from_json(doc["config"], f)
+        provenance = doc.get("provenance")
+        if provenance is not None:
+            _check_provenance(provenance, f)
+        return cls(kernel, key, device, config, provenance)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, file: object = None, check_name: bool = True,
+                   canonical: bool = False) -> "Artifact":
+        doc = codec.loads(data, file=file, error=ArtifactError)
+        art = cls.from_json(doc, file=file)
+        if check_name and file is not None:
+            name = os.path.basename(str(file))
+            if name != art.filename:
+                raise ArtifactError(f"does not match the content address: expected file name "
+                                    f"{art.filename!r}, found {name!r} (edited by hand or renamed?)",
+                                    file=file, field="<file name>")
+        if canonical and data != art.to_bytes():
+            raise ArtifactError("is not in canonical form (sorted keys, fixed separators, one trailing "
+                                "newline); rewrite it with `flytune fmt`", file=file, field="<document>")
+        return art
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, canonical: bool = False) -> "Artifact":
+        return cls.from_bytes(read_capped(path, ArtifactError), file=path, canonical=canonical)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write atomically; returns the path. Same identity, same file name."""
+        from .fsutil import atomic_write
+
+        path = Path(directory) / self.filename
+        atomic_write(path, self.to_bytes())
+        return path
+
+
+def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(cap + 1)
+    except OSError as e:
+        raise error(f"cannot be read: {e.strerror}", file=path) from None
+    if len(data) > cap:
+        raise error(f"is over the {cap}-byte cap", file=path)
+    return data
+
+
+def _check_provenance(p: Any, f: Fields) -> None:
+    f.table(p, "provenance", (), PROVENANCE_FIELDS)
+    for name in ("flytune", "triton", "torch", "cuda", "hip", "created"):
+        if p.get(name) is not None:
+            f.string(p[name], f"provenance.{name}", max_len=128)
+    if p.get("space_hash") is not None:
+        f.string(p["space_hash"], "provenance.space_hash", re.compile(r"[0-9a-f]{64}"), "a sha256 hex digest")
+    if p.get("ranking") is not None and p["ranking"] not in RANKINGS:
+        f.fail("provenance.ranking", f"must be one of {', '.join(RANKINGS)}, not {p['ranking']!r}")
+
+    def candidate(v, path):
+        f.table(v, path, ("config", "time_ms"), ("error",))
+        Config.from_json(v["config"], f, f"{path}.config")
+        f.number(v["time_ms"], f"{path}.time_ms", nullable=True)
+        if "error" in v:
+            f.string(v["error"], f"{path}.error", max_len=4096)
+
+    if "candidates" in p:
+        f.array(p["candidates"], "provenance.candidates", candidate, max_items=4096)
+
+
+def load_dir(directory: str | os.PathLike, *, canonical: bool = False) -> list[Artifact]:
+    """Every `*.json` artifact directly under `directory`, sorted by file name."""
+    return [Artifact.load(p, canonical=canonical) for p in sorted(Path(directory).glob("*.json"))]

@@ -1,0 +1,109 @@
+"""One launch configuration: constexpr kwargs plus compiler options, JSON scalars only."""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from .codec import Fields, canonical
+from .errors import ArtifactError, DeclarationError
+
+COMPILER_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class Config:
+    """A JSON-serialisable launch config, hashable and immutable.
+
+    `flytune_build.Config({"BLOCK": 1024}, num_warps=8)` mirrors `triton.Config`.
+    """
+
+    __slots__ = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "_launch", "_hash")
+
+    def __init__(self, kwargs: Mapping[str, Any] | None = None, num_warps: int = 4, num_stages: int = 3,
+                 num_ctas: int = 1, maxnreg: int | None = None):
+        kwargs = dict(kwargs or {})
+        f = Fields("<config>", DeclarationError)
+        for name, value in kwargs.items():
+            f.string(name, "kwargs", _IDENT, "a Python identifier")
+            if name in COMPILER_OPTIONS:
+                f.fail(f"kwargs.{name}", "is a compiler option: pass it as a keyword, not a kernel kwarg")
+            f.scalar(value, f"kwargs.{name}")
+        f.integer(num_warps, "num_warps", 1, 64)
+        f.integer(num_stages, "num_stages", 0, 16)
+        f.integer(num_ctas, "num_ctas", 1, 16)
+        f.integer(maxnreg, "maxnreg", 1, 1024, nullable=True)
+        object.__setattr__(self, "kwargs", kwargs)
+        object.__setattr__(self, "num_warps", num_warps)
+        object.__setattr__(self, "num_stages", num_stages)
+        object.__setattr__(self, "num_ctas", num_ctas)
+        object.__setattr__(self, "maxnreg", maxnreg)
+        launch = dict(kwargs, num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas)
+        if maxnreg is not None:
+            launch["maxnreg"] = maxnreg
+        object.__setattr__(self, "_launch", launch)
+        object.__setattr__(self, "_hash", hash(canonical(self.to_json())))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Config is immutable")
+
+    def launch_kwargs(self) -> dict:
+        """Keyword arguments for `JITFunction.run` (shared: do not mutate)."""
+        return self._launch
+
+    def to_json(self) -> dict:
+        return {"kwargs": dict(self.kwargs), "num_warps": self.num_warps, "num_stages": self.num_stages,
+                "num_ctas": self.num_ctas, "maxnreg": self.maxnreg}
+
+    @classmethod
+    def from_json(cls, value: Any, f: Fields, path: str = "config") -> "Config":
+        f.table(value, path, ("kwargs",), COMPILER_OPTIONS)
+        kw = f.mapping(value["kwargs"], f"{path}.kwargs")
+        for name, v in kw.items():
+            f.string(name, f"{path}.kwargs", _IDENT, "a Python identifier (kwarg name)")
+            if name in COMPILER_OPTIONS:
+                f.fail(f"{path}.kwargs.{name}", "is a compiler option and belongs beside `kwargs`")
+            f.scalar(v, f"{path}.kwargs.{name}")
+        opts = {
+            "num_warps": f.integer(value.get("num_warps", 4), f"{path}.num_warps", 1, 64),
+            "num_stages": f.integer(value.get("num_stages", 3), f"{path}.num_stages", 0, 16),
+            "num_ctas": f.integer(value.get("num_ctas", 1), f"{path}.num_ctas", 1, 16),
+            "maxnreg": f.integer(value.get("maxnreg"), f"{path}.maxnreg", 1, 1024, nullable=True),
+        }
+        return cls(kw, **opts)
+
+    @classmethod
+    def coerce(cls, config: Any) -> "Config":
+        """Accept our Config, a `triton.Config` (duck-typed, no import) or a JSON dict."""
+        if isinstance(config, Config):
+            return config
+        if isinstance(config, Mapping):
+            return cls.from_json(dict(config), Fields("<config>", DeclarationError))
+        if hasattr(config, "kwargs") and hasattr(config, "num_warps"):
+            if getattr(config, "pre_hook", None) is not None:
+                raise DeclarationError("a config with a pre_hook cannot be stored as data", field="configs")
+            return cls(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages,
+                       num_ctas=getattr(config, "num_ctas", 1), maxnreg=getattr(config, "maxnreg", None))
+        raise DeclarationError(f"must be a flytune_build.Config, a triton.Config or a dict, not "
+                               f"{type(config).__name__}", field="configs")
+
+    def __eq__(self, other):
+        return isinstance(other, Config) and self.to_json() == other.to_json()
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):
+        kw = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        opts = f"num_warps={self.num_warps}, num_stages={self.num_stages}, num_ctas={self.num_ctas}"
+        if self.maxnreg is not None:
+            opts += f", maxnreg={self.maxnreg}"
+        return f"Config({kw + ', ' if kw else ''}{opts})"
+
+    __str__ = __repr__
+
+
+def space_hash(configs) -> str:
+    """Hash of a search space, independent of nothing but its configs and their order."""
+    import hashlib
+
+    return hashlib.sha256(canonical([c.to_json() for c in configs])).hexdigest()

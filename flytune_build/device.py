@@ -1,0 +1,115 @@
+"""Device identity: what a tuned config was measured on, and what the process runs on now.
+
+Detection imports torch/triton lazily; everything else here is pure.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .codec import Fields
+from .errors import DeviceError
+
+BACKENDS = ("cuda", "hip", "interpreter")
+ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?|gfx[0-9a-f]{3,5}|interpreter")
+NAME = re.compile(r"[\x20-\x7e]{1,128}")
+INTERPRETER_NAME = "Triton interpreter"
+
+
+@dataclass(frozen=True, order=True)
+class DeviceIdentity:
+    backend: str
+    arch: str
+    name: str
+    units: int
+
+    def to_json(self) -> dict:
+        return {"backend": self.backend, "arch": self.arch, "name": self.name, "units": self.units}
+
+    @classmethod
+    def from_json(cls, value: Any, f: Fields, path: str = "device") -> "DeviceIdentity":
+        f.table(value, path, ("backend", "arch", "name", "units"))
+        backend = f.string(value["backend"], f"{path}.backend")
+        if backend not in BACKENDS:
+            f.fail(f"{path}.backend", f"must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        arch = f.string(value["arch"], f"{path}.arch", ARCH, "an arch such as sm_90, gfx942 or interpreter")
+        if backend_of(arch) != backend:
+            f.fail(f"{path}.arch", f"{arch!r} is not a {backend} arch")
+        name = f.string(value["name"], f"{path}.name", NAME, "printable ASCII, 1-128 characters")
+        units = f.integer(value["units"], f"{path}.units", 0, 100_000)
+        return cls(backend, arch, name, units)
+
+    def spec(self) -> str:
+        """The FLYTUNE_DEVICE form of this identity."""
+        if self == INTERPRETER:
+            return "interpreter"
+        return f"{self.backend}:{self.arch}:{self.units}:{self.name}"
+
+    def __str__(self):
+        return self.spec()
+
+
+INTERPRETER = DeviceIdentity("interpreter", "interpreter", INTERPRETER_NAME, 0)
+
+
+def backend_of(arch: str) -> str:
+    if arch.startswith("sm_"):
+        return "cuda"
+    if arch.startswith("gfx"):
+        return "hip"
+    return "interpreter"
+
+
+def parse_spec(spec: str, *, source: str = "FLYTUNE_DEVICE") -> DeviceIdentity:
+    """Parse `interpreter` or `<backend>:<arch>:<units>:<name>`, e.g. `cuda:sm_90:132:NVIDIA H200`."""
+    f = Fields(source, DeviceError)
+    spec = spec.strip()
+    if spec == "interpreter":
+        return INTERPRETER
+    parts = spec.split(":", 3)
+    if len(parts) != 4:
+        f.fail("", f"must be `interpreter` or `<backend>:<arch>:<units>:<name>` "
+                   f"(e.g. `cuda:sm_90:132:NVIDIA H200`), not {spec!r}")
+    backend, arch, units, name = parts
+    if not units.isdigit():
+        f.fail("units", f"must be a whole number, not {units!r}")
+    return DeviceIdentity.from_json({"backend": backend, "arch": arch, "name": name, "units": int(units)},
+                                    Fields(source, DeviceError), "")
+
+
+_current: DeviceIdentity | None = None
+
+
+def current() -> DeviceIdentity:
+    """The device this process runs on: FLYTUNE_DEVICE, else the interpreter, else torch's device 0."""
+    global _current
+    if _current is None:
+        _current = detect()
+    return _current
+
+
+def reset() -> None:
+    """Forget the detected device (tests change FLYTUNE_DEVICE)."""
+    global _current
+    _current = None
+
+
+def detect() -> DeviceIdentity:
+    spec = os.environ.get("FLYTUNE_DEVICE")
+    if spec:
+        return parse_spec(spec)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return INTERPRETER
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError("no GPU is visible and TRITON_INTERPRET is not set; set FLYTUNE_DEVICE or "
+                          "TRITON_INTERPRET=1", field="device")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(torch.version, "hip", None):
+        arch = props.gcnArchName.split(":")[0]
+        return DeviceIdentity("hip", arch, props.name.strip(), props.multi_processor_count)
+    major, minor = props.major, props.minor
+    return DeviceIdentity("cuda", f"sm_{major}{minor}", props.name.strip(), props.multi_processor_count)

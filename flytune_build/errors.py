@@ -1,0 +1,50 @@
+"""Typed errors. Each names the file, the field (dotted key / JSON path) and the rule broken."""
+from __future__ import annotations
+
+
+class FlytuneError(Exception):
+    """Base of every error flytune raises on purpose."""
+
+    def __init__(self, rule: str, *, file: object = None, field: str | None = None):
+        self.file = None if file is None else str(file)
+        self.field = field or None
+        self.rule = rule
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = f"{self.file}: " if self.file else ""
+        if self.field:
+            return f"{where}Field `{self.field}` {self.rule}"
+        return f"{where}{self.rule}"
+
+    def to_json(self) -> dict:
+        return {"type": type(self).__name__, "file": self.file, "field": self.field, "rule": self.rule,
+                "message": str(self)}
+
+
+class ArtifactError(FlytuneError):
+    """An artifact file breaks the format."""
+
+
+class ProjectError(FlytuneError):
+    """`[tool.flytune]` in pyproject.toml is invalid."""
+
+
+class DeviceError(FlytuneError):
+    """A device identity or target declaration is invalid."""
+
+
+class BundleError(FlytuneError):
+    """A bundle (manifest, shard, wheel) is invalid or does not match its hashes."""
+
+
+class DeclarationError(FlytuneError, ValueError):
+    """An `autotune` declaration names something the kernel does not have."""
+
+
+class SearchError(FlytuneError, RuntimeError):
+    """Every candidate config failed during a search."""
+
+
+class ArtifactExecutionError(FlytuneError, RuntimeError):
+    """An accepted artifact failed to compile or launch; never retried with a default."""
