@@ -1,0 +1,91 @@
+"""The declared key: which kernel parameters are tuning axes, and how a numeric axis is bucketed.
+
+`key=["x", "N", pow2("M"), nearest("B")]`: a tensor parameter contributes its dtype, a scalar its value;
+`pow2` rounds up to the next power of two, `nearest` snaps to the nearest tuned value (ties go down).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .errors import DeclarationError
+
+MODES = ("value", "pow2", "nearest")
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    mode: str = "value"
+
+    def __str__(self):
+        return self.name if self.mode == "value" else f"{self.mode}({self.name})"
+
+
+def pow2(name: str) -> Axis:
+    """A numeric axis bucketed to the next power of two (1, 2, 4, ...)."""
+    return Axis(name, "pow2")
+
+
+def nearest(name: str) -> Axis:
+    """A numeric axis snapped to the nearest tuned value."""
+    return Axis(name, "nearest")
+
+
+def parse_axes(key: Sequence[Any], arg_names: Sequence[str], kernel: str) -> tuple[Axis, ...]:
+    if isinstance(key, (str, Axis)):
+        key = [key]
+    axes = []
+    for i, entry in enumerate(key):
+        axis = Axis(entry) if isinstance(entry, str) else entry
+        if not isinstance(axis, Axis):
+            raise DeclarationError(f"must be a parameter name, pow2(name) or nearest(name), not "
+                                   f"{type(entry).__name__}", file=kernel, field=f"key[{i}]")
+        if axis.name not in arg_names:
+            from .codec import did_you_mean
+            raise DeclarationError(f"names {axis.name!r}, which is not a parameter of the kernel "
+                                   f"({', '.join(arg_names)})" + did_you_mean(axis.name, arg_names),
+                                   file=kernel, field=f"key[{i}]")
+        if axis.name in (a.name for a in axes):
+            raise DeclarationError(f"repeats {axis.name!r}", file=kernel, field=f"key[{i}]")
+        axes.append(axis)
+    return tuple(axes)
+
+
+def getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
+    """A function from positional args to the raw key tuple; a tensor contributes its dtype.
+
+    Precomputed once, so a cache hit costs one tuple build. Raw values are hashable: ints, floats,
+    strings and torch dtypes.
+    """
+    def item(v):
+        return getattr(v, "dtype", v)
+
+    if len(positions) == 1:
+        (p0,) = positions
+        return lambda a: (item(a[p0]),)
+    if len(positions) == 2:
+        p0, p1 = positions
+        return lambda a: (item(a[p0]), item(a[p1]))
+    if len(positions) == 3:
+        p0, p1, p2 = positions
+        return lambda a: (item(a[p0]), item(a[p1]), item(a[p2]))
+    return lambda a: tuple([item(a[p]) for p in positions])
+
+
+def scalar(value: Any) -> Any:
+    """The JSON scalar an axis value is stored as: dtypes become their short name (`float16`)."""
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    text = str(value)
+    return text[6:] if text.startswith("torch.") else text
+
+
+def bucket(value: Any, axis: Axis, tuned: Sequence[Any] | None = None) -> Any:
+    if axis.mode == "pow2" and isinstance(value, int) and not isinstance(value, bool):
+        return 1 if value <= 1 else 1 << (value - 1).bit_length()
+    if axis.mode == "nearest" and tuned and isinstance(value, (int, float)) and not isinstance(value, bool):
+        nums = [t for t in tuned if isinstance(t, (int, float)) and not isinstance(t, bool)]
+        if nums:
+            return min(nums, key=lambda t: (abs(t - value), t))
+    return value
