@@ -281,7 +281,10 @@ class Autotuned:
                 except Exception as e:  # a failing candidate times as infinity
                     c.error = f"{type(e).__name__}: {e}"
                 candidates.append(c)
-            winner = bench.pick(candidates, lambda c: timer(lambda: call(c.config)))
+            if rank == "synthetic":
+                winner = bench.pick(candidates, lambda c: bench.synthetic_ms(self.name, key, c.config))
+            else:
+                winner = bench.pick(candidates, lambda c: timer(lambda: call(c.config)))
         finally:
             for n, t in saved.items():
                 bound[n].copy_(t)

@@ -51,19 +51,19 @@ def _softmax_default(args):
 def softmax_kernel(x, y, M, N, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
-    m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
+    m_i = tl.full((BLOCK,), -1.0e30, tl.float32)  # finite: masked lanes never produce inf - inf
     l_i = tl.zeros((BLOCK,), dtype=tl.float32)
     for o in range(0, N, BLOCK):
-        v = tl.load(x + row * stride + o + offs, mask=o + offs < N, other=float("-inf")).to(tl.float32)
+        msk = o + offs < N
+        v = tl.where(msk, tl.load(x + row * stride + o + offs, mask=msk, other=0.0).to(tl.float32), -1.0e30)
         m_new = tl.maximum(m_i, v)
-        alpha = tl.where(m_new == float("-inf"), 0.0, tl.exp(m_i - m_new))
-        l_i = l_i * alpha + tl.where(v == float("-inf"), 0.0, tl.exp(v - m_new))
+        l_i = l_i * tl.exp(m_i - m_new) + tl.where(msk, tl.exp(v - m_new), 0.0)
         m_i = m_new
     m = tl.max(m_i, 0)
-    s = tl.sum(tl.where(m_i == float("-inf"), 0.0, l_i * tl.exp(m_i - m)), 0)
+    s = tl.sum(l_i * tl.exp(m_i - m), 0)
     for o in range(0, N, BLOCK):
         msk = o + offs < N
-        v = tl.load(x + row * stride + o + offs, mask=msk, other=float("-inf")).to(tl.float32)
+        v = tl.load(x + row * stride + o + offs, mask=msk, other=0.0).to(tl.float32)
         tl.store(y + row * stride + o + offs, (tl.exp(v - m) / s).to(y.dtype.element_ty), mask=msk)
 
 
