@@ -31,14 +31,15 @@ class DeviceIdentity:
     @classmethod
     def from_json(cls, value: Any, f: Fields, path: str = "device") -> "DeviceIdentity":
         f.table(value, path, ("backend", "arch", "name", "units"))
-        backend = f.string(value["backend"], f"{path}.backend")
+        p = (lambda n: f"{path}.{n}") if path else (lambda n: n)
+        backend = f.string(value["backend"], p("backend"))
         if backend not in BACKENDS:
-            f.fail(f"{path}.backend", f"must be one of {', '.join(BACKENDS)}, not {backend!r}")
-        arch = f.string(value["arch"], f"{path}.arch", ARCH, "an arch such as sm_90, gfx942 or interpreter")
+            f.fail(p("backend"), f"must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        arch = f.string(value["arch"], p("arch"), ARCH, "an arch such as sm_90, gfx942 or interpreter")
         if backend_of(arch) != backend:
-            f.fail(f"{path}.arch", f"{arch!r} is not a {backend} arch")
-        name = f.string(value["name"], f"{path}.name", NAME, "printable ASCII, 1-128 characters")
-        units = f.integer(value["units"], f"{path}.units", 0, 100_000)
+            f.fail(p("arch"), f"{arch!r} is not a {backend} arch")
+        name = f.string(value["name"], p("name"), NAME, "printable ASCII, 1-128 characters")
+        units = f.integer(value["units"], p("units"), 0, 100_000)
         return cls(backend, arch, name, units)
 
     def spec(self) -> str:

@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# CI never picks winners: search is off unless a test opts in. Kernels run on the interpreter.
+os.environ["FLYTUNE_AUTOTUNE"] = "0"
+os.environ["TRITON_INTERPRET"] = "1"
+os.environ.pop("FLYTUNE_DEVICE", None)
+os.environ.pop("FLYTUNE_ARTIFACT_DIR", None)
+os.environ.pop("FLYTUNE_EMIT_DIR", None)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "scratch-cache"))
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
+    monkeypatch.delenv("FLYTUNE_RANKING", raising=False)
+    from flytune_build import autotuner
+
+    autotuner.reset_stats()
+    yield
+    autotuner.reset_stats()
+
+
+def python_env(**extra):
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in extra.items()})
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env

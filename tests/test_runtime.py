@@ -1,0 +1,429 @@
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import flytune_build as ft
+from flytune_build import Config, autotuner, bench, device
+from flytune_build.artifact import Artifact
+from flytune_build.device import INTERPRETER, DeviceIdentity
+from flytune_build.errors import ArtifactExecutionError, DeclarationError, SearchError
+from flytune_build.warning import FlytuneWarning
+
+from conftest import ROOT, python_env
+from kernels import ADD_CONFIGS, grid, make_accumulate, make_add, make_iadd, nearest, pow2
+
+N = 100
+
+
+def tensors(n=N, dtype=torch.float32):
+    g = torch.Generator().manual_seed(n)
+    return torch.randn(n, generator=g, dtype=dtype), torch.randn(n, generator=g, dtype=dtype), torch.empty(n, dtype=dtype)
+
+
+def add(k, n=N, dtype=torch.float32):
+    x, y, out = tensors(n, dtype)
+    k[grid(n)](x, y, out, n)
+    assert torch.equal(out, x + y)
+    return out
+
+
+def artifact_dir(tmp_path, monkeypatch, kernel, key, config, dev=INTERPRETER):
+    d = tmp_path / "artifacts"
+    Artifact(kernel, key, dev, Config.coerce(config)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    return d
+
+
+def calls(k):
+    return ft.stats()[k.name]["calls"]
+
+
+# -- tiers ------------------------------------------------------------------------------------------
+def test_heuristic_default_serves_with_zero_search():
+    k = make_add("t.heur", default=lambda a: Config({"BLOCK": 32}))
+    add(k)
+    add(k)
+    s = ft.stats()["t.heur"]
+    assert s["calls"] == {"scratch": 0, "offline": 0, "heuristic": 2, "search": 0} and s["searches"] == 0
+
+
+def test_switch_off_without_default_uses_first_config_with_one_warning():
+    k = make_add("t.first")
+    with pytest.warns(FlytuneWarning, match="first config") as rec:
+        add(k)
+        add(k, n=50)
+    assert len([w for w in rec if "first config" in str(w.message)]) == 1
+    assert k.decision(*tensors(), N).config == ADD_CONFIGS[0]
+    assert calls(k)["heuristic"] == 2 and ft.stats()["t.first"]["searches"] == 0
+
+
+def test_search_only_when_no_tier_answers_then_scratch_serves(monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    k = make_add("t.search")
+    add(k)
+    add(k)
+    assert calls(k) == {"scratch": 1, "offline": 0, "heuristic": 0, "search": 1}
+    assert ft.stats()["t.search"]["searches"] == 1
+    winner = k.decision(*tensors(), N).config
+    k.reset()  # a new process: the scratch file answers
+    add(k)
+    assert calls(k)["scratch"] == 1 and ft.stats()["t.search"]["searches"] == 0
+    assert k.decision(*tensors(), N).config == winner
+    expected = min(ADD_CONFIGS, key=lambda c: bench.synthetic_ms("t.search", {"x": "float32", "n": N}, c))
+    assert winner == expected
+
+
+def test_force_search_emits_artifact_that_offline_tier_serves(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    monkeypatch.setenv("FLYTUNE_EMIT_DIR", str(tmp_path / "emit"))
+    k = make_add("t.emit", default=lambda a: Config({"BLOCK": 16}))
+    add(k)
+    assert ft.stats()["t.emit"]["searches"] == 1
+    (path,) = (tmp_path / "emit").iterdir()
+    art = Artifact.load(path, canonical=True)
+    assert art.kernel == "t.emit" and art.key == {"x": "float32", "n": N} and art.device == INTERPRETER
+    assert art.provenance["ranking"] == "synthetic" and len(art.provenance["candidates"]) == len(ADD_CONFIGS)
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "emit"))
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    autotuner.reset_stats()
+    add(k)
+    d = k.decision(*tensors(), N)
+    assert d.tier == "offline" and d.level == "exact" and d.config == art.config
+    assert ft.stats()["t.emit"]["searches"] == 0
+
+
+def test_offline_tier_beats_heuristic_and_never_writes_scratch(tmp_path, monkeypatch):
+    k = make_add("t.offline", default=lambda a: Config({"BLOCK": 16}))
+    artifact_dir(tmp_path, monkeypatch, "t.offline", {"x": "float32", "n": N}, Config({"BLOCK": 64}, num_warps=2))
+    add(k)
+    add(k, n=N + 1)  # untuned shape
+    assert calls(k) == {"scratch": 0, "offline": 1, "heuristic": 1, "search": 0}
+    assert ft.stats()["t.offline"]["offline_levels"] == {"exact": 1}
+    assert not (tmp_path / "scratch-cache").exists()
+
+
+def test_scratch_beats_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    k = make_add("t.order")
+    add(k)
+    searched = k.decision(*tensors(), N).config
+    other = next(c for c in ADD_CONFIGS if c != searched)
+    artifact_dir(tmp_path, monkeypatch, "t.order", {"x": "float32", "n": N}, other)
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
+    add(k)
+    assert k.decision(*tensors(), N).tier == "scratch" and k.decision(*tensors(), N).config == searched
+
+
+def test_other_device_falls_back_to_heuristic_with_one_warning(tmp_path, monkeypatch):
+    k = make_add("t.otherdev", default=lambda a: Config({"BLOCK": 16}))
+    h200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+    artifact_dir(tmp_path, monkeypatch, "t.otherdev", {"x": "float32", "n": N}, Config({"BLOCK": 64}), dev=h200)
+    with pytest.warns(FlytuneWarning, match="no artifact matches this device") as rec:
+        add(k)
+        add(k, n=N + 1)
+    assert len(rec) == 1
+    assert calls(k)["heuristic"] == 2
+
+
+def test_match_levels_and_accepted_levels(tmp_path, monkeypatch):
+    tuned = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+    k = make_add("t.levels", default=lambda a: Config({"BLOCK": 16}))
+    artifact_dir(tmp_path, monkeypatch, "t.levels", {"x": "float32", "n": N}, Config({"BLOCK": 64}), dev=tuned)
+    monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:132:NVIDIA H200 NVL")
+    device.reset()
+    idx = k.offline_index()
+    assert list(idx.hits.values())[0].level == "arch_units"
+    monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:16:NVIDIA H200")  # a MIG slice: not accepted by default
+    autotuner.reset_stats()
+    assert not k.offline_index().hits and k.offline_index().other_devices
+
+
+@pytest.mark.parametrize("config,reason", [
+    ({"kwargs": {"BLOCK": 64, "UNROLL": 2}}, "binds to no parameter"),
+    ({"kwargs": {"BLOCK": 64, "n": 3}}, "overrides a key parameter"),
+    ({"kwargs": {"BLOCK": "64"}}, "must be int like the declared configs"),
+    ({"kwargs": {}}, "does not set BLOCK"),
+])
+def test_invalid_artifact_falls_back_with_its_reason(tmp_path, monkeypatch, config, reason):
+    k = make_add("t.invalid", default=lambda a: Config({"BLOCK": 16}))
+    d = tmp_path / "a"
+    d.mkdir()
+    doc = Artifact("t.invalid", {"x": "float32", "n": N}, INTERPRETER, Config({"BLOCK": 64})).to_json()
+    doc["config"] = {**doc["config"], **config}
+    name = Artifact.from_json(doc).filename
+    (d / name).write_text(json.dumps(doc))
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    with pytest.warns(FlytuneWarning, match=reason):
+        add(k)
+    assert calls(k)["heuristic"] == 1
+    assert any(reason in r for r in ft.stats()["t.invalid"]["fallbacks"])
+
+
+def test_artifact_overriding_a_caller_argument_is_rejected(tmp_path, monkeypatch):
+    k = make_add("t.caller", key=("n",), default=lambda a: Config({"BLOCK": 16}))
+    d = tmp_path / "a"
+    d.mkdir()
+    doc = Artifact("t.caller", {"n": N}, INTERPRETER, Config({"BLOCK": 64})).to_json()
+    doc["config"]["kwargs"]["x"] = 1
+    (d / Artifact.from_json(doc).filename).write_text(json.dumps(doc))
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    with pytest.warns(FlytuneWarning, match="overrides an argument the caller passed"):
+        add(k)
+
+
+def test_key_axes_mismatch_is_a_fallback_reason(tmp_path, monkeypatch):
+    k = make_add("t.axes", default=lambda a: Config({"BLOCK": 16}))
+    artifact_dir(tmp_path, monkeypatch, "t.axes", {"n": N}, Config({"BLOCK": 64}))
+    with pytest.warns(FlytuneWarning, match="key axes"):
+        add(k)
+    assert calls(k)["heuristic"] == 1
+
+
+def test_accepted_artifact_failure_is_not_masked(tmp_path, monkeypatch):
+    k = make_add("t.loud", default=lambda a: Config({"BLOCK": 16}))
+    # BLOCK=48 binds and has the right type, but tl.arange needs a power of two: the launch fails
+    artifact_dir(tmp_path, monkeypatch, "t.loud", {"x": "float32", "n": N}, Config({"BLOCK": 48}))
+    x, y, out = tensors()
+    with pytest.raises(ArtifactExecutionError) as e:
+        k[grid(N)](x, y, out, N)
+    assert "t.loud-" in str(e.value) and "BLOCK=48" in str(e.value)
+    with pytest.raises(ArtifactExecutionError):
+        k[grid(N)](x, y, out, N)  # never retried with the default
+    assert calls(k)["heuristic"] == 0
+
+
+def test_corrupt_shard_or_artifact_file_is_ignored_with_warning(tmp_path, monkeypatch):
+    k = make_add("t.corrupt", default=lambda a: Config({"BLOCK": 16}))
+    d = artifact_dir(tmp_path, monkeypatch, "t.corrupt", {"x": "float32", "n": N}, Config({"BLOCK": 64}))
+    (f,) = d.iterdir()
+    f.write_bytes(f.read_bytes()[:30])
+    with pytest.warns(FlytuneWarning, match="not valid JSON"):
+        add(k)
+    assert calls(k)["heuristic"] == 1
+
+
+# -- semantics under search -------------------------------------------------------------------------
+@pytest.mark.parametrize("tier", ["search", "scratch", "offline"])
+def test_in_place_kernel_gives_reference_result_on_every_tier(tmp_path, monkeypatch, tier):
+    k = make_iadd(f"t.iadd_{tier}")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "")
+    if tier == "offline":
+        artifact_dir(tmp_path, monkeypatch, k.name, {"n": N}, Config({"BLOCK": 32}))
+    if tier == "scratch":
+        x, y, _ = tensors()
+        k[grid(N)](x, y, N)
+        k.reset()
+    x, y, _ = tensors()
+    ref = x + y
+    k[grid(N)](x, y, N)
+    assert torch.equal(x, ref)
+    assert k.decision(x, y, N).first_tier == tier
+
+
+@pytest.mark.parametrize("tier", ["search", "scratch", "offline"])
+def test_atomic_accumulate_gives_reference_result_on_every_tier(tmp_path, monkeypatch, tier):
+    k = make_accumulate(f"t.acc_{tier}")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "")
+    if tier == "offline":
+        artifact_dir(tmp_path, monkeypatch, k.name, {"n": N}, Config({"BLOCK": 32}))
+    x = torch.arange(N, dtype=torch.float32)
+    if tier == "scratch":
+        k[grid(N)](x, torch.zeros(1), N)
+        k.reset()
+    total = torch.zeros(1)
+    k[grid(N)](x, total, N)
+    assert total.item() == pytest.approx(x.sum().item())
+    assert k.decision(x, total, N).first_tier == tier
+
+
+def test_search_restores_caller_inputs_even_when_candidates_fail(monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    bad = [Config({"BLOCK": 48}), Config({"BLOCK": 32})]
+    import triton
+    from kernels import _iadd
+
+    k = ft.autotune(bad, ["n"], name="t.partial", restore_value=["x"])(_iadd)
+    x, y, _ = tensors()
+    ref = x + y
+    k[grid(N)](x, y, N)
+    assert torch.equal(x, ref)
+    assert k.decision(x, y, N).config == bad[1]
+
+
+def test_all_candidates_failing_raises_with_every_error(monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    from kernels import _add
+
+    k = ft.autotune([Config({"BLOCK": 48}), Config({"BLOCK": 24})], ["n"], name="t.allfail")(_add)
+    x, y, out = tensors()
+    with pytest.raises(SearchError) as e:
+        k[grid(N)](x, y, out, N)
+    assert "BLOCK=48" in str(e.value) and "BLOCK=24" in str(e.value)
+
+
+def test_user_do_bench_is_used(monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    seen = []
+
+    def do_bench(fn):
+        fn()
+        seen.append(1)
+        return float(len(seen))  # the first candidate is fastest, distinctly
+
+    k = make_add("t.dobench", do_bench=do_bench)
+    add(k)
+    assert len(seen) == len(ADD_CONFIGS) and k.decision(*tensors(), N).config == ADD_CONFIGS[0]
+
+
+def test_near_ties_are_retimed_and_broken_by_declared_order():
+    cands = [bench.Candidate(Config({"BLOCK": b}), t) for b, t in ((16, 1.02), (32, 1.00), (64, 1.5))]
+    rounds = []
+    winner = bench.pick(cands, lambda c: rounds.append(c.config.kwargs["BLOCK"]) or 1.0)
+    assert winner.config.kwargs["BLOCK"] == 16  # both tie at 1.0 after re-timing: declared order decides
+    assert sorted(set(rounds)) == [16, 32] and len(rounds) == 2 * bench.TIE_ROUNDS
+
+
+def test_print_autotuning(monkeypatch, capsys):
+    monkeypatch.setenv("FLYTUNE_PRINT_AUTOTUNING", "1")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    k = make_add("t.print")
+    add(k)
+    err = capsys.readouterr().err
+    assert "t.print key={'x': 'float32', 'n': 100} tier=search" in err and "search took" in err
+    assert err.count("BLOCK=") >= len(ADD_CONFIGS)
+
+
+# -- key axes -----------------------------------------------------------------------------------------
+def test_pow2_bucket_covers_every_runtime_shape(tmp_path, monkeypatch):
+    k = make_add("t.pow2", key=("x", pow2("n")), default=lambda a: Config({"BLOCK": 16}))
+    artifact_dir(tmp_path, monkeypatch, "t.pow2", {"x": "float32", "n": 128}, Config({"BLOCK": 64}))
+    for n in (65, 100, 128):
+        add(k, n=n)
+    add(k, n=129)
+    assert calls(k) == {"scratch": 0, "offline": 3, "heuristic": 1, "search": 0}
+
+
+def test_nearest_snaps_to_tuned_values(tmp_path, monkeypatch):
+    k = make_add("t.nearest", key=("x", nearest("n")), default=lambda a: Config({"BLOCK": 16}))
+    d = tmp_path / "a"
+    for n, b in ((64, 32), (256, 64)):
+        Artifact("t.nearest", {"x": "float32", "n": n}, INTERPRETER, Config({"BLOCK": b})).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    for n, block in ((10, 32), (100, 32), (160, 32), (161, 64), (999, 64)):
+        add(k, n=n)
+        assert k.decision(*tensors(n), n).config.kwargs["BLOCK"] == block
+    assert calls(k)["offline"] == 5
+
+
+def test_dtype_is_part_of_the_key(tmp_path, monkeypatch):
+    k = make_add("t.dtype", default=lambda a: Config({"BLOCK": 16}))
+    artifact_dir(tmp_path, monkeypatch, "t.dtype", {"x": "float16", "n": N}, Config({"BLOCK": 64}))
+    add(k, dtype=torch.float32)
+    add(k, dtype=torch.float16)
+    assert calls(k)["offline"] == 1 and calls(k)["heuristic"] == 1
+
+
+def test_keyword_arguments_reach_the_key(tmp_path, monkeypatch):
+    k = make_add("t.kw", default=lambda a: Config({"BLOCK": 16}))
+    artifact_dir(tmp_path, monkeypatch, "t.kw", {"x": "float32", "n": N}, Config({"BLOCK": 64}))
+    x, y, out = tensors()
+    k[grid(N)](x, y, out=out, n=N)
+    assert torch.equal(out, x + y) and calls(k)["offline"] == 1
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(key=["x", "size"]), "key[1]"),
+    (dict(key=["x"], reset_to_zero=["outt"]), "reset_to_zero[0]"),
+    (dict(key=["x"], restore_value=["y", "z"]), "restore_value[1]"),
+    (dict(key=["x", "x"]), "key[1]"),
+])
+def test_unknown_names_are_errors_at_decoration(kw, field):
+    from kernels import _add
+
+    with pytest.raises(DeclarationError) as e:
+        ft.autotune(ADD_CONFIGS, name="t.bad", **kw)(_add)
+    assert e.value.field == field
+
+
+def test_declared_config_binding_to_nothing_is_a_decoration_error():
+    from kernels import _add
+
+    with pytest.raises(DeclarationError, match="binds to no parameter"):
+        ft.autotune([Config({"BLOKC": 16})], ["n"], name="t.badcfg")(_add)
+
+
+def test_triton_config_is_accepted():
+    import triton
+    from kernels import _add
+
+    k = ft.autotune([triton.Config({"BLOCK": 32}, num_warps=2)], ["n"], name="t.tritoncfg")(_add)
+    assert k.configs == [Config({"BLOCK": 32}, num_warps=2)]
+    assert k.name == "t.tritoncfg"
+    add(k)
+
+
+def test_default_name_is_module_and_function():
+    from kernels import _add
+
+    assert ft.autotune(ADD_CONFIGS, ["n"])(_add).name == "kernels._add"
+
+
+# -- the scratch cache -------------------------------------------------------------------------------
+def test_corrupt_scratch_cache_warns_once_and_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    k = make_add("t.scratchbad")
+    path = k._scratch.path
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"format": 1, "entries": {')
+    with pytest.warns(FlytuneWarning, match="replaced on the next write"):
+        add(k)
+    doc = json.loads(path.read_text())
+    assert len(doc["entries"]) == 1 and ft.stats()["t.scratchbad"]["searches"] == 1
+
+
+def test_scratch_key_changes_with_layout_and_space():
+    k = make_add("t.skey")
+    x, y, out = tensors()
+    bound = dict(x=x, y=y, out=out, n=N)
+    base = k._scratch_key(bound, {"x": "float32", "n": N})
+    xs = torch.randn(2 * N)[::2]
+    assert k._scratch_key({**bound, "x": xs}, {"x": "float32", "n": N}) != base
+    k2 = make_add("t.skey", default=None)
+    k2.space_hash = "0" * 64
+    assert k2._scratch_key(bound, {"x": "float32", "n": N}) != base
+
+
+WRITER = r"""
+import os, sys
+from flytune_build.scratch import ScratchCache
+c = ScratchCache("t.concurrent")
+w = int(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    c.put(f"{w}-{i}", {"config": {"kwargs": {"BLOCK": i}}, "time_ms": 1.0})
+"""
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    env = python_env(FLYTUNE_CACHE_DIR=tmp_path / "cc")
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(w), "25"], env=env) for w in range(8)]
+    assert all(p.wait(120) == 0 for p in procs)
+    doc = json.loads((tmp_path / "cc" / "t.concurrent.json").read_text())
+    assert len(doc["entries"]) == 8 * 25
