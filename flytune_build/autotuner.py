@@ -269,6 +269,7 @@ class Autotuned:
         try:
             if not self.interpreted and rank == "measured":
                 self._precompile(args, kwargs, grid, configs)
+            screen = self._timer(bench.SCREEN_FRACTION)
             candidates = []
             for cfg in configs:
                 c = bench.Candidate(cfg)
@@ -277,7 +278,7 @@ class Autotuned:
                         call(cfg)
                         c.time_ms = bench.synthetic_ms(self.name, key, cfg)
                     else:
-                        c.time_ms = timer(lambda: call(cfg))
+                        c.time_ms = screen(lambda: call(cfg))
                 except Exception as e:  # a failing candidate times as infinity
                     c.error = f"{type(e).__name__}: {e}"
                 candidates.append(c)
@@ -308,14 +309,15 @@ class Autotuned:
                       "seconds": elapsed})
         return Decision(winner.config, "scratch", key, first_tier="search")
 
-    def _timer(self):
+    def _timer(self, fraction: int = 1):
         if self.do_bench is not None:
             def user(fn):
                 t = self.do_bench(fn)
                 return float(t[0] if isinstance(t, (list, tuple)) else t)
             return user
         fn = bench.default_bench(self.interpreted)
-        return lambda call: fn(call, self.warmup, self.rep)
+        warmup, rep = max(self.warmup // fraction, 1), max(self.rep // fraction, 1)
+        return lambda call: fn(call, warmup, rep)
 
     def _prune(self, bound, kwargs) -> list[Config]:
         configs = self.configs
@@ -339,6 +341,13 @@ class Autotuned:
             from triton.runtime._async_compile import AsyncCompileMode
         except ImportError:
             return
+        try:
+            self._precompile_with(ThreadPoolExecutor, AsyncCompileMode, args, kwargs, grid, configs)
+        except Exception as e:  # compiling lazily, one by one, is slower but still right
+            warning.once(("precompile", self.name), f"flytune: concurrent precompile unavailable ({e}); "
+                         "candidates compile one by one")
+
+    def _precompile_with(self, ThreadPoolExecutor, AsyncCompileMode, args, kwargs, grid, configs):
         with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 4)) as pool:
             with AsyncCompileMode(pool, ignore_errors=True):
                 for cfg in configs:

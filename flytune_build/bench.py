@@ -17,8 +17,10 @@ from . import codec
 from .config import Config
 from .errors import SearchError
 
-NOISE_BAND = 0.03     # candidates within 3% of the best are re-timed interleaved
-TIE_ROUNDS = 5
+SCREEN_BAND = 0.10    # after a short screening pass, candidates within 10% of the best are re-timed
+NOISE_BAND = 0.03     # after re-timing, candidates within 3% of the best are a tie
+TIE_ROUNDS = 3
+SCREEN_FRACTION = 5   # the screening pass uses 1/5 of the warmup and rep budget
 
 
 @dataclass
@@ -72,15 +74,19 @@ def default_bench(interpreted: bool) -> Callable[..., float]:
 
 
 def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate], float]) -> Candidate:
-    """The winner: fastest, with near-ties re-timed interleaved and broken by declared order."""
+    """The winner: fastest, with near-ties re-timed interleaved and broken by declared order.
+
+    The first times may come from a short screening pass: everything within SCREEN_BAND of the best is
+    re-timed `TIE_ROUNDS` times, interleaved so drift hits every candidate alike, and judged on those.
+    """
     ok = [c for c in candidates if math.isfinite(c.time_ms)]
     if not ok:
         errors = "; ".join(f"{c.config}: {c.error or 'failed'}" for c in candidates)
         raise SearchError(f"every candidate failed: {errors}", field="configs")
     best = min(c.time_ms for c in ok)
-    band = [c for c in ok if c.time_ms <= best * (1 + NOISE_BAND)]
+    band = [c for c in ok if c.time_ms <= best * (1 + SCREEN_BAND)]
     if len(band) > 1:
-        samples = {id(c): [c.time_ms] for c in band}
+        samples = {id(c): [] for c in band}
         for r in range(TIE_ROUNDS):
             order = band[r % len(band):] + band[:r % len(band)]
             for c in order:

@@ -41,12 +41,14 @@ class Manifest:
     triton: str | None
     tuned_with: dict
     kernels: dict[str, ShardInfo]
+    coverage: str | tuple[str, ...] = "all"
 
     def to_json(self) -> dict:
         return {
             "format": FORMAT_VERSION,
             "package": self.package,
             "targets": [t.to_json() for t in self.targets],
+            "coverage": self.coverage if isinstance(self.coverage, str) else list(self.coverage),
             "toolchain": {"triton": self.triton, "tuned_with": self.tuned_with},
             "kernels": {k: {"shard": s.shard, "sha256": s.sha256, "artifacts": s.artifacts,
                             "axes": list(s.axes)} for k, s in sorted(self.kernels.items())},
@@ -59,7 +61,7 @@ class Manifest:
     def from_bytes(cls, data: bytes, *, file: object) -> "Manifest":
         doc = codec.loads(data, file=file, error=BundleError)
         f = Fields(file, BundleError)
-        f.table(doc, "", ("format", "package", "targets", "toolchain", "kernels"))
+        f.table(doc, "", ("format", "package", "targets", "toolchain", "kernels", "coverage"))
         if isinstance(doc["format"], bool) or doc["format"] != FORMAT_VERSION:
             f.fail("format", f"is unknown manifest format {doc['format']!r} (this flytune reads {FORMAT_VERSION})")
         package = f.string(doc["package"], "package", KERNEL_NAME, "a dotted package name")
@@ -79,7 +81,12 @@ class Manifest:
                 f.string(info["sha256"], f"{path}.sha256", SHA256, "a sha256 hex digest"),
                 f.integer(info["artifacts"], f"{path}.artifacts", 0),
                 tuple(f.array(info["axes"], f"{path}.axes", lambda v, p: f.string(v, p, max_len=128))))
-        return cls(package, targets, triton, tuned, kernels)
+        coverage = doc["coverage"]
+        if isinstance(coverage, list):
+            coverage = tuple(f.array(coverage, "coverage", lambda v, p: f.string(v, p, KERNEL_NAME, "a kernel name", 200)))
+        elif coverage not in ("all", "none"):
+            f.fail("coverage", f"must be \"all\", \"none\" or a list of kernel names, not {coverage!r}")
+        return cls(package, targets, triton, tuned, kernels, coverage)
 
 
 def shard_name(kernel: str) -> str:
