@@ -1,0 +1,39 @@
+"""Assemble the bundle: `<package>/_flytune/manifest.json` plus one shard per kernel."""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+
+from .. import bundle
+from . import BuildState
+
+
+def entry_point_name(dist_name: str | None, package: str) -> str:
+    return re.sub(r"[-_.]+", "_", (dist_name or package)).lower()
+
+
+def assemble(state: BuildState) -> BuildState:
+    proj = state.project
+    prefix = proj.package.replace(".", "/") + f"/{bundle.DIRNAME}/"
+    by_kernel = defaultdict(list)
+    for a in state.artifacts:
+        by_kernel[a.kernel].append(a)
+    kernels = {}
+    for kernel, arts in sorted(by_kernel.items()):
+        data = bundle.shard_bytes(kernel, arts)
+        name = bundle.shard_name(kernel)
+        state.files[prefix + name] = data
+        kernels[kernel] = bundle.ShardInfo(kernel, name, hashlib.sha256(data).hexdigest(), len(arts),
+                                           arts[0].key_axes())
+    tuned = defaultdict(set)
+    for a in state.artifacts:
+        for tool in ("triton", "torch", "cuda", "hip"):
+            v = (a.provenance or {}).get(tool)
+            if v:
+                tuned[tool].add(v)
+    manifest = bundle.Manifest(proj.package, proj.targets, proj.triton,
+                               {k: sorted(v) for k, v in sorted(tuned.items())}, kernels, proj.coverage)
+    state.files[prefix + bundle.MANIFEST] = manifest.to_bytes()
+    state.entry_point = (entry_point_name(proj.name, proj.package), f"{proj.package}.{bundle.DIRNAME}")
+    return state

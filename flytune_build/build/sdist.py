@@ -1,0 +1,54 @@
+"""Rewrite an sdist reproducibly, carrying the artifact sources so sdist -> wheel gives the same bundle."""
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+from .wheel import timestamp
+
+
+def rewrite(sdist: Path, extra: dict[str, Path]) -> None:
+    """Add `extra` (path inside the project -> file) under the sdist's top directory; normalise."""
+    import calendar
+
+    mtime = calendar.timegm(timestamp() + (0, 0, 0))
+    members: dict[str, tuple[bytes | None, int]] = {}
+    with tarfile.open(sdist, "r:gz") as tf:
+        top = None
+        for m in tf.getmembers():
+            top = top or m.name.split("/")[0]
+            if m.isdir():
+                continue
+            if not m.isfile():
+                continue  # links in an sdist are not portable; setuptools writes none
+            members[m.name] = (tf.extractfile(m).read(), 0o755 if m.mode & 0o100 else 0o644)
+    for rel, path in extra.items():
+        name = f"{top}/{rel}"
+        if name not in members:
+            members[name] = (path.read_bytes(), 0o644)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as out:
+        dirs = sorted({"/".join(n.split("/")[:i]) for n in members for i in range(1, n.count("/") + 1)})
+        for d in dirs:
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
+            out.addfile(info)
+        for name in sorted(members):
+            data, mode = members[name]
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, mtime
+            out.addfile(info, io.BytesIO(data))
+    fd, tmp = tempfile.mkstemp(prefix=".flytune-", suffix=".tar.gz", dir=sdist.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as gz:
+                gz.write(raw.getvalue())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, sdist)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
