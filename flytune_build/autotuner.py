@@ -256,7 +256,6 @@ class Autotuned:
         configs = self._prune(bound, kwargs)
         saved = {n: bound[n].clone() for n in dict.fromkeys(self.restore_value + self.reset_to_zero)}
         rank = bench.ranking()
-        timer = self._timer()
 
         def call(cfg: Config):
             for n in self.reset_to_zero:
@@ -285,7 +284,8 @@ class Autotuned:
             if rank == "synthetic":
                 winner = bench.pick(candidates, lambda c: bench.synthetic_ms(self.name, key, c.config))
             else:
-                winner = bench.pick(candidates, lambda c: timer(lambda: call(c.config)))
+                retime = self._timer(bench.TIE_ROUNDS)
+                winner = bench.pick(candidates, lambda c: retime(lambda: call(c.config)))
         finally:
             for n, t in saved.items():
                 bound[n].copy_(t)

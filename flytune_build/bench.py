@@ -19,8 +19,9 @@ from .errors import SearchError
 
 SCREEN_BAND = 0.10    # after a short screening pass, candidates within 10% of the best are re-timed
 NOISE_BAND = 0.03     # after re-timing, candidates within 3% of the best are a tie
-TIE_ROUNDS = 3
-SCREEN_FRACTION = 5   # the screening pass uses 1/5 of the warmup and rep budget
+TIE_ROUNDS = 3       # each re-timing round uses 1/TIE_ROUNDS of the full budget
+MAX_RETIMED = 3      # at most this many finalists are re-timed
+SCREEN_FRACTION = 5  # the screening pass uses 1/5 of the warmup and rep budget
 
 
 @dataclass
@@ -84,7 +85,9 @@ def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate], float]) 
         errors = "; ".join(f"{c.config}: {c.error or 'failed'}" for c in candidates)
         raise SearchError(f"every candidate failed: {errors}", field="configs")
     best = min(c.time_ms for c in ok)
-    band = [c for c in ok if c.time_ms <= best * (1 + SCREEN_BAND)]
+    band = sorted((c for c in ok if c.time_ms <= best * (1 + SCREEN_BAND)), key=lambda c: c.time_ms)
+    finalists = {id(c) for c in band[:MAX_RETIMED]}
+    band = [c for c in ok if id(c) in finalists]  # back in declared order
     if len(band) > 1:
         samples = {id(c): [] for c in band}
         for r in range(TIE_ROUNDS):
