@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The main job from a fresh clone: build the pre-tuned sample wheel with flytune's backend (isolated,
+# sdist -> wheel), verify it, install it into a fresh virtual environment and run its kernels,
+# printing which tier served each call. On a machine without a GPU the kernels run on Triton's
+# interpreter, and the `interpreter` artifacts serve.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WORK=.demo
+rm -rf "$WORK" && mkdir -p "$WORK/dist"
+"$PY" -m venv "$WORK/build-env"
+"$WORK/build-env/bin/python" -m pip install -q --upgrade pip build
+echo "== build flytune-build, then the sample wheel with it (python -m build: sdist, then wheel from the sdist)"
+"$WORK/build-env/bin/python" -m build -q --outdir "$WORK/dist" .
+PIP_FIND_LINKS="$PWD/$WORK/dist" "$WORK/build-env/bin/python" -m build --outdir "$WORK/dist" sample_pkg \
+  | grep -v '^\(copying\|adding\|creating\|running\|writing\|reading\|removing\|\* \)' || true
+echo "== install into a fresh virtual environment"
+"$PY" -m venv "$WORK/run-env"
+"$WORK/run-env/bin/python" -m pip install -q --upgrade pip
+"$WORK/run-env/bin/python" -m pip install -q torch==2.13.0 triton==3.6.0 "numpy<2.4" tqdm
+"$WORK/run-env/bin/python" -m pip install -q --find-links "$WORK/dist" flytune-build sample-pkg
+echo "== verify"
+"$WORK/run-env/bin/flytune" verify "$WORK"/dist/sample_pkg-*.whl
+"$WORK/run-env/bin/flytune" inspect "$WORK"/dist/sample_pkg-*.whl
+echo "== run"
+if ! "$WORK/run-env/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  export TRITON_INTERPRET=1
+fi
+export FLYTUNE_CACHE_DIR="$PWD/$WORK/cache"
+(cd "$WORK" && ../"$WORK"/run-env/bin/python ../scripts/demo_run.py)
