@@ -24,7 +24,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
-    return _with_bundle(_setuptools.build_editable, wheel_directory, config_settings, metadata_directory)
+    return _with_bundle(_setuptools.build_editable, wheel_directory, config_settings, metadata_directory,
+                        editable=True)
 
 
 def build_sdist(sdist_directory, config_settings=None):
@@ -36,6 +37,9 @@ def build_sdist(sdist_directory, config_settings=None):
         extra = {"pyproject.toml": Path("pyproject.toml").resolve()}
         for path, rel in collect.source_files(state.project.root, state.project.sources):
             extra[rel.as_posix()] = path
+        plan = state.project.tune_plan
+        if plan and (state.project.root / plan).is_file():
+            extra[plan] = state.project.root / plan
         sdist.rewrite(Path(sdist_directory) / name, extra)
     return name
 
@@ -45,15 +49,18 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 
 def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
-    return _with_entry_point(_setuptools.prepare_metadata_for_build_editable, metadata_directory, config_settings)
+    return _with_entry_point(_setuptools.prepare_metadata_for_build_editable, metadata_directory, config_settings,
+                             editable=True)
 
 
-def _with_bundle(build, wheel_directory, config_settings, metadata_directory):
+def _with_bundle(build, wheel_directory, config_settings, metadata_directory, editable=False):
     state = _run()  # fails before setuptools writes anything
     name = build(wheel_directory, config_settings, metadata_directory)
     if state is not None:
-        from .build import wheel
+        from .build import assemble, wheel
 
+        if editable:  # the package is imported from the source tree: keep the bundle out of its way
+            assemble.relocate_for_editable(state)
         path = Path(wheel_directory) / name
         try:
             prefix = state.project.package.replace(".", "/") + "/_flytune/"
@@ -74,17 +81,18 @@ def _run():
         raise SystemExit(1) from None
 
 
-def _with_entry_point(prepare, metadata_directory, config_settings):
+def _with_entry_point(prepare, metadata_directory, config_settings, editable=False):
     name = prepare(metadata_directory, config_settings)
     from . import project
 
     proj = project.load(".")
     if proj is not None:
-        from .build.assemble import entry_point_name
+        from .build.assemble import EDITABLE_ROOT, entry_point_name
         from .build.wheel import add_entry_point
 
+        ep_name = entry_point_name(proj.name, proj.package)
+        value = f"{EDITABLE_ROOT}.{ep_name}" if editable else f"{proj.package}._flytune"
         ep = Path(metadata_directory) / name / "entry_points.txt"
         old = ep.read_text("utf-8") if ep.exists() else ""
-        ep.write_text(add_entry_point(old, ENTRY_POINT_GROUP, entry_point_name(proj.name, proj.package),
-                                      f"{proj.package}._flytune"), "utf-8")
+        ep.write_text(add_entry_point(old, ENTRY_POINT_GROUP, ep_name, value), "utf-8")
     return name

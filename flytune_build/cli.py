@@ -79,16 +79,8 @@ def _tune(args) -> int:
     if proj is None:
         print(f"flytune: error: {root / 'pyproject.toml'} has no [tool.flytune] table", file=sys.stderr)
         return EXIT_USAGE
-    entries = proj.tune_entries
-    if args.plan:
-        plan = Path(args.plan).resolve()
-        try:
-            rel = plan.relative_to(root).as_posix()
-        except ValueError:
-            print(f"flytune: error: --plan {args.plan} must lie under the project root {root}", file=sys.stderr)
-            return EXIT_USAGE
-        entries = project_mod.parse({**_raw_table(root), "tune": {"plan": rel}}, root=root,
-                                    file=root / "pyproject.toml").tune_entries
+    plan = args.plan or proj.tune_plan
+    entries = project_mod.load_plan(root, plan) if plan else proj.tune_entries
     if args.kernel:
         entries = tuple(e for e in entries if e.kernel in args.kernel)
     if not entries:
@@ -107,14 +99,6 @@ def _tune(args) -> int:
     print(f"flytune: {tuned} tuned, {sum(r.status == 'resumed' for r in results)} resumed, "
           f"in {time.perf_counter() - start:.1f} s")
     return EXIT_OK
-
-
-def _raw_table(root: Path) -> dict:
-    from .project import read_pyproject
-
-    table = dict(read_pyproject(root)["tool"]["flytune"])
-    table.pop("tune", None)
-    return table
 
 
 def _verify(args) -> int:

@@ -43,6 +43,7 @@ class Project:
     triton: str | None                # a PEP 440 specifier set
     strict: bool
     tune_entries: tuple[TuneEntry, ...] = ()
+    tune_plan: str | None = None
     tune_output: str | None = None
     tune_warmup: int = 25
     tune_rep: int = 100
@@ -110,10 +111,10 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
         f.string(triton, p("triton"))
         _specifier(triton, f, p("triton"))
     strict = f.boolean(table.get("strict", True), p("strict"))
-    entries, output, warmup, rep = (), None, 25, 100
+    entries, plan, output, warmup, rep = (), None, None, 25, 100
     if "tune" in table:
-        entries, output, warmup, rep = _tune(table["tune"], root, f)
-    return Project(root, package, sources, targets, coverage, triton, strict, entries, output, warmup, rep,
+        entries, plan, output, warmup, rep = _tune(table["tune"], root, f)
+    return Project(root, package, sources, targets, coverage, triton, strict, entries, plan, output, warmup, rep,
                    name)
 
 
@@ -149,17 +150,22 @@ def _tune(value: Any, root: Path, f: Fields):
     rep = f.integer(value.get("rep", 100), p("tune", "rep"), 1, 100_000)
     if "plan" in value:
         plan = _source(value["plan"], p("tune", "plan"), f)
-        plan_file = root / plan
-        try:
-            doc = tomllib.loads(plan_file.read_text("utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
-            raise ProjectError(f"cannot be read: {e}", file=plan_file) from None
-        except tomllib.TOMLDecodeError as e:
-            raise ProjectError(f"is not valid TOML: {e}", file=plan_file) from None
-        pf = Fields(plan_file, ProjectError)
-        pf.table(doc, "", ("entries",))
-        return _entries(doc["entries"], pf, "entries"), output, warmup, rep
-    return _entries(value["entries"], f, p("tune", "entries")), output, warmup, rep
+        return (), plan, output, warmup, rep
+    return _entries(value["entries"], f, p("tune", "entries")), None, output, warmup, rep
+
+
+def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
+    """The entries of a plan file (read only when tuning: a build never needs it)."""
+    plan_file = Path(root) / plan
+    try:
+        doc = tomllib.loads(plan_file.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProjectError(f"cannot be read: {e}", file=plan_file) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ProjectError(f"is not valid TOML: {e}", file=plan_file) from None
+    pf = Fields(plan_file, ProjectError)
+    pf.table(doc, "", ("entries",))
+    return _entries(doc["entries"], pf, "entries")
 
 
 def _entries(values: Any, f: Fields, path: str) -> tuple[TuneEntry, ...]:

@@ -27,4 +27,4 @@ if ! "$WORK/run-env/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.
   export TRITON_INTERPRET=1
 fi
 export FLYTUNE_CACHE_DIR="$PWD/$WORK/cache"
-(cd "$WORK" && ../"$WORK"/run-env/bin/python ../scripts/demo_run.py)
+(cd "$WORK" && ./run-env/bin/python ../scripts/demo_run.py)

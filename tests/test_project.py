@@ -58,7 +58,12 @@ entries = [{ kernel = "demo.rmsnorm", setup = "demo.tuning:rmsnorm", shapes = [{
     (tmp_path / "plan.toml").write_text('[[entries]]\nkernel = "demo.softmax"\nsetup = "demo.t:s"\n'
                                         'shapes = [{ N = 1 }]\n')
     p = project.load(write(tmp_path, GOOD.format(extra='[tool.flytune.tune]\nplan = "plan.toml"\n')))
-    assert p.tune_entries[0].kernel == "demo.softmax"
+    assert p.tune_plan == "plan.toml" and p.tune_entries == ()
+    assert project.load_plan(tmp_path, p.tune_plan)[0].kernel == "demo.softmax"
+    (tmp_path / "bad.toml").write_text('[[entries]]\nkernel = "demo.softmax"\n')
+    with pytest.raises(ProjectError) as e:
+        project.load_plan(tmp_path, "bad.toml")
+    assert e.value.field == "entries[0].setup" and str(tmp_path / "bad.toml") in str(e.value)
 
 
 BAD = [

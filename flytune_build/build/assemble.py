@@ -37,3 +37,18 @@ def assemble(state: BuildState) -> BuildState:
     state.files[prefix + bundle.MANIFEST] = manifest.to_bytes()
     state.entry_point = (entry_point_name(proj.name, proj.package), f"{proj.package}.{bundle.DIRNAME}")
     return state
+
+
+EDITABLE_ROOT = "__flytune_editable__"
+
+
+def relocate_for_editable(state: BuildState) -> BuildState:
+    """An editable install imports the package from the source tree; a `<package>/` directory in
+    site-packages would shadow it as a namespace package. Its bundle goes to
+    `__flytune_editable__/<entry point name>/` instead, and the entry point names that."""
+    name, _ = state.entry_point
+    old = state.project.package.replace(".", "/") + f"/{bundle.DIRNAME}/"
+    new = f"{EDITABLE_ROOT}/{name}/"
+    state.files = {new + k[len(old):]: v for k, v in state.files.items()}
+    state.entry_point = (name, f"{EDITABLE_ROOT}.{name}")
+    return state

@@ -1,0 +1,111 @@
+"""Fixture packages built into real wheels by the backend under test."""
+import os
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+from flytune_build.artifact import Artifact
+from flytune_build.config import Config
+from flytune_build.device import INTERPRETER, DeviceIdentity
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+
+KERNEL = '''
+import triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+
+@ft.autotune([Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)], ["x", "n"],
+             default=lambda a: Config({"BLOCK": 16}), name="fixpkg.add")
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+def add(x, y):
+    out = x.new_empty(x.shape)
+    n = x.numel()
+    add_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+    return out
+'''
+
+TOOL = '''
+[tool.flytune]
+sources = ["artifacts"]
+targets = ["interpreter", {{ arch = "sm_90", name = "NVIDIA H200", units = 132 }}]
+triton = ">=3.0,<4"
+{extra}
+'''
+
+
+def pyproject(tool=True, extra="", backend="flytune_build.backend"):
+    text = f'''
+[build-system]
+requires = ["setuptools>=70", "flytune-build"]
+build-backend = "{backend}"
+
+[project]
+name = "fixpkg"
+version = "1.0"
+dependencies = []
+
+[tool.setuptools.packages.find]
+include = ["fixpkg*"]
+'''
+    return text + (TOOL.format(extra=extra) if tool else "")
+
+
+def artifact(n=100, block=32, dev=INTERPRETER, kernel="fixpkg.add", triton="3.6.0", key=None):
+    return Artifact(kernel, key or {"x": "float32", "n": n}, dev, Config({"BLOCK": block}),
+                    {"triton": triton, "ranking": "synthetic"})
+
+
+def make_project(root: Path, *, tool=True, extra="", artifacts=None, backend="flytune_build.backend"):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text(pyproject(tool, extra, backend))
+    (root / "fixpkg").mkdir(exist_ok=True)
+    (root / "fixpkg" / "__init__.py").write_text(KERNEL)
+    if artifacts is None:
+        artifacts = [artifact(100, 32), artifact(100, 64, dev=H200)]
+    for a in artifacts:
+        a.save(root / "artifacts")
+    return root
+
+
+def pip_wheel(project: Path, out: Path, env=None, isolation=False):
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(project), "-w", str(out)]
+    if not isolation:
+        cmd.insert(4, "--no-build-isolation")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or dict(os.environ), cwd=project)
+
+
+def child_venv(path: Path) -> Path:
+    """A fresh venv that sees torch/triton from this one through a .pth, and nothing else of ours."""
+    venv.EnvBuilder(with_pip=False).create(path)
+    py = path / "bin" / "python"
+    site = subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   text=True).strip()
+    import torch
+    parent = Path(torch.__file__).resolve().parent.parent
+    Path(site, "parent_site.pth").write_text(str(parent) + "\n")
+    return py
+
+
+def child_install(py: Path, *wheels, editable=None):
+    cmd = [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index"]
+    if editable:
+        cmd += ["--no-build-isolation", "-e", str(editable)]
+    cmd += [str(w) for w in wheels]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def run_child(py: Path, code: str, **env):
+    e = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    e.update({k: str(v) for k, v in env.items()})
+    return subprocess.run([str(py), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e, cwd="/")

@@ -1,0 +1,250 @@
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from flytune_build import audit, bundle, codec
+from flytune_build import build as pipeline
+from flytune_build.build import BuildFailure
+
+from buildkit import (H200, ROOT, artifact, child_install, child_venv, make_project, pip_wheel, pyproject,
+                      run_child)
+
+
+@pytest.fixture(scope="session")
+def flytune_wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flytune-wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
+                        "-w", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (whl,) = out.glob("flytune_build-*.whl")
+    return whl
+
+
+def only_wheel(d: Path) -> Path:
+    (w,) = d.glob("*.whl")
+    return w
+
+
+def test_wheel_carries_bundle_manifest_shards_and_entry_point(tmp_path):
+    proj = make_project(tmp_path / "p")
+    r = pip_wheel(proj, tmp_path / "dist")
+    assert r.returncode == 0, r.stderr
+    whl = only_wheel(tmp_path / "dist")
+    with zipfile.ZipFile(whl) as zf:
+        names = zf.namelist()
+        assert "fixpkg/_flytune/manifest.json" in names and "fixpkg/_flytune/fixpkg.add.json" in names
+        manifest = bundle.Manifest.from_bytes(zf.read("fixpkg/_flytune/manifest.json"), file="m")
+        assert manifest.package == "fixpkg" and manifest.kernels["fixpkg.add"].artifacts == 2
+        assert [t.label() for t in manifest.targets] == ["interpreter", "sm_90/132/NVIDIA H200"]
+        assert manifest.tuned_with == {"triton": ["3.6.0"]}
+        eps = zf.read("fixpkg-1.0.dist-info/entry_points.txt").decode()
+        assert "[flytune.bundles]\nfixpkg = fixpkg._flytune" in eps
+    assert audit.verify(str(whl)).ok
+
+
+def test_build_prints_one_report(tmp_path):
+    proj = make_project(tmp_path / "p", artifacts=[artifact(100, 32), artifact(100, 64, dev=H200),
+                                                   artifact(100, 64, dev=H200.__class__("cuda", "sm_80", "A100", 108))])
+    out = io.StringIO()
+    cwd = os.getcwd()
+    state = pipeline.run(proj, out=out)
+    report = out.getvalue()
+    assert "fixpkg.add" in report and "kept 2, excluded 1 (other devices), rejected 0" in report
+    assert "tuned on cuda:sm_80:108:A100" in report and "tuned with triton 3.6.0" in report
+    assert len(state.artifacts) == 2 and os.getcwd() == cwd
+
+
+def test_project_without_table_builds_exactly_as_setuptools(tmp_path):
+    ours = make_project(tmp_path / "ours", tool=False, artifacts=[])
+    plain = make_project(tmp_path / "plain", tool=False, artifacts=[], backend="setuptools.build_meta")
+    assert pip_wheel(ours, tmp_path / "d1").returncode == 0
+    assert pip_wheel(plain, tmp_path / "d2").returncode == 0
+    with zipfile.ZipFile(only_wheel(tmp_path / "d1")) as a, zipfile.ZipFile(only_wheel(tmp_path / "d2")) as b:
+        assert a.namelist() == b.namelist()
+        for n in a.namelist():
+            assert a.read(n) == b.read(n), n
+
+
+def test_two_builds_are_byte_identical(tmp_path):
+    a = make_project(tmp_path / "one" / "p")
+    b = tmp_path / "two" / "deeper" / "p"
+    shutil.copytree(a, b)
+    os.utime(b / "fixpkg" / "__init__.py", (1e9, 1e9))
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    r1 = subprocess.run(f"umask 022 && {sys.executable} -m pip wheel -q --no-deps --no-build-isolation . -w {tmp_path}/d1",
+                        shell=True, cwd=a, env=env, capture_output=True, text=True)
+    r2 = subprocess.run(f"umask 077 && {sys.executable} -m pip wheel -q --no-deps --no-build-isolation . -w {tmp_path}/d2",
+                        shell=True, cwd=b, env=env, capture_output=True, text=True)
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    assert only_wheel(tmp_path / "d1").read_bytes() == only_wheel(tmp_path / "d2").read_bytes()
+
+
+def test_source_date_epoch_is_honoured(tmp_path):
+    proj = make_project(tmp_path / "p")
+    r = pip_wheel(proj, tmp_path / "d", env=dict(os.environ, SOURCE_DATE_EPOCH="1700000000"))
+    assert r.returncode == 0
+    with zipfile.ZipFile(only_wheel(tmp_path / "d")) as zf:
+        assert {i.date_time for i in zf.infolist()} == {(2023, 11, 14, 22, 13, 20)}
+        assert {i.external_attr >> 16 for i in zf.infolist()} == {0o100644}
+
+
+def test_failing_build_writes_no_wheel_and_names_every_problem(tmp_path):
+    bad = artifact(100, 32)
+    proj = make_project(tmp_path / "p", artifacts=[bad, artifact(100, 64, dev=H200)])
+    path = proj / "artifacts" / bad.filename
+    doc = json.loads(path.read_text())
+    doc["config"]["num_warps"] = "4"
+    path.write_bytes(codec.canonical(doc) + b"\n")
+    r = pip_wheel(proj, tmp_path / "dist")
+    assert r.returncode != 0
+    assert not list((tmp_path / "dist").glob("*.whl")) if (tmp_path / "dist").exists() else True
+    out = r.stdout + r.stderr
+    assert f"artifacts/{bad.filename}: Field `config.num_warps` must be an integer" in out
+    assert "Traceback" not in out
+
+
+def test_non_strict_drops_bad_artifact_with_warning(tmp_path):
+    proj = make_project(tmp_path / "p", extra="strict = false\ncoverage = \"none\"",
+                        artifacts=[artifact(100, 32), artifact(100, 64, dev=H200)])
+    (proj / "artifacts" / "junk.json").write_text("{")
+    out = io.StringIO()
+    state = pipeline.run(proj, out=out)
+    assert len(state.artifacts) == 2 and "warning: dropped: artifacts/junk.json" in out.getvalue()
+
+
+def test_sdist_carries_sources_and_isolated_build_gives_same_bundle(tmp_path, flytune_wheel):
+    proj = make_project(tmp_path / "p")
+    env = dict(os.environ, PIP_FIND_LINKS=str(flytune_wheel.parent))
+    r = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"), str(proj)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        names = tf.getnames()
+    assert "fixpkg-1.0/pyproject.toml" in names
+    assert all(f"fixpkg-1.0/artifacts/{p.name}" in names for p in (proj / "artifacts").glob("*.json"))
+    assert audit.verify(str(sdist)).ok
+    direct = tmp_path / "direct"
+    assert pip_wheel(proj, direct).returncode == 0
+    with zipfile.ZipFile(only_wheel(tmp_path / "dist")) as a, zipfile.ZipFile(only_wheel(direct)) as b:
+        bundle_names = sorted(n for n in a.namelist() if "/_flytune/" in n)
+        assert bundle_names == sorted(n for n in b.namelist() if "/_flytune/" in n)
+        assert all(a.read(n) == b.read(n) for n in bundle_names)
+
+
+def test_installed_wheel_serves_from_bundle_and_refuses_tampered_shard(tmp_path, flytune_wheel):
+    proj = make_project(tmp_path / "p")
+    assert pip_wheel(proj, tmp_path / "dist").returncode == 0
+    py = child_venv(tmp_path / "venv")
+    r = child_install(py, flytune_wheel, only_wheel(tmp_path / "dist"))
+    assert r.returncode == 0, r.stderr
+    code = """
+        import sys, warnings, torch, fixpkg, flytune_build as ft
+        x = torch.arange(100.0); y = torch.ones(100)
+        warnings.simplefilter("always")
+        assert "flytune_build" not in sys.modules or "fixpkg" in sys.modules
+        assert torch.equal(fixpkg.add(x, y), x + y)
+        d = fixpkg.add_kernel.decision(x, y, None, 100)
+        print(ft.stats()["fixpkg.add"]["calls"], d.level, d.config.kwargs["BLOCK"], d.origin)
+    """
+    r = run_child(py, code, TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "'offline': 1" in r.stdout and "exact 32 " in r.stdout and "fixpkg bundle" in r.stdout
+    site = Path(run_child(py, "import fixpkg, os; print(os.path.dirname(fixpkg.__file__))").stdout.strip())
+    shard = site / "_flytune" / "fixpkg.add.json"
+    shard.write_bytes(shard.read_bytes().replace(b'"BLOCK":32', b'"BLOCK":64'))
+    r = run_child(py, code, TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "c2")
+    assert r.returncode == 0, r.stderr
+    assert "'heuristic': 1" in r.stdout and "does not match the manifest" in r.stderr
+    assert r.stderr.count("FlytuneWarning") == 1
+
+
+def test_editable_install_sees_bundle_and_retuned_artifacts_after_rebuild(tmp_path, flytune_wheel):
+    proj = make_project(tmp_path / "p", extra='coverage = "none"', artifacts=[artifact(100, 32)])
+    py = child_venv(tmp_path / "venv")
+    assert child_install(py, flytune_wheel).returncode == 0
+    r = child_install(py, editable=proj)
+    assert r.returncode == 0, r.stderr
+    code = """
+        import torch, fixpkg
+        x = torch.arange(100.0); y = torch.ones(100)
+        fixpkg.add(x, y)
+        d = fixpkg.add_kernel.decision(x, y, None, 100)
+        print(d.tier, d.config.kwargs["BLOCK"])
+    """
+    env = dict(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "c")
+    assert run_child(py, code, **env).stdout.split() == ["offline", "32"]
+    (proj / "artifacts" / artifact(100, 32).filename).unlink()
+    artifact(100, 64).save(proj / "artifacts")
+    assert child_install(py, editable=proj).returncode == 0
+    assert run_child(py, code, **env).stdout.split() == ["offline", "64"]
+
+
+BLOCKER = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "triton"):
+            raise ImportError("the build path imported " + name)
+sys.meta_path.insert(0, Block())
+import os, flytune_build.backend as b
+os.chdir(sys.argv[1])
+print(b.build_wheel(sys.argv[2]))
+print(b.build_sdist(sys.argv[2]))
+"""
+
+
+def test_build_path_never_imports_torch_or_triton(tmp_path):
+    proj = make_project(tmp_path / "p")
+    r = subprocess.run([sys.executable, "-c", BLOCKER, str(proj), str(tmp_path / "out")], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fixpkg-1.0-py3-none-any.whl" in r.stdout and "fixpkg-1.0.tar.gz" in r.stdout
+
+
+def test_prepare_metadata_declares_the_entry_point(tmp_path):
+    proj = make_project(tmp_path / "p")
+    code = ("import os, sys, flytune_build.backend as b; os.chdir(sys.argv[1]); "
+            "print(b.prepare_metadata_for_build_wheel(sys.argv[2]))")
+    (tmp_path / "meta").mkdir()
+    r = subprocess.run([sys.executable, "-c", code, str(proj), str(tmp_path / "meta")], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    eps = (tmp_path / "meta" / r.stdout.strip().splitlines()[-1] / "entry_points.txt").read_text()
+    assert "fixpkg = fixpkg._flytune" in eps
+
+
+def test_every_pep517_and_pep660_hook_is_present():
+    from flytune_build import backend
+
+    for hook in ("build_wheel", "build_sdist", "build_editable", "get_requires_for_build_wheel",
+                 "get_requires_for_build_sdist", "get_requires_for_build_editable",
+                 "prepare_metadata_for_build_wheel", "prepare_metadata_for_build_editable"):
+        assert callable(getattr(backend, hook)), hook
+
+
+def test_symlink_escaping_root_is_an_error(tmp_path):
+    outside = tmp_path / "outside"
+    artifact(100, 32).save(outside)
+    proj = make_project(tmp_path / "p")
+    (proj / "artifacts" / "evil").symlink_to(outside)
+    with pytest.raises(BuildFailure, match="resolves outside the project root"):
+        pipeline.run(proj, out=io.StringIO())
+
+
+def test_glob_sources(tmp_path):
+    proj = make_project(tmp_path / "p", extra="", artifacts=[])
+    artifact(100, 32).save(proj / "tuned" / "cpu")
+    artifact(100, 64, dev=H200).save(proj / "tuned" / "h200")
+    text = (proj / "pyproject.toml").read_text().replace('sources = ["artifacts"]', 'sources = ["tuned/*"]')
+    (proj / "pyproject.toml").write_text(text)
+    state = pipeline.run(proj, out=io.StringIO())
+    assert len(state.artifacts) == 2
