@@ -84,8 +84,13 @@ def _run():
 def _with_entry_point(prepare, metadata_directory, config_settings, editable=False):
     name = prepare(metadata_directory, config_settings)
     from . import project
+    from .errors import FlytuneError
 
-    proj = project.load(".")
+    try:
+        proj = project.load(".")
+    except FlytuneError as e:
+        print(f"flytune: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     if proj is not None:
         from .build.assemble import EDITABLE_ROOT, entry_point_name
         from .build.wheel import add_entry_point

@@ -82,6 +82,11 @@ def _coverage(state: BuildState) -> None:
     proj = state.project
     if proj.coverage == "none":
         return
+    if not state.artifacts:
+        state.reject(ProjectError("is not met: the sources hold no artifact for any declared target "
+                                  "(set coverage = \"none\" to build without tuned configs)",
+                                  file=proj.root / "pyproject.toml", field="tool.flytune.coverage"))
+        return
     kernels = sorted({a.kernel for a in state.artifacts}) if proj.coverage == "all" else list(proj.coverage)
     pyproject = proj.root / "pyproject.toml"
     for kernel in kernels:
