@@ -322,10 +322,11 @@ def inspect(src: Source) -> dict:
 def render_inspect(info: dict) -> str:
     labels = [t["label"] for t in info["targets"]]
     width = max([6] + [len(k) for k in info["coverage"]])
+    cols = [max(len(lab), 5) for lab in labels]
     lines = [f"{info['path']} ({info['kind']}{', package ' + info['package'] if info['package'] else ''})",
-             "  " + "kernel".ljust(width) + "".join(f"  {lab:>14}" for lab in labels) + "  key axes"]
+             "  " + "kernel".ljust(width) + "".join(f"  {lab:>{c}}" for lab, c in zip(labels, cols)) + "  key axes"]
     for k, row in info["coverage"].items():
-        lines.append("  " + k.ljust(width) + "".join(f"  {row[lab]:>14}" for lab in labels)
+        lines.append("  " + k.ljust(width) + "".join(f"  {row[lab]:>{c}}" for lab, c in zip(labels, cols))
                      + "  " + ", ".join(info["key_axes"][k]))
     lines.append("  accepted match levels: " + "; ".join(f"{t['label']}: {', '.join(t['accept'])}"
                                                        for t in info["targets"]))

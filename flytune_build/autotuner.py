@@ -40,7 +40,7 @@ class Decision:
     launch: dict = field(init=False)
 
     def __post_init__(self):
-        self.launch = self.config.launch_kwargs()
+        self.launch = {**self.config.launch_kwargs(), "warmup": False}
         self.first_tier = self.first_tier or self.tier
 
 
@@ -73,6 +73,7 @@ class Autotuned:
     def __init__(self, fn, configs, key, *, default, prune_configs_by, reset_to_zero, restore_value, warmup,
                  rep, do_bench, name, validate):
         self.fn = fn
+        self._launch = fn.run
         self.arg_names = list(getattr(fn, "arg_names", None) or _arg_names(fn))
         base = fn
         while not inspect.isfunction(base):
@@ -119,16 +120,16 @@ class Autotuned:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
 
-    def run(self, *args, grid, warmup=False, **kwargs):
+    def run(self, *args, grid, **kwargs):
         if kwargs:
-            return self._run_keywords(args, kwargs, grid, warmup)
+            return self._run_keywords(args, kwargs, grid, kwargs.pop("warmup", False))
         try:
             d = self._memo[self._key(args)]
         except LookupError:
             d = self._decide(args, {}, grid)
         d.calls += 1
         try:
-            return self.fn.run(*args, grid=grid, warmup=warmup, **d.launch)
+            return self._launch(*args, grid=grid, **d.launch)
         except Exception as e:
             if d.tier != "offline":
                 raise
@@ -149,7 +150,8 @@ class Autotuned:
             d = self._decide(args, kwargs, grid)
         d.calls += 1
         try:
-            return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **d.launch)
+            launch = {**d.launch, "warmup": True} if warmup else d.launch
+            return self._launch(*args, grid=grid, **kwargs, **launch)
         except Exception as e:
             if d.tier != "offline":
                 raise

@@ -106,8 +106,8 @@ def detect() -> DeviceIdentity:
     import torch
 
     if not torch.cuda.is_available():
-        raise DeviceError("no GPU is visible and TRITON_INTERPRET is not set; set FLYTUNE_DEVICE or "
-                          "TRITON_INTERPRET=1", field="device")
+        raise DeviceError("cannot detect the device: no GPU is visible and TRITON_INTERPRET is not set "
+                          "(set FLYTUNE_DEVICE, or TRITON_INTERPRET=1)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if getattr(torch.version, "hip", None):
         arch = props.gcnArchName.split(":")[0]

@@ -58,19 +58,17 @@ def getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
     Precomputed once, so a cache hit costs one tuple build. Raw values are hashable: ints, floats,
     strings and torch dtypes.
     """
-    def item(v):
-        return getattr(v, "dtype", v)
-
     if len(positions) == 1:
         (p0,) = positions
-        return lambda a: (item(a[p0]),)
+        return lambda a: (getattr(a[p0], "dtype", a[p0]),)
     if len(positions) == 2:
         p0, p1 = positions
-        return lambda a: (item(a[p0]), item(a[p1]))
+        return lambda a: (getattr(a[p0], "dtype", a[p0]), getattr(a[p1], "dtype", a[p1]))
     if len(positions) == 3:
         p0, p1, p2 = positions
-        return lambda a: (item(a[p0]), item(a[p1]), item(a[p2]))
-    return lambda a: tuple([item(a[p]) for p in positions])
+        return lambda a: (getattr(a[p0], "dtype", a[p0]), getattr(a[p1], "dtype", a[p1]),
+                          getattr(a[p2], "dtype", a[p2]))
+    return lambda a: tuple([getattr(a[p], "dtype", a[p]) for p in positions])
 
 
 def scalar(value: Any) -> Any:

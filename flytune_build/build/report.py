@@ -13,10 +13,11 @@ def print_report(state: BuildState, out) -> None:
                      | (set(proj.coverage) if isinstance(proj.coverage, tuple) else set()))
     labels = [t.label() for t in proj.targets]
     width = max([len("kernel")] + [len(k) for k in kernels])
+    cols = [max(len(lab), 5) for lab in labels]
     lines = [f"flytune: bundle for {proj.package}: {len(kernels)} kernel(s) x {len(labels)} target(s)",
-             "  " + "kernel".ljust(width) + "".join(f"  {lab:>12}" for lab in labels)]
+             "  " + "kernel".ljust(width) + "".join(f"  {lab:>{c}}" for lab, c in zip(labels, cols))]
     for k in kernels:
-        lines.append("  " + k.ljust(width) + "".join(f"  {cells[(k, i)]:>12}" for i in range(len(labels))))
+        lines.append("  " + k.ljust(width) + "".join(f"  {cells[(k, i)]:>{c}}" for i, c in enumerate(cols)))
     lines.append(f"  kept {len(state.artifacts)}, excluded {len(state.excluded)} (other devices), "
                  f"rejected {len(state.rejected)}")
     for path, dev in state.excluded:

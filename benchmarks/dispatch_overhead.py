@@ -1,0 +1,73 @@
+"""Host-side cost of a tuned kernel's hot path on a cache hit, no GPU needed, side by side with
+`triton.autotune` on the same stub launcher in the same run (the anchor's method).
+
+    python benchmarks/dispatch_overhead.py
+"""
+import os
+import statistics
+import time
+
+os.environ.setdefault("FLYTUNE_DEVICE", "interpreter")  # the stub launches nothing: no device needed
+
+import torch
+import triton
+from triton import Config as TritonConfig
+from triton.runtime.autotuner import Autotuner
+
+import flytune_build as ft
+from flytune_build import Config
+
+
+def _body(x, w, y, N, stride, eps, BLOCK):
+    pass
+
+
+class StubLauncher:
+    fn = staticmethod(_body)
+    __name__ = "stub"
+    arg_names = ["x", "w", "y", "N", "stride", "eps", "BLOCK"]
+
+    def run(self, *args, **kwargs):
+        return None
+
+
+def timed(fn, n):
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n
+
+
+def main(n=200_000, rounds=5):
+    stub = StubLauncher()
+    blocks = [(b, w) for b in (256, 512, 1024) for w in (2, 4, 8)]
+    tuner = Autotuner(stub, stub.arg_names, [TritonConfig({"BLOCK": b}, num_warps=w) for b, w in blocks],
+                      key=["N"], reset_to_zero=None, restore_value=None)
+    ours = ft.autotune([Config({"BLOCK": b}, num_warps=w) for b, w in blocks], key=["x", "N"],
+                       default=lambda a: Config({"BLOCK": 512}), name="bench.stub")(stub)
+    x, w, y = torch.empty(4, 8), torch.empty(8), torch.empty(4, 8)
+    args = (x, w, y, 8, 8, 1e-6)
+    tuner.cache[(8, str(x.dtype), str(w.dtype), str(y.dtype))] = tuner.configs[3]
+    grid = (4,)
+    tuner.run(*args, grid=grid)
+    launch = ours[grid]
+    launch(*args)  # first call decides (heuristic tier); later calls are hits
+    full = dict(BLOCK=512, num_warps=4, num_stages=3, num_ctas=1, warmup=False)  # what a hit passes
+    res = {"triton": [], "flytune": [], "bare": [], "bare_full": []}
+    for _ in range(rounds):
+        res["triton"].append(timed(lambda: tuner.run(*args, grid=grid), n))
+        res["flytune"].append(timed(lambda: ours.run(*args, grid=grid), n))
+        res["bare"].append(timed(lambda: stub.run(*args, grid=grid, BLOCK=512, num_warps=4), n))
+        res["bare_full"].append(timed(lambda: stub.run(*args, grid=grid, **full), n))
+    med = {k: statistics.median(v) * 1e6 for k, v in res.items()}
+    print(f"triton {triton.__version__}, torch {torch.__version__}; median of {rounds} rounds x {n} calls")
+    print(f"  bare launcher          {med['bare']:.3f} us/call")
+    print(f"  triton.autotune hit    {med['triton']:.3f} us/call  overhead {med['triton'] - med['bare']:.3f} us")
+    print(f"  flytune_build hit      {med['flytune']:.3f} us/call  overhead {med['flytune'] - med['bare']:.3f} us")
+    print(f"  overhead ratio triton/flytune: {(med['triton'] - med['bare']) / (med['flytune'] - med['bare']):.1f}x")
+    print(f"  bare launcher, full config kwargs  {med['bare_full']:.3f} us/call: flytune adds "
+          f"{med['flytune'] - med['bare_full']:.3f} us over launching the same config by hand")
+
+
+if __name__ == "__main__":
+    main()
