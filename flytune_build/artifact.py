@@ -7,15 +7,17 @@ Nothing read from an artifact is ever executed or imported.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
 from . import codec
 from .codec import Fields
-from .config import Config
+from .config import Config, check_json
 from .device import DeviceIdentity
 from .errors import ArtifactError
 
@@ -40,7 +42,7 @@ class Artifact:
         return {"format": FORMAT_VERSION, "kernel": self.kernel, "key": dict(self.key),
                 "device": self.device.to_json()}
 
-    @property
+    @cached_property
     def address(self) -> str:
         return hashlib.sha256(codec.canonical(self.identity())).hexdigest()
 
@@ -88,7 +90,14 @@ class Artifact:
     @classmethod
     def from_bytes(cls, data: bytes, *, file: object = None, check_name: bool = True,
                    canonical: bool = False) -> "Artifact":
-        doc = codec.loads(data, file=file, error=ArtifactError)
+        not_canonical = False
+        if canonical:
+            try:
+                doc = codec.loads_canonical(data, file=file, error=ArtifactError)
+            except codec.NotCanonical as e:
+                doc, not_canonical = e.doc, True
+        else:
+            doc = codec.loads(data, file=file, error=ArtifactError)
         art = cls.from_json(doc, file=file)
         if check_name and file is not None:
             name = os.path.basename(str(file))
@@ -96,7 +105,7 @@ class Artifact:
                 raise ArtifactError(f"does not match the content address: expected file name "
                                     f"{art.filename!r}, found {name!r} (edited by hand or renamed?)",
                                     file=file, field="<file name>")
-        if canonical and data != art.to_bytes():
+        if not_canonical:
             raise ArtifactError("is not in canonical form (sorted keys, fixed separators, one trailing "
                                 "newline); rewrite it with `flytune fmt`", file=file, field="<document>")
         return art
@@ -136,14 +145,47 @@ def _check_provenance(p: Any, f: Fields) -> None:
         f.fail("provenance.ranking", f"must be one of {', '.join(RANKINGS)}, not {p['ranking']!r}")
 
     def candidate(v, path):
+        if _plain_candidate(v):
+            return
         f.table(v, path, ("config", "time_ms"), ("error",))
-        Config.from_json(v["config"], f, f"{path}.config")
+        check_json(v["config"], f, f"{path}.config")
         f.number(v["time_ms"], f"{path}.time_ms", nullable=True)
         if "error" in v:
             f.string(v["error"], f"{path}.error", max_len=4096)
 
     if "candidates" in p:
         f.array(p["candidates"], "provenance.candidates", candidate, max_items=4096)
+
+
+_INT_OPTS = {"num_warps": (1, 64), "num_stages": (0, 16), "num_ctas": (1, 16)}
+
+
+def _plain_candidate(v: Any) -> bool:
+    """The common, valid candidate, checked without building error paths (a bundle holds thousands)."""
+    if type(v) is not dict or len(v) != 2 or "config" not in v:
+        return False
+    t = v.get("time_ms", 0)
+    if not (t is None or (type(t) in (int, float) and t == t and t not in (math.inf, -math.inf))):
+        return False
+    c = v["config"]
+    if type(c) is not dict or type(c.get("kwargs")) is not dict:
+        return False
+    for k, x in c.items():
+        if k in _INT_OPTS:
+            lo, hi = _INT_OPTS[k]
+            if type(x) is not int or not lo <= x <= hi:
+                return False
+        elif k == "maxnreg":
+            if x is not None and (type(x) is not int or not 1 <= x <= 1024):
+                return False
+        elif k != "kwargs":
+            return False
+    for k, x in c["kwargs"].items():
+        if type(x) not in (int, str, bool) or not AXIS_NAME.fullmatch(k) or k in _INT_OPTS or k == "maxnreg":
+            return False
+        if type(x) is int and abs(x) > 2 ** 63:
+            return False
+    return True
 
 
 def load_dir(directory: str | os.PathLike, *, canonical: bool = False) -> list[Artifact]:

@@ -147,8 +147,16 @@ def _bundle(src: Source, label: str, manifest_bytes: bytes, read) -> None:
                                           field=f"kernels.{kernel}.shard"))
             continue
         src.sizes[info.shard] = len(shard)
+        prov_blob = read(info.provenance)
         try:
-            arts = bundle.parse_shard(info, shard, file=where, full=True)
+            prov = {}
+            if prov_blob is None:
+                src.errors.append(BundleError("is named by the manifest but absent", file=label + info.provenance,
+                                              field=f"kernels.{kernel}.provenance"))
+            else:
+                src.sizes[info.provenance] = len(prov_blob)
+                prov = bundle.parse_provenance(info, prov_blob, file=label + info.provenance)
+            arts = bundle.parse_shard(info, shard, file=where, full=True, provenance=prov)
         except FlytuneError as e:
             src.errors.append(e)
             continue

@@ -70,6 +70,33 @@ def loads(data: bytes, *, file: object, error: type[FlytuneError],
         raise error(f"is not valid JSON: {e}", file=file) from None
 
 
+def loads_canonical(data: bytes, *, file: object, error: type[FlytuneError],
+                    max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """Parse a document that must be canonical JSON plus one newline.
+
+    A canonical document has no duplicate keys and no NaN, so the fast C parser suffices when the
+    bytes round-trip; anything else is re-read strictly to name the exact rule it breaks.
+    """
+    if len(data) > max_bytes:
+        raise error(f"is {len(data)} bytes, over the {max_bytes}-byte cap", file=file)
+    try:
+        doc = json.loads(data)
+        if canonical(doc) + b"\n" == data:
+            return doc
+    except (ValueError, RecursionError):
+        pass
+    doc = loads(data, file=file, error=error, max_bytes=max_bytes)  # raises the precise error, if any
+    raise _NotCanonical(doc)
+
+
+class _NotCanonical(Exception):
+    def __init__(self, doc):
+        self.doc = doc
+
+
+NotCanonical = _NotCanonical
+
+
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 

@@ -32,16 +32,23 @@ class Config:
         f.integer(num_stages, "num_stages", 0, 16)
         f.integer(num_ctas, "num_ctas", 1, 16)
         f.integer(maxnreg, "maxnreg", 1, 1024, nullable=True)
-        object.__setattr__(self, "kwargs", kwargs)
-        object.__setattr__(self, "num_warps", num_warps)
-        object.__setattr__(self, "num_stages", num_stages)
-        object.__setattr__(self, "num_ctas", num_ctas)
-        object.__setattr__(self, "maxnreg", maxnreg)
+        self._set(kwargs, num_warps, num_stages, num_ctas, maxnreg)
+
+    def _set(self, kwargs, num_warps, num_stages, num_ctas, maxnreg):
+        setattr_ = object.__setattr__
+        setattr_(self, "kwargs", kwargs)
+        setattr_(self, "num_warps", num_warps)
+        setattr_(self, "num_stages", num_stages)
+        setattr_(self, "num_ctas", num_ctas)
+        setattr_(self, "maxnreg", maxnreg)
         launch = dict(kwargs, num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas)
         if maxnreg is not None:
             launch["maxnreg"] = maxnreg
-        object.__setattr__(self, "_launch", launch)
-        object.__setattr__(self, "_hash", hash(canonical(self.to_json())))
+        setattr_(self, "_launch", launch)
+        setattr_(self, "_hash", None)
+
+    def __reduce__(self):
+        return (Config, (self.kwargs, self.num_warps, self.num_stages, self.num_ctas, self.maxnreg))
 
     def __setattr__(self, name, value):
         raise AttributeError("Config is immutable")
@@ -56,20 +63,10 @@ class Config:
 
     @classmethod
     def from_json(cls, value: Any, f: Fields, path: str = "config") -> "Config":
-        f.table(value, path, ("kwargs",), COMPILER_OPTIONS)
-        kw = f.mapping(value["kwargs"], f"{path}.kwargs")
-        for name, v in kw.items():
-            f.string(name, f"{path}.kwargs", _IDENT, "a Python identifier (kwarg name)")
-            if name in COMPILER_OPTIONS:
-                f.fail(f"{path}.kwargs.{name}", "is a compiler option and belongs beside `kwargs`")
-            f.scalar(v, f"{path}.kwargs.{name}")
-        opts = {
-            "num_warps": f.integer(value.get("num_warps", 4), f"{path}.num_warps", 1, 64),
-            "num_stages": f.integer(value.get("num_stages", 3), f"{path}.num_stages", 0, 16),
-            "num_ctas": f.integer(value.get("num_ctas", 1), f"{path}.num_ctas", 1, 16),
-            "maxnreg": f.integer(value.get("maxnreg"), f"{path}.maxnreg", 1, 1024, nullable=True),
-        }
-        return cls(kw, **opts)
+        kwargs, opts = check_json(value, f, path)
+        config = object.__new__(cls)
+        config._set(dict(kwargs), *opts)
+        return config
 
     @classmethod
     def coerce(cls, config: Any) -> "Config":
@@ -90,6 +87,8 @@ class Config:
         return isinstance(other, Config) and self.to_json() == other.to_json()
 
     def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(canonical(self.to_json())))
         return self._hash
 
     def __repr__(self):
@@ -100,6 +99,23 @@ class Config:
         return f"Config({kw + ', ' if kw else ''}{opts})"
 
     __str__ = __repr__
+
+
+def check_json(value: Any, f: Fields, path: str = "config") -> tuple[dict, tuple]:
+    """Validate a config document; returns (kwargs, (num_warps, num_stages, num_ctas, maxnreg))."""
+    f.table(value, path, ("kwargs",), COMPILER_OPTIONS)
+    kw = f.mapping(value["kwargs"], f"{path}.kwargs")
+    for name, v in kw.items():
+        if not _IDENT.fullmatch(name):
+            f.string(name, f"{path}.kwargs", _IDENT, "a Python identifier (kwarg name)")
+        if name in COMPILER_OPTIONS:
+            f.fail(f"{path}.kwargs.{name}", "is a compiler option and belongs beside `kwargs`")
+        f.scalar(v, f"{path}.kwargs.{name}")
+    get = value.get
+    return kw, (f.integer(get("num_warps", 4), f"{path}.num_warps", 1, 64),
+                f.integer(get("num_stages", 3), f"{path}.num_stages", 0, 16),
+                f.integer(get("num_ctas", 1), f"{path}.num_ctas", 1, 16),
+                f.integer(get("maxnreg"), f"{path}.maxnreg", 1, 1024, nullable=True))
 
 
 def space_hash(configs) -> str:

@@ -17,6 +17,9 @@ class FlytuneError(Exception):
             return f"{where}Field `{self.field}` {self.rule}"
         return f"{where}{self.rule}"
 
+    def __reduce__(self):  # crosses process boundaries intact (parallel collection)
+        return (_rebuild, (type(self), self.rule, self.file, self.field))
+
     def to_json(self) -> dict:
         return {"type": type(self).__name__, "file": self.file, "field": self.field, "rule": self.rule,
                 "message": str(self)}
@@ -48,3 +51,7 @@ class SearchError(FlytuneError, RuntimeError):
 
 class ArtifactExecutionError(FlytuneError, RuntimeError):
     """An accepted artifact failed to compile or launch; never retried with a default."""
+
+
+def _rebuild(cls, rule, file, field):
+    return cls(rule, file=file, field=field)

@@ -23,7 +23,13 @@ class Hit:
     config: dict          # the artifact's config document, validated when the kernel accepts it
     level: str            # match level against the running device
     origin: str           # where it came from: "<dist> bundle" or an artifact file path
-    artifact: str         # the artifact's file name
+    doc: dict = field(repr=False)
+    name: str | None = None
+
+    @property
+    def artifact(self) -> str:
+        """The artifact's file name (its content address), computed when needed."""
+        return self.name or _name(self.doc)
 
 
 @dataclass
@@ -61,10 +67,9 @@ class OfflineTier:
         idx = Index()
         rank: dict[tuple, tuple[int, int]] = {}
         for order, src in enumerate(self.sources()):
-            for doc, accept, origin, name in self._docs(src, kernel, idx):
+            for doc, dev, accept, origin, name in self._docs(src, kernel, idx):
                 try:
-                    key, tuned = _key_of(doc, axes, name)
-                    dev = _device_of(doc, name)
+                    key = _key_of(doc, axes, name or origin)
                 except FlytuneError as e:
                     idx.problems.append(str(e))
                     continue
@@ -75,7 +80,7 @@ class OfflineTier:
                 r = (order, LEVELS.index(level))
                 if key not in rank or r < rank[key]:
                     rank[key] = r
-                    idx.hits[key] = Hit(doc["config"], level, origin, name)
+                    idx.hits[key] = Hit(doc.get("config"), level, origin, doc, name)
                 for axis, value in zip(axes, key):
                     idx.tuned_values.setdefault(axis, set()).add(value)
         idx.tuned_values = {a: sorted(v, key=_order) for a, v in idx.tuned_values.items()}
@@ -95,7 +100,7 @@ class OfflineTier:
                     idx.problems.append(str(e))
                     continue
                 if art.kernel == kernel:
-                    yield art.to_json(), DEFAULT_ACCEPT, str(path), path.name
+                    yield art.to_json(), art.device, DEFAULT_ACCEPT, str(path), path.name
             return
         info = src.manifest.kernels.get(kernel)
         if info is None:
@@ -117,7 +122,7 @@ class OfflineTier:
                 idx.problems.append(str(e))
                 continue
             accept = next((a for t, a in accept_by_target if t.covers(dev)), ())
-            yield doc, accept, src.label, _name(doc)
+            yield doc, dev, accept, src.label, None  # the file name is computed only for a served hit
 
 
 def _order(v: Any):
@@ -131,20 +136,27 @@ def _name(doc: dict) -> str:
         return "<invalid artifact>"
 
 
-def _key_of(doc: Any, axes: tuple[str, ...], name: str) -> tuple[tuple, dict]:
-    key = doc.get("key") if isinstance(doc, dict) else None
-    if not isinstance(key, dict) or set(key) != set(axes):
+def _key_of(doc: Any, axes: tuple[str, ...], name: str) -> tuple:
+    key = doc.get("key") if type(doc) is dict else None
+    if type(key) is not dict or len(key) != len(axes) or any(a not in key for a in axes):
         got = sorted(key) if isinstance(key, dict) else key
         raise FlytuneError(f"has key axes {got}, but the kernel declares {sorted(axes)}", file=name, field="key")
-    return tuple(key[a] for a in axes), key
+    return tuple([key[a] for a in axes])
 
 
 def _device_of(doc: Any, name: str) -> DeviceIdentity:
-    from .codec import Fields
-    from .errors import ArtifactError
+    """Parse a device document once per distinct device (a bundle holds few)."""
+    d = doc.get("device") if type(doc) is dict else None
+    memo = (d.get("backend"), d.get("arch"), d.get("name"), d.get("units")) if type(d) is dict and len(d) == 4 else None
+    dev = _devices.get(memo)
+    if dev is None:
+        from .codec import Fields
+        from .errors import ArtifactError
 
-    return DeviceIdentity.from_json(doc.get("device") if isinstance(doc, dict) else None,
-                                    Fields(name, ArtifactError))
+        dev = DeviceIdentity.from_json(d, Fields(name, ArtifactError))
+        if memo is not None and type(memo[3]) is int:
+            _devices[memo] = dev
+    return dev
 
 
 def _artifact_dirs() -> list[_Source]:
@@ -200,4 +212,5 @@ def locate(ep) -> _Source | None:
     return None
 
 
+_devices: dict[tuple, DeviceIdentity] = {}
 TIER = OfflineTier()

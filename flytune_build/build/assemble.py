@@ -22,10 +22,12 @@ def assemble(state: BuildState) -> BuildState:
     kernels = {}
     for kernel, arts in sorted(by_kernel.items()):
         data = bundle.shard_bytes(kernel, arts)
-        name = bundle.shard_name(kernel)
+        prov = bundle.provenance_bytes(kernel, arts)
+        name, prov_name = bundle.shard_name(kernel), bundle.provenance_name(kernel)
         state.files[prefix + name] = data
+        state.files[prefix + prov_name] = prov
         kernels[kernel] = bundle.ShardInfo(kernel, name, hashlib.sha256(data).hexdigest(), len(arts),
-                                           arts[0].key_axes())
+                                           arts[0].key_axes(), prov_name, hashlib.sha256(prov).hexdigest())
     tuned = defaultdict(set)
     for a in state.artifacts:
         for tool in ("triton", "torch", "cuda", "hip"):

@@ -1,0 +1,110 @@
+"""Build-side and first-lookup speed, CPU only:
+
+  1. verifying 10,000 artifacts (collect + verify, as a build does);
+  2. building a wheel with 1,000 artifacts against the same package without [tool.flytune];
+  3. the first runtime lookup in an installed bundle of 10,000 artifacts, in a fresh process,
+     and the package's import time with and without its bundle.
+
+    python benchmarks/build_speed.py
+"""
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from buildkit import artifact, child_install, child_venv, make_project, pip_wheel, run_child  # noqa: E402
+
+from flytune_build import build as pipeline  # noqa: E402
+from flytune_build.artifact import Artifact  # noqa: E402
+from flytune_build.build import collect, verify  # noqa: E402
+from flytune_build.config import Config  # noqa: E402
+from flytune_build.device import INTERPRETER  # noqa: E402
+
+
+def populate(proj: Path, n: int, kernels: int):
+    cands = [{"config": Config({"BLOCK": b}, num_warps=w).to_json(), "time_ms": 0.01 * b / w}
+             for b in (16, 32, 64, 128, 256) for w in (1, 2, 4, 8)]
+    d = proj / "artifacts"
+    for i in range(n):
+        k = "fixpkg.add" if kernels == 1 or i % kernels == 0 else f"fixpkg.k{i % kernels}"
+        Artifact(k, {"x": "float32", "n": 1000 + i}, INTERPRETER, Config({"BLOCK": 16 << (i % 4)}),
+                 {"triton": "3.6.0", "ranking": "synthetic", "candidates": cands}).save(d)
+
+
+def median_time(fn, reps=3):
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def main():
+    tmp = Path(tempfile.mkdtemp())
+    cores = os.cpu_count()
+    print(f"machine: {cores} cores, python {sys.version.split()[0]}")
+
+    big = make_project(tmp / "big", extra='coverage = "none"', artifacts=[])
+    populate(big, 10_000, 50)
+    from flytune_build import project
+    proj = project.load(big)
+    t = median_time(lambda: verify.verify(collect.collect(pipeline.BuildState(proj))))
+    print(f"1. verify 10,000 artifacts (collect + verify): {t:.2f} s  (goal < 2 s)")
+
+    with_art = make_project(tmp / "with", extra='coverage = "none"', artifacts=[])
+    populate(with_art, 1_000, 10)
+    plain = make_project(tmp / "plain", tool=False, artifacts=[])
+    tw = median_time(lambda: pip_wheel(with_art, tmp / "dw").check_returncode())
+    tp = median_time(lambda: pip_wheel(plain, tmp / "dp").check_returncode())
+    print(f"2. wheel build: 1,000 artifacts {tw:.2f} s, without {tp:.2f} s, ratio {tw / tp:.2f}  (goal <= 1.2)")
+
+    r = pip_wheel(big, tmp / "dbig")
+    r.check_returncode()
+    wheel = next((tmp / "dbig").glob("*.whl"))
+    fw = tmp / "fw"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+                    "-w", str(fw)], check=True)
+    py = child_venv(tmp / "venv")
+    child_install(py, next(fw.glob("*.whl")), wheel).check_returncode()
+    code = """
+        import time, statistics
+        t = time.perf_counter(); import fixpkg; t_import = time.perf_counter() - t
+        from flytune_build import autotuner
+        from flytune_build.offline import TIER
+        k = fixpkg.add_kernel
+        t = time.perf_counter()
+        TIER.sources()  # once per process: entry points, manifests
+        t_discover = time.perf_counter() - t
+        t = time.perf_counter()
+        hit = k.offline_index().hits.get(("float32", 1000))
+        t_lookup = time.perf_counter() - t
+        assert hit is not None
+        print(f"{t_import:.4f} {t_lookup * 1000:.2f} {len(k.offline_index().hits)} {t_discover * 1000:.2f}")
+    """
+    env = dict(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0)
+    runs = [run_child(py, code, **env).stdout.split() for _ in range(5)]
+    lookup = statistics.median(float(r[1]) for r in runs)
+    discover = statistics.median(float(r[3]) for r in runs)
+    print(f"3. first lookup in an installed bundle of 10,000 artifacts (50 kernels; this kernel's shard holds "
+          f"{runs[0][2]}): {lookup:.2f} ms (shard read, hash check, index) after {discover:.2f} ms of "
+          f"once-per-process discovery (entry points + manifest); median of 5 fresh processes (goal < 5 ms)")
+    imp_with = statistics.median(float(r[0]) for r in runs)
+    py2 = child_venv(tmp / "venv2")
+    child_install(py2, next(fw.glob("*.whl")), next((tmp / "dp").glob("*.whl"))).check_returncode()
+    imp_without = statistics.median(float(run_child(py2, "import time; t = time.perf_counter(); import fixpkg; "
+                                                         "print(time.perf_counter() - t)", **env).stdout)
+                                    for _ in range(5))
+    print(f"   import fixpkg: {imp_with * 1000:.0f} ms with the bundle, {imp_without * 1000:.0f} ms without "
+          f"(the bundle is not read at import)")
+
+
+if __name__ == "__main__":
+    main()
