@@ -30,6 +30,7 @@ class Source:
     warnings: list[str] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)   # shard or file -> bytes
     targets: tuple[Target, ...] = ()
+    package: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -138,6 +139,7 @@ def _bundle(src: Source, label: str, manifest_bytes: bytes, read) -> None:
         return
     src.manifest = manifest
     src.targets = manifest.targets
+    src.package = manifest.package
     src.sizes[bundle.MANIFEST] = len(manifest_bytes)
     for kernel, info in sorted(manifest.kernels.items()):
         shard = read(info.shard)
@@ -233,6 +235,7 @@ def _project(root: Path, label: str) -> Source:
         return src
     state = verify.verify(collect.collect(build_mod.BuildState(proj)))
     src.artifacts, src.errors, src.targets = state.artifacts, list(state.rejected), proj.targets
+    src.package = proj.package
     src.warnings += state.warnings + [f"excluded {p} (tuned on {d})" for p, d in state.excluded]
     _drift(src, proj.triton)
     return src

@@ -422,6 +422,25 @@ class Autotuned:
         except LookupError:
             return None
 
+    def forcing(self, config):
+        """A context in which every call launches `config`, bypassing every tier (verify --execute)."""
+        import contextlib
+
+        forced = Decision(Config.coerce(config), "forced", {})
+
+        class _Always(dict):
+            def __missing__(self, key):
+                return forced
+
+        @contextlib.contextmanager
+        def ctx():
+            saved, self._memo = self._memo, _Always()
+            try:
+                yield forced
+            finally:
+                self._memo = saved
+        return ctx()
+
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
         self._memo.clear()

@@ -137,8 +137,10 @@ def _fmt(args) -> int:
     changed = 0
     for d in args.paths:
         for path in sorted(Path(d).glob("*.json")):
-            art = Artifact.load(path, canonical=False) if path.name == Artifact.load(path, canonical=False).filename \
-                else Artifact.from_bytes(path.read_bytes(), file=path, check_name=False)
+            from .artifact import read_capped
+            from .errors import ArtifactError
+
+            art = Artifact.from_bytes(read_capped(path, ArtifactError), file=path, check_name=False)
             data = art.to_bytes()
             target = path.with_name(art.filename)
             if target != path or path.read_bytes() != data:

@@ -1,4 +1,7 @@
 """Triton kernels, each autotuned by flytune_build with a declared key and a heuristic default."""
+import os
+
+import torch
 import triton
 import triton.language as tl
 
@@ -8,6 +11,33 @@ from flytune_build import Config, pow2
 
 def _next_pow2(n):
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _where():
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return "cpu" if interpreted or not torch.cuda.is_available() else "cuda"
+
+
+# reference checks for `flytune verify --execute`: build inputs for a key, run, compare with torch
+def _validate_rmsnorm(key):
+    from sample_pkg import rmsnorm
+    x = torch.randn(key["M"], key["N"]).to(_where(), getattr(torch, key["x"]))
+    w = torch.randn(key["N"]).to(_where(), getattr(torch, key["x"]))
+    ref = x.float() * torch.rsqrt((x.float() ** 2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    torch.testing.assert_close(rmsnorm(x, w).float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def _validate_softmax(key):
+    from sample_pkg import softmax
+    x = torch.randn(key["M"], key["N"]).to(_where(), getattr(torch, key["x"]))
+    torch.testing.assert_close(softmax(x).float(), torch.softmax(x.float(), -1), atol=2e-3, rtol=1e-2)
+
+
+def _validate_matmul(key):
+    from sample_pkg import matmul
+    a = torch.randn(key["M"], key["K"]).to(_where(), getattr(torch, key["a"]))
+    b = torch.randn(key["K"], key["N"]).to(_where(), getattr(torch, key["a"]))
+    torch.testing.assert_close(matmul(a, b).float(), a.float() @ b.float(), atol=5e-2 * key["K"] ** 0.5, rtol=1e-2)
 
 
 # -- RMSNorm forward ----------------------------------------------------------------------------
@@ -20,7 +50,7 @@ def _rmsnorm_default(args):
 
 
 @ft.autotune(configs=RMSNORM_CONFIGS, key=["x", pow2("M"), "N"], default=_rmsnorm_default,
-             name="sample_pkg.rmsnorm")
+             validate=_validate_rmsnorm, name="sample_pkg.rmsnorm")
 @triton.jit
 def rmsnorm_kernel(x, w, y, M, N, stride, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -46,7 +76,7 @@ def _softmax_default(args):
 
 
 @ft.autotune(configs=SOFTMAX_CONFIGS, key=["x", pow2("M"), "N"], default=_softmax_default,
-             name="sample_pkg.softmax")
+             validate=_validate_softmax, name="sample_pkg.softmax")
 @triton.jit
 def softmax_kernel(x, y, M, N, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -82,7 +112,7 @@ def _matmul_default(args):
 
 
 @ft.autotune(configs=MATMUL_CONFIGS, key=["a", pow2("M"), "N", "K"], default=_matmul_default,
-             name="sample_pkg.matmul")
+             validate=_validate_matmul, name="sample_pkg.matmul")
 @triton.jit
 def matmul_kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr):

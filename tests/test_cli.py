@@ -1,0 +1,238 @@
+"""`flytune verify`, `inspect`, `diff`, `fmt`, `tune`: exit codes and messages on real wheels."""
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from buildkit import H200, ROOT, artifact, make_project, pip_wheel
+from conftest import python_env
+
+
+def flytune(*args, cwd=None, **env):
+    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
+                          text=True, env=python_env(**env), cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("w")
+    proj = make_project(tmp / "p")
+    r = pip_wheel(proj, tmp / "dist")
+    assert r.returncode == 0, r.stderr
+    (whl,) = (tmp / "dist").glob("*.whl")
+    return whl
+
+
+def record_hash(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def rewrite(src: Path, dst: Path, *, replace=None, add=None, drop_record=None, add_record=None, fix_record=True):
+    """Copy a wheel, changing members; RECORD follows the change only when `fix_record`."""
+    replace, add = replace or {}, add or {}
+    with zipfile.ZipFile(src) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    record = next(n for n in members if n.endswith(".dist-info/RECORD"))
+    members.update(replace)
+    members.update(add)
+    rows = [r for r in csv.reader(io.StringIO(members[record].decode())) if r]
+    if fix_record:
+        rows = [[n, record_hash(members[n]), str(len(members[n]))] if n in replace else r
+                for r in rows for n in [r[0]]]
+    rows = [r for r in rows if r[0] != drop_record]
+    if add_record:
+        rows.insert(0, [add_record, record_hash(b"x"), "1"])
+    members[record] = ("\n".join(",".join(r) for r in rows) + "\n").encode()
+    with zipfile.ZipFile(dst, "w") as zf:
+        for n, data in members.items():
+            zf.writestr(n, data)
+    return dst
+
+
+SHARD = "fixpkg/_flytune/fixpkg.add.json"
+MANIFEST = "fixpkg/_flytune/manifest.json"
+
+
+def read(whl, name):
+    with zipfile.ZipFile(whl) as zf:
+        return zf.read(name)
+
+
+def test_clean_wheel_verifies(wheel):
+    r = flytune("verify", wheel)
+    assert r.returncode == 0 and "ok; 2 artifact(s), 1 kernel(s)" in r.stdout
+
+
+def test_one_tampered_byte_names_the_member(wheel, tmp_path):
+    data = bytearray(read(wheel, SHARD))
+    data[data.index(b'"BLOCK":32') + 9] = ord("6")
+    bad = rewrite(wheel, tmp_path / wheel.name, replace={SHARD: bytes(data)}, fix_record=False)
+    r = flytune("verify", bad)
+    assert r.returncode == 1
+    assert f"{bad}!{SHARD}: Field `RECORD` does not match its RECORD line" in r.stdout
+
+
+def test_manifest_shard_mismatch_even_with_a_consistent_record(wheel, tmp_path):
+    data = read(wheel, SHARD).replace(b'"BLOCK":32', b'"BLOCK":16')
+    bad = rewrite(wheel, tmp_path / wheel.name, replace={SHARD: data})
+    r = flytune("verify", bad)
+    assert r.returncode == 1
+    assert "Field `kernels.fixpkg.add.sha256` does not match the manifest" in r.stdout
+    assert "RECORD" not in r.stdout
+
+
+def test_record_only_line(wheel, tmp_path):
+    bad = rewrite(wheel, tmp_path / wheel.name, add_record="fixpkg/ghost.py")
+    r = flytune("verify", bad)
+    assert r.returncode == 1 and "fixpkg/ghost.py: Field `RECORD` is listed in RECORD but absent" in r.stdout
+
+
+def test_member_missing_from_record(wheel, tmp_path):
+    bad = rewrite(wheel, tmp_path / wheel.name, add={"fixpkg/extra.py": b"print(1)\n"})
+    r = flytune("verify", bad)
+    assert r.returncode == 1 and "fixpkg/extra.py: Field `RECORD` is in the wheel but missing from RECORD" in r.stdout
+
+
+def test_drift_is_a_warning_or_with_strict_an_error(wheel, tmp_path):
+    doc = json.loads(read(wheel, MANIFEST))
+    doc["toolchain"]["triton"] = ">=9"
+    bad = rewrite(wheel, tmp_path / wheel.name, replace={MANIFEST: json.dumps(doc).encode()})
+    r = flytune("verify", bad)
+    assert r.returncode == 0 and "warning:" in r.stdout and "toolchain drift" in r.stdout
+    r = flytune("verify", "--strict", bad)
+    assert r.returncode == 1 and "Field `toolchain.triton`" in r.stdout
+
+
+def test_coverage_gap(wheel, tmp_path):
+    doc = json.loads(read(wheel, MANIFEST))
+    doc["targets"].append({"arch": "gfx942", "name": None, "units": None, "accept": ["exact"]})
+    bad = rewrite(wheel, tmp_path / wheel.name, replace={MANIFEST: json.dumps(doc).encode()})
+    r = flytune("verify", bad)
+    assert r.returncode == 1 and "no artifact of kernel fixpkg.add for target gfx942 (coverage gap)" in r.stdout
+
+
+def test_usage_error_exits_2(wheel):
+    r = flytune("verify", "--frobnicate", wheel)
+    assert r.returncode == 2 and "unrecognized arguments" in r.stderr
+    assert flytune("verify").returncode == 2
+
+
+def test_json_report_fields(wheel, tmp_path):
+    bad = rewrite(wheel, tmp_path / wheel.name, add_record="fixpkg/ghost.py")
+    r = flytune("verify", "--json", wheel, bad)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["ok"] is False
+    good, worse = doc["reports"]
+    assert good == {"path": str(wheel), "kind": "wheel", "ok": True, "kernels": 1, "artifacts": 2, "errors": [],
+                    "warnings": []}
+    err = worse["errors"][0]
+    assert set(err) == {"type", "file", "field", "rule", "message"} and err["field"] == "RECORD"
+
+
+def test_verify_directory_sdist_and_installed(wheel, tmp_path):
+    d = tmp_path / "arts"
+    artifact(100, 32).save(d)
+    assert flytune("verify", d).returncode == 0
+    (d / "junk.json").write_text("{")
+    r = flytune("verify", d)
+    assert r.returncode == 1 and "junk.json" in r.stdout
+    r = flytune("verify", "no-such-dist-anywhere")
+    assert r.returncode == 1 and "not a file, a directory or an installed distribution" in r.stdout
+
+
+def test_deep_catches_a_renamed_kernel_parameter(wheel, tmp_path):
+    proj = make_project(tmp_path / "src", artifacts=[])
+    init = proj / "fixpkg" / "__init__.py"
+    init.write_text(init.read_text().replace("BLOCK", "BLOCK_SIZE"))
+    r = flytune("verify", "--deep", wheel, PYTHONPATH=f"{proj}{os.pathsep}{ROOT}", TRITON_INTERPRET=1)
+    assert r.returncode == 1
+    assert "Field `config.kwargs.BLOCK` binds to no parameter of kernel fixpkg.add" in r.stdout
+    clean = make_project(tmp_path / "clean", artifacts=[])
+    r = flytune("verify", "--deep", "--execute", wheel, PYTHONPATH=f"{clean}{os.pathsep}{ROOT}", TRITON_INTERPRET=1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "declares no `validate`: not executed" in r.stdout
+
+
+def test_execute_runs_sample_artifacts_and_reports_a_failing_one(tmp_path):
+    r = flytune("verify", "--deep", "--execute", ROOT / "sample_pkg", PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}",
+                TRITON_INTERPRET=1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = tmp_path / "arts"
+    from flytune_build.artifact import Artifact
+    from flytune_build.config import Config
+    from flytune_build.device import INTERPRETER
+
+    bad = Artifact("sample_pkg.rmsnorm", {"x": "float16", "M": 4, "N": 256}, INTERPRETER, Config({"BLOCK": 384}))
+    bad.save(d)
+    r = flytune("verify", "--execute", d, PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}", TRITON_INTERPRET=1)
+    assert r.returncode == 1 and f"{bad.filename}: Field `config` failed when executed on interpreter" in r.stdout
+
+
+def test_inspect_table_and_json(wheel):
+    r = flytune("inspect", wheel)
+    assert r.returncode == 0 and "fixpkg.add" in r.stdout and "accepted match levels" in r.stdout
+    info = json.loads(flytune("inspect", "--json", wheel).stdout)
+    assert info["coverage"] == {"fixpkg.add": {"interpreter": 1, "sm_90/132/NVIDIA H200": 1}}
+    assert info["key_axes"] == {"fixpkg.add": ["n", "x"]} and info["toolchain"]["tuned_with_triton"] == ["3.6.0"]
+
+
+def test_diff_names_added_removed_and_changed_winner_with_margin(tmp_path):
+    from flytune_build.artifact import Artifact
+    from flytune_build.config import Config
+    from flytune_build.device import INTERPRETER
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    artifact(100, 32).save(old)
+    artifact(200, 32).save(old)
+    cands = [{"config": Config({"BLOCK": 32}).to_json(), "time_ms": 1.5},
+             {"config": Config({"BLOCK": 64}).to_json(), "time_ms": 1.0}]
+    Artifact("fixpkg.add", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 64}),
+             {"triton": "3.6.0", "candidates": cands}).save(new)
+    artifact(300, 32).save(new)
+    r = flytune("diff", old, new)
+    assert r.returncode == 0
+    assert "+ fixpkg.add {'n': 300, 'x': 'float32'} on interpreter" in r.stdout
+    assert "- fixpkg.add {'n': 200, 'x': 'float32'} on interpreter" in r.stdout
+    assert "BLOCK=32" in r.stdout and "-> Config(BLOCK=64" in r.stdout and "+50.0% slower" in r.stdout
+    d = json.loads(flytune("diff", "--json", old, new).stdout)
+    assert len(d["added"]) == len(d["removed"]) == len(d["changed"]) == 1 and d["changed"][0]["margin"] == 0.5
+
+
+def test_fmt_rewrites_to_canonical_name_and_form(tmp_path):
+    a = artifact(100, 32)
+    (tmp_path / "handmade.json").write_text(json.dumps(a.to_json(), indent=2))
+    r = flytune("fmt", tmp_path)
+    assert r.returncode == 0
+    assert [p.name for p in tmp_path.iterdir()] == [a.filename]
+    assert (tmp_path / a.filename).read_bytes() == a.to_bytes()
+
+
+def test_tune_refuses_in_ci(tmp_path):
+    r = flytune("tune", "--project", ROOT / "sample_pkg", CI="true")
+    assert r.returncode == 2 and "refusing to tune where CI is set" in r.stderr
+
+
+def test_tune_synthetic_ranking_writes_artifacts_and_resumes(tmp_path):
+    env = dict(TRITON_INTERPRET=1, FLYTUNE_CACHE_DIR=tmp_path / "cache", PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}")
+    out = tmp_path / "out"
+    args = ["tune", "--project", ROOT / "sample_pkg", "--kernel", "sample_pkg.matmul", "--ranking", "synthetic",
+            "--output", out, "--allow-ci", "--no-progress"]
+    r = flytune(*args, **env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "2 tuned, 0 resumed" in r.stdout and "margin" in r.stdout
+    made = sorted(p.name for p in out.glob("*.json"))
+    committed = sorted(p.name for p in (ROOT / "sample_pkg" / "artifacts" / "interpreter").glob("sample_pkg.matmul-*.json"))
+    assert made == committed  # deterministic: the same command made the committed interpreter artifacts
+    for name in made:
+        assert (out / name).read_bytes().split(b'"created"')[0] == \
+            (ROOT / "sample_pkg" / "artifacts" / "interpreter" / name).read_bytes().split(b'"created"')[0]
+    r = flytune(*args, **env)
+    assert r.returncode == 0 and "0 tuned, 2 resumed" in r.stdout
