@@ -1,0 +1,292 @@
+"""Hostile inputs, concurrency and corruption: typed errors only, nothing lost, nothing trusted blindly."""
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from flytune_build import autotuner, bundle, codec, project
+from flytune_build import build as pipeline
+from flytune_build.artifact import Artifact
+from flytune_build.bundle import Manifest
+from flytune_build.errors import FlytuneError
+from flytune_build.warning import FlytuneWarning
+
+from buildkit import H200, artifact, make_project
+from conftest import ROOT, python_env
+
+# -- the manifest corpus --------------------------------------------------------------------------------
+def good_manifest(tmp_path):
+    import io
+    proj = make_project(tmp_path / "p")
+    state = pipeline.run(proj, out=io.StringIO())
+    return json.loads(state.files["fixpkg/_flytune/manifest.json"]), state
+
+
+def mutate(doc, path, value):
+    d = json.loads(json.dumps(doc))
+    cur = d
+    parts = path.split("/")
+    for p in parts[:-1]:
+        cur = cur[p]
+    if value is DEL:
+        del cur[parts[-1]]
+    else:
+        cur[parts[-1]] = value
+    return json.dumps(d).encode()
+
+
+DEL = object()
+MANIFEST_CASES = [
+    ("truncated", lambda d: json.dumps(d).encode()[:20], None, "not valid JSON"),
+    ("not-utf8", lambda d: b'{"format": "\xc3"}', None, "UTF-8"),
+    ("duplicate", lambda d: b'{"format": 1, "format": 1}', "format", "duplicate JSON key"),
+    ("infinity", lambda d: json.dumps(d).replace('"format": 1', '"format": Infinity').encode(), None, "non-finite"),
+    ("version", lambda d: mutate(d, "format", 2), "format", "unknown manifest format 2"),
+    ("version-string", lambda d: mutate(d, "format", "1"), "format", "unknown manifest format"),
+    ("unknown-field", lambda d: mutate(d, "signed_by", "me"), "signed_by", "not a known field"),
+    ("package-traversal", lambda d: mutate(d, "package", "../etc"), "package", "dotted package name"),
+    ("shard-traversal", lambda d: mutate(d, "kernels/fixpkg.add/shard", "../../evil.json"),
+     "kernels.fixpkg.add.shard", "plain file name"),
+    ("shard-absolute", lambda d: mutate(d, "kernels/fixpkg.add/shard", "/etc/passwd"), "kernels.fixpkg.add.shard",
+     "plain file name"),
+    ("sha-short", lambda d: mutate(d, "kernels/fixpkg.add/sha256", "abc"), "kernels.fixpkg.add.sha256", "sha256"),
+    ("count-negative", lambda d: mutate(d, "kernels/fixpkg.add/artifacts", -1), "kernels.fixpkg.add.artifacts",
+     ">= 0"),
+    ("kernel-odd-name", lambda d: mutate(d, "kernels", {"a b": d["kernels"]["fixpkg.add"]}), "kernels.a b",
+     "dotted kernel name"),
+    ("targets-wrong", lambda d: mutate(d, "targets", [{"arch": "sm_90", "accept": ["always"]}]), "targets[0].accept[0]",
+     "must be one of"),
+    ("coverage-wrong", lambda d: mutate(d, "coverage", "most"), "coverage", "must be \"all\""),
+    ("toolchain-missing", lambda d: mutate(d, "toolchain", DEL), "toolchain", "is required"),
+    ("deep-nesting", lambda d: b'{"format":' + b"[" * 50000 + b"]" * 50000 + b"}", None, "not valid JSON"),
+    ("huge-number", lambda d: json.dumps(d).replace('"format": 1', '"format": 1' + "0" * 6000).encode(), None,
+     "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("case,make,field,rule", MANIFEST_CASES, ids=[c[0] for c in MANIFEST_CASES])
+def test_malformed_manifest(tmp_path, case, make, field, rule):
+    doc, _ = good_manifest(tmp_path)
+    with pytest.raises(FlytuneError) as e:
+        Manifest.from_bytes(make(doc), file="manifest.json")
+    assert e.value.file == "manifest.json" and rule in e.value.rule, e.value
+    if field:
+        assert e.value.field == field, e.value
+
+
+def test_corpus_totals_at_least_fifty():
+    from test_artifact import CORPUS
+    from test_build_malformed import CASES
+    from test_project import BAD
+    assert len(CORPUS) + len(CASES) + len(BAD) + len(MANIFEST_CASES) >= 50
+
+
+def test_malformed_wheels_exit_1_without_traceback(tmp_path):
+    bad = tmp_path / "x-1.0-py3-none-any.whl"
+    bad.write_bytes(b"PK\x03\x04 not a zip")
+    trunc = tmp_path / "y-1.0-py3-none-any.whl"
+    for p in (bad,):
+        r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "verify", str(p)], capture_output=True,
+                           text=True, env=python_env())
+        assert r.returncode == 1 and "not a readable zip archive" in r.stdout and "Traceback" not in r.stderr
+
+
+# -- property-based fuzzing: only the project's typed error escapes -------------------------------------------
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                           lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                           max_leaves=20)
+GOOD_ARTIFACT = artifact(100, 32).to_json()
+
+
+def near_miss(doc):
+    """Documents one mutation away from a valid one, where the parser's rules live."""
+    return st.sampled_from(sorted(_paths(doc))).flatmap(
+        lambda path: json_values.map(lambda v: _set(doc, path, v)))
+
+
+def _paths(doc, prefix=()):
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+
+
+def _set(doc, path, value):
+    d = json.loads(json.dumps(doc))
+    cur = d
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    return d
+
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@FUZZ
+@given(st.binary(max_size=300) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_fuzz_artifact_bytes(data):
+    try:
+        Artifact.from_bytes(data, file="f.json", check_name=False)
+    except FlytuneError:
+        pass
+
+
+@FUZZ
+@given(near_miss(GOOD_ARTIFACT))
+def test_fuzz_artifact_near_miss(doc):
+    try:
+        Artifact.from_bytes(json.dumps(doc).encode(), file="f.json", check_name=False)
+    except FlytuneError:
+        pass
+
+
+TABLE = {"package": "p", "sources": ["artifacts"], "targets": ["sm_90", {"arch": "interpreter", "accept": ["exact"]}],
+         "coverage": "all", "triton": ">=3", "strict": True,
+         "tune": {"entries": [{"kernel": "a.b", "setup": "m:f", "shapes": [{"N": 1}]}]}}
+
+
+@FUZZ
+@given(near_miss(TABLE) | json_values)
+def test_fuzz_tool_table(table):
+    root = Path("/nonexistent-flytune-root")
+    try:
+        project.parse(table, root=root, file="pyproject.toml")
+    except FlytuneError:
+        pass
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_manifest(data):
+    doc = {"format": 1, "package": "p", "targets": ["sm_90"], "coverage": "all",
+           "toolchain": {"triton": None, "tuned_with": {}},
+           "kernels": {"p.k": {"shard": "p.k.json", "sha256": "0" * 64, "artifacts": 1, "axes": ["n"],
+                               "provenance": "p.k.provenance.json", "provenance_sha256": "0" * 64}}}
+    raw = data.draw(near_miss(doc).map(lambda d: json.dumps(d).encode()) | st.binary(max_size=200))
+    try:
+        Manifest.from_bytes(raw, file="manifest.json")
+    except FlytuneError:
+        pass
+
+
+# -- concurrency and crashes ----------------------------------------------------------------------------------
+WRITER = r"""
+import sys
+from flytune_build.scratch import ScratchCache
+c = ScratchCache("t.many")
+w = int(sys.argv[1])
+for i in range(100):
+    c.put(f"{w}-{i}", {"config": {"kwargs": {"BLOCK": i}}, "time_ms": 1.0})
+"""
+
+
+def test_sixteen_processes_writing_one_scratch_cache_lose_nothing(tmp_path):
+    env = python_env(FLYTUNE_CACHE_DIR=tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(w)], env=env) for w in range(16)]
+    assert all(p.wait(300) == 0 for p in procs)
+    doc = json.loads((tmp_path / "t.many.json").read_text())
+    assert doc["format"] == 1 and len(doc["entries"]) == 1600
+
+
+KILLED = r"""
+import os, sys, time
+from flytune_build import fsutil
+from flytune_build.scratch import ScratchCache
+real = os.fsync
+def stall(fd):
+    print("writing", flush=True)
+    time.sleep(60)
+os.fsync = stall
+ScratchCache("t.kill").put("new", {"config": {"kwargs": {}}, "time_ms": 2.0})
+"""
+
+
+def test_process_killed_mid_write_leaves_previous_file_intact(tmp_path):
+    from flytune_build.scratch import ScratchCache
+    os.environ["FLYTUNE_CACHE_DIR"] = str(tmp_path)
+    ScratchCache("t.kill").put("old", {"config": {"kwargs": {}}, "time_ms": 1.0})
+    before = (tmp_path / "t.kill.json").read_bytes()
+    p = subprocess.Popen([sys.executable, "-c", KILLED], env=python_env(FLYTUNE_CACHE_DIR=tmp_path),
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "writing"
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    assert (tmp_path / "t.kill.json").read_bytes() == before
+    ScratchCache("t.kill").put("after", {"config": {"kwargs": {}}, "time_ms": 3.0})  # the lock was released
+    assert set(json.loads((tmp_path / "t.kill.json").read_text())["entries"]) == {"old", "after"}
+
+
+# -- runtime corruption through a discovered bundle ------------------------------------------------------------
+def install_fake_dist(tmp_path, monkeypatch, state):
+    site = tmp_path / "site"
+    for name, data in state.files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(data)
+    info = site / "fixpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fixpkg\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[flytune.bundles]\nfixpkg = fixpkg._flytune\n")
+    monkeypatch.syspath_prepend(str(site))
+    autotuner.reset_stats()
+    return site / "fixpkg" / "_flytune"
+
+
+@pytest.mark.parametrize("damage", ["truncate-manifest", "flip-manifest", "flip-shard", "delete-shard"])
+def test_corrupt_bundle_warns_once_and_next_tier_serves(tmp_path, monkeypatch, damage):
+    import torch
+    from kernels import grid, make_add
+    from flytune_build import Config
+
+    _, state = good_manifest(tmp_path)
+    root = install_fake_dist(tmp_path, monkeypatch, state)
+    k = make_add("fixpkg.add", default=lambda a: Config({"BLOCK": 16}))
+    x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)
+    k[grid(100)](x, y, out, 100)
+    assert k.decision(x, y, out, 100).tier == "offline"  # the intact bundle serves
+    target = root / ("manifest.json" if "manifest" in damage else "fixpkg.add.json")
+    data = bytearray(target.read_bytes())
+    if damage.startswith("truncate"):
+        data = data[: len(data) // 2]
+    elif damage.startswith("flip"):
+        data[len(data) // 2] ^= 0x01
+    if damage == "delete-shard":
+        target.unlink()
+    else:
+        target.write_bytes(bytes(data))
+    autotuner.reset_stats()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for n in (100, 100, 101):
+            x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+            k[grid(n)](x, y, out, n)
+            assert torch.equal(out, x + y)
+    assert k.decision(x, y, out, 100) is not None and autotuner.stats()["fixpkg.add"]["calls"]["offline"] == 0
+    assert len([w for w in rec if issubclass(w.category, FlytuneWarning)]) == 1
+
+
+# -- data only ----------------------------------------------------------------------------------------------
+def test_nothing_read_is_executed_or_imported():
+    """No pickle/marshal/eval/exec anywhere; imports by name only of what the project itself declares."""
+    allowed_import_module = {"tune.py", "deep.py"}  # the plan's setup functions and --deep's package
+    for path in (ROOT / "flytune_build").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert not {"pickle", "marshal", "shelve", "dill", "cloudpickle"} & set(names), path
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in ("eval", "exec", "compile", "__import__"), f"{path}:{node.lineno}"
+            if isinstance(node, ast.Attribute) and node.attr == "import_module":
+                assert path.name in allowed_import_module, f"{path}:{node.lineno}"
+            if isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) \
+                    and node.value.id in ("ep", "entry_point"):
+                raise AssertionError(f"{path}:{node.lineno}: entry points are located, never loaded")
