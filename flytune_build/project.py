@@ -20,7 +20,7 @@ else:  # pragma: no cover
 ROOT = "tool.flytune"
 KEYS = ("package", "sources", "targets", "coverage", "triton", "strict", "tune")
 TUNE_KEYS = ("plan", "entries", "output", "warmup", "rep")
-ENTRY_KEYS = ("kernel", "setup", "shapes")
+ENTRY_KEYS = ("kernel", "setup", "shapes", "autotuner")
 PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SETUP = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 MAX_PYPROJECT_BYTES = 4 << 20
@@ -31,6 +31,7 @@ class TuneEntry:
     kernel: str
     setup: str               # "module:function"; function(**shape) returns a zero-argument callable
     shapes: tuple[dict, ...]
+    autotuner: str | None = None  # "module:attr" of a @triton.autotune kernel to capture, if not ours
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
 
 def _entries(values: Any, f: Fields, path: str) -> tuple[TuneEntry, ...]:
     def entry(v, at):
-        f.table(v, at, ENTRY_KEYS)
+        f.table(v, at, ("kernel", "setup", "shapes"), ("autotuner",))
         kernel = f.string(v["kernel"], f"{at}.kernel", KERNEL_NAME, "a dotted kernel name", 200)
         setup = f.string(v["setup"], f"{at}.setup", SETUP, "`module:function`")
 
@@ -183,7 +184,10 @@ def _entries(values: Any, f: Fields, path: str) -> tuple[TuneEntry, ...]:
         shapes = tuple(f.array(v["shapes"], f"{at}.shapes", shape))
         if not shapes:
             f.fail(f"{at}.shapes", "must list at least one shape")
-        return TuneEntry(kernel, setup, shapes)
+        autotuner = v.get("autotuner")
+        if autotuner is not None:
+            f.string(autotuner, f"{at}.autotuner", SETUP, "`module:attribute`")
+        return TuneEntry(kernel, setup, shapes, autotuner)
 
     return tuple(f.array(values, path, entry))
 

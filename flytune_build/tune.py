@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import autotuner, codec, device
+from .codec import Fields
 from .errors import FlytuneError, ProjectError
 from .fsutil import atomic_write
 from .project import Project, TuneEntry
@@ -72,8 +73,16 @@ def run(project: Project, entries: tuple[TuneEntry, ...], *, output: Path | None
                 continue
             call = _load_setup(entry.setup, project.root / "pyproject.toml")(**shape)
             events.clear()
-            call()
-            _sync()
+            if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
+                from .triton import recording
+
+                with recording(_load_setup(entry.autotuner, project.root / "pyproject.toml"), entry.kernel) as got:
+                    call()
+                    _sync()
+                events.extend(_captured(got))
+            else:
+                call()
+                _sync()
             mine = [ev for ev in events if ev["kernel"] == entry.kernel]
             if not mine:
                 results.append(Result(entry.kernel, shape, None, "-", math.nan, None, "no-search"))
@@ -93,6 +102,20 @@ def run(project: Project, entries: tuple[TuneEntry, ...], *, output: Path | None
         bar.close()
         autotuner._listeners.remove(events.append)
     return results
+
+
+def _captured(artifacts) -> list[dict]:
+    from .bench import Candidate
+    from .config import Config
+
+    out = []
+    for art in artifacts:
+        cands = [Candidate(Config.from_json(c["config"], Fields("provenance", FlytuneError)),
+                           c["time_ms"] if c["time_ms"] is not None else math.inf)
+                 for c in art.provenance.get("candidates", [])]
+        winner = next((c for c in cands if c.config == art.config), Candidate(art.config, math.nan))
+        out.append({"kernel": art.kernel, "artifact": art, "candidates": cands, "winner": winner, "seconds": 0.0})
+    return out
 
 
 def _sync():

@@ -1,0 +1,148 @@
+"""`@triton.autotune` kernels get the offline tier through adopt(); recording() captures their winners."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flytune_build import autotuner
+from flytune_build import triton as adapter
+from flytune_build.artifact import Artifact
+from flytune_build.config import Config
+from flytune_build.device import INTERPRETER, DeviceIdentity
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
+calls = []
+
+
+def do_bench(fn, quantiles=None):
+    calls.append(fn)
+    fn()
+    return [float(len(calls))] * 3  # deterministic: the first candidate is fastest
+
+
+def make():
+    @triton.autotune(configs=CONFIGS, key=["n"], do_bench=do_bench)
+    @triton.jit
+    def add(x, y, out, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+    return add
+
+
+def call(k, n, dtype=torch.float32):
+    x, y, out = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype), torch.empty(n, dtype=dtype)
+    k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, out, n)
+    assert torch.equal(out, x + y)
+
+
+@pytest.fixture
+def bundle_dir(tmp_path, monkeypatch):
+    d = tmp_path / "arts"
+    key = {"n": 100, "x": "float32", "y": "float32", "out": "float32"}
+    Artifact("ext.add", key, INTERPRETER, Config({"BLOCK": 64}, num_warps=2)).save(d)
+    Artifact("ext.add", {**key, "n": 200}, DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132),
+             Config({"BLOCK": 32})).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    return d
+
+
+def test_adopted_kernel_benchmarks_nothing_on_tuned_shapes(bundle_dir):
+    k = make()
+    assert adapter.adopt(k, name="ext.add") == 1
+    calls.clear()
+    call(k, 100)
+    assert calls == [] and k.best_config.kwargs == {"BLOCK": 64} and k.best_config.num_warps == 2
+
+
+def test_untuned_shapes_behave_as_before(bundle_dir):
+    k = make()
+    adapter.adopt(k, name="ext.add")
+    calls.clear()
+    call(k, 150)
+    assert len(calls) == len(CONFIGS)
+    calls.clear()
+    call(k, 100, dtype=torch.float16)  # other dtypes are other Triton keys
+    assert len(calls) == len(CONFIGS)
+
+
+def test_other_device_seeds_nothing(bundle_dir, monkeypatch):
+    monkeypatch.setenv("FLYTUNE_DEVICE", "hip:gfx942:304:AMD Instinct MI300X")
+    autotuner.reset_stats()
+    k = make()
+    assert adapter.adopt(k, name="ext.add") == 0 and k.cache == {}
+    calls.clear()
+    call(k, 100)
+    assert len(calls) == len(CONFIGS)
+
+
+def test_recording_captures_winners_that_adopt_serves(tmp_path, monkeypatch):
+    k = make()
+    with adapter.recording(k, name="ext.add") as captured:
+        calls.clear()
+        call(k, 300)
+        call(k, 300)  # a cache hit: nothing new
+    assert len(captured) == 1
+    art = captured[0]
+    assert art.key == {"n": 300, "x": "float32", "y": "float32", "out": "float32"}
+    assert art.config == Config({"BLOCK": 16}, num_warps=1) and len(art.provenance["candidates"]) == len(CONFIGS)
+    art.save(tmp_path / "cap")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "cap"))
+    autotuner.reset_stats()
+    fresh = make()
+    assert adapter.adopt(fresh, name="ext.add") == 1
+    calls.clear()
+    call(fresh, 300)
+    assert calls == []
+
+
+def test_adopt_refuses_non_autotuner():
+    with pytest.raises(Exception, match="@triton.autotune"):
+        adapter.adopt(object(), name="x.y")
+
+
+def test_flytune_tune_captures_a_triton_autotune_kernel(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from conftest import python_env
+
+    proj = tmp_path / "ext"
+    (proj / "extpkg").mkdir(parents=True)
+    (proj / "extpkg" / "__init__.py").write_text('''
+import torch, triton, triton.language as tl
+
+def _bench(fn, quantiles=None):
+    fn()
+    return [1.0 + 0.1 * len(_seen.setdefault(id(fn), [1])), 1.0, 1.0]
+_seen = {}
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"], do_bench=_bench)
+@triton.jit
+def add(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < n) + tl.load(y + offs, mask=offs < n), mask=offs < n)
+
+def setup(n):
+    x = torch.randn(n); y = torch.randn(n); out = torch.empty(n)
+    return lambda: add[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, out, n)
+''')
+    (proj / "pyproject.toml").write_text('''
+[project]
+name = "extpkg"
+version = "1"
+[tool.flytune]
+sources = ["artifacts"]
+targets = ["interpreter"]
+[tool.flytune.tune]
+entries = [{ kernel = "extpkg.add", setup = "extpkg:setup", autotuner = "extpkg:add", shapes = [{ n = 100 }, { n = 200 }] }]
+''')
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project", str(proj), "--allow-ci",
+                        "--no-progress"], capture_output=True, text=True,
+                       env=python_env(TRITON_INTERPRET=1, FLYTUNE_CACHE_DIR=tmp_path / "c"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    arts = [Artifact.load(p) for p in sorted((proj / "artifacts").glob("*.json"))]
+    assert sorted(a.key["n"] for a in arts) == [100, 200]
+    assert all(a.key["x"] == "float32" and a.provenance["candidates"] for a in arts)
