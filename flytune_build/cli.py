@@ -53,12 +53,24 @@ def main(argv=None) -> int:
     d.add_argument("new", metavar="B")
     d.add_argument("--json", action="store_true")
 
+    x = sub.add_parser("export", help="write a bundle's or directory's artifacts in another tool's format")
+    x.add_argument("path", metavar="PATH")
+    x.add_argument("--format", choices=("flydsl",), required=True)
+    x.add_argument("--output", required=True, help="directory to write into")
+
+    m = sub.add_parser("import", help="turn another tool's offline configs into flytune artifacts")
+    m.add_argument("paths", nargs="+", metavar="FILE")
+    m.add_argument("--format", choices=("flydsl",), required=True)
+    m.add_argument("--output", required=True, help="artifact directory to write into")
+    m.add_argument("--name", help="kernel name to import under (default: the FlyDSL name, '-' -> '_')")
+
     f = sub.add_parser("fmt", help="rewrite artifact files in canonical form under their content address")
     f.add_argument("paths", nargs="+", metavar="DIR")
 
     args = parser.parse_args(argv)
     try:
-        return {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt}[args.command](args)
+        return {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt,
+                "export": _export, "import": _import}[args.command](args)
     except FlytuneError as e:
         print(f"flytune: error: {e}", file=sys.stderr)
         return EXIT_VIOLATIONS
@@ -128,6 +140,30 @@ def _diff(args) -> int:
 
     changes = audit.diff(audit.open_source(args.old), audit.open_source(args.new))
     print(json.dumps(changes, indent=2, sort_keys=True) if args.json else audit.render_diff(changes))
+    return EXIT_OK
+
+
+def _export(args) -> int:
+    from . import audit, flydsl
+
+    src = audit.open_source(args.path)
+    if src.errors:
+        for e in src.errors:
+            print(f"flytune: error: {e}", file=sys.stderr)
+        return EXIT_VIOLATIONS
+    written, skipped = flydsl.export(src.artifacts, args.output)
+    for reason in skipped:
+        print(f"skipped: {reason}")
+    print(f"flytune: wrote {len(written)} FlyDSL config(s) to {args.output}, skipped {len(skipped)}")
+    return EXIT_OK
+
+
+def _import(args) -> int:
+    from . import flydsl
+
+    arts = [flydsl.from_flydsl(p, name=args.name) for p in args.paths]  # all or nothing
+    for a in arts:
+        print(f"imported {a.save(args.output)}")
     return EXIT_OK
 
 

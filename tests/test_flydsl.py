@@ -1,0 +1,136 @@
+"""FlyDSL interop, GPU-free against the real `flydsl` package, in the manner of its own unit tests:
+a plain callable stands in for the kernel and the device descriptor is faked."""
+import importlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flytune_build import autotuner
+from flytune_build import build as pipeline
+from flytune_build import flydsl as fly
+from flytune_build.artifact import Artifact
+from flytune_build.config import Config
+from flytune_build.device import DeviceIdentity
+from flytune_build.errors import ArtifactError
+
+flyat = pytest.importorskip("flydsl.autotune") and importlib.import_module("flydsl.autotune")
+
+MI300X = DeviceIdentity("hip", "gfx942", "AMD Instinct MI300X", 304)
+DESCRIPTOR = {"name": "AMD Instinct MI300X", "arch": "gfx942", "compute_units": 304}
+
+
+def hip_artifact(n=1024, block=256, warps=4):
+    return Artifact("sample.add", {"n": n, "x": "float16"}, MI300X, Config({"BLOCK": block}, num_warps=warps),
+                    {"triton": "3.6.0", "ranking": "measured"})
+
+
+class FakeTensor:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+
+def make_flydsl_kernel(bench_calls, launched):
+    def add(x, n, BLOCK=None, num_warps=None):
+        launched.append({"BLOCK": BLOCK, "num_warps": num_warps})
+
+    def do_bench(fn, warmup=None, rep=None, quantiles=None):
+        bench_calls.append(fn)
+        return 1.0
+
+    return flyat.autotune(configs=[flyat.Config(BLOCK=b, num_warps=w) for b in (128, 256) for w in (4, 8)],
+                          key=["n", "x"], artifact_name="sample.add", do_bench=do_bench)(add)
+
+
+@pytest.fixture
+def fake_device(monkeypatch, tmp_path):
+    monkeypatch.setattr(flyat, "_device_descriptor", lambda device=None: dict(DESCRIPTOR))
+    monkeypatch.setenv("FLYDSL_AUTOTUNE_CACHE_DIR", str(tmp_path / "flydsl-cache"))
+    monkeypatch.delenv("FLYDSL_AUTOTUNE", raising=False)
+
+
+def test_export_matches_flydsl_identity_and_flydsl_picks_it_without_search(tmp_path, monkeypatch, fake_device):
+    written, skipped = fly.export([hip_artifact()], tmp_path / "cfg")
+    assert len(written) == 1 and not skipped
+    monkeypatch.setenv("FLYDSL_AUTOTUNE_CONFIG_DIR", str(tmp_path / "cfg"))
+    bench, launched = [], []
+    k = make_flydsl_kernel(bench, launched)
+    ref, ident = k._artifact_ref((FakeTensor("torch.float16"), 1024), {}, required=True)
+    assert ref == written[0]  # same file name: FlyDSL's own hash of the identity
+    k(FakeTensor("torch.float16"), 1024)
+    assert bench == [] and launched == [{"BLOCK": 256, "num_warps": 4}]
+
+
+def test_untuned_key_makes_flydsl_search_as_before(tmp_path, monkeypatch, fake_device):
+    fly.export([hip_artifact()], tmp_path / "cfg")
+    monkeypatch.setenv("FLYDSL_AUTOTUNE_CONFIG_DIR", str(tmp_path / "cfg"))
+    bench, launched = [], []
+    make_flydsl_kernel(bench, launched)(FakeTensor("torch.float16"), 2048)
+    assert len(bench) == 4
+
+
+def test_import_round_trip(tmp_path):
+    art = hip_artifact()
+    (written,), _ = fly.export([art], tmp_path)
+    back = fly.from_flydsl(written)
+    assert back.address == art.address and back.config == art.config
+    assert back.provenance == {"ranking": "imported"}
+
+
+def test_import_rejects_what_format_1_cannot_hold(tmp_path):
+    (written,), _ = fly.export([hip_artifact()], tmp_path)
+    doc = json.loads(written.read_text())
+    doc["config"]["waves_per_eu"] = 2
+    written.write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError) as e:
+        fly.from_flydsl(written)
+    assert e.value.field == "config.waves_per_eu"
+    renamed = written.with_name("sample.add-" + "0" * 64 + ".json")
+    written.rename(renamed)
+    with pytest.raises(ArtifactError, match="identity's hash"):
+        fly.from_flydsl(renamed)
+
+
+def test_export_skips_non_hip_and_maxnreg(tmp_path):
+    cuda = Artifact("sample.add", {"n": 1}, DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132), Config({"BLOCK": 1}))
+    reg = Artifact("sample.add", {"n": 2}, MI300X, Config({"BLOCK": 1}, maxnreg=128))
+    written, skipped = fly.export([cuda, reg], tmp_path)
+    assert not written and any("ROCm" in s for s in skipped) and any("maxnreg" in s for s in skipped)
+
+
+def test_installed_bundle_is_materialised_for_flydsl(tmp_path, monkeypatch, fake_device):
+    from buildkit import make_project
+    from test_hardening import install_fake_dist
+
+    proj = make_project(tmp_path / "p", extra='coverage = "none"', artifacts=[hip_artifact()])
+    text = (proj / "pyproject.toml").read_text().replace('targets = ["interpreter", ', 'targets = ["gfx942", ')
+    (proj / "pyproject.toml").write_text(text)
+    state = pipeline.run(proj, out=io.StringIO())
+    install_fake_dist(tmp_path, monkeypatch, state)
+    monkeypatch.delenv("FLYDSL_AUTOTUNE_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "ft-cache" / "scratch"))
+    where = fly.expose()
+    assert where is not None and os.environ["FLYDSL_AUTOTUNE_CONFIG_DIR"] == str(where)
+    bench, launched = [], []
+    make_flydsl_kernel(bench, launched)(FakeTensor("torch.float16"), 1024)
+    assert bench == [] and launched == [{"BLOCK": 256, "num_warps": 4}]
+    monkeypatch.setenv("FLYDSL_AUTOTUNE_CONFIG_DIR", str(tmp_path / "mine"))
+    with pytest.warns(Warning, match="user's directory"):
+        assert fly.expose() == tmp_path / "mine"
+
+
+def test_cli_export_and_import(tmp_path):
+    from conftest import python_env
+
+    src = tmp_path / "arts"
+    hip_artifact().save(src)
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "export", "--format", "flydsl", str(src),
+                        "--output", str(tmp_path / "fly")], capture_output=True, text=True, env=python_env())
+    assert r.returncode == 0 and "wrote 1 FlyDSL config" in r.stdout
+    (f,) = (tmp_path / "fly").iterdir()
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "import", "--format", "flydsl", str(f),
+                        "--output", str(tmp_path / "back")], capture_output=True, text=True, env=python_env())
+    assert r.returncode == 0 and [p.name for p in (tmp_path / "back").iterdir()] == [hip_artifact().filename]
