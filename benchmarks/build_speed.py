@@ -7,7 +7,6 @@
 
     python benchmarks/build_speed.py
 """
-import io
 import os
 import statistics
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from buildkit import artifact, child_install, child_venv, make_project, pip_wheel, run_child  # noqa: E402
+from buildkit import child_install, child_venv, make_project, pip_wheel, run_child  # noqa: E402
 
 from flytune_build import build as pipeline  # noqa: E402
 from flytune_build.artifact import Artifact  # noqa: E402

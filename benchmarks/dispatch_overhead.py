@@ -4,7 +4,6 @@
     python benchmarks/dispatch_overhead.py
 """
 import os
-import statistics
 import time
 
 os.environ.setdefault("FLYTUNE_DEVICE", "interpreter")  # the stub launches nothing: no device needed

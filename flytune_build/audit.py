@@ -31,6 +31,7 @@ class Source:
     sizes: dict[str, int] = field(default_factory=dict)   # shard or file -> bytes
     targets: tuple[Target, ...] = ()
     package: str | None = None
+    drift: FlytuneError | None = None            # installed Triton outside the declared range
 
     @property
     def ok(self) -> bool:
@@ -123,8 +124,8 @@ def _check_record(src: Source, path: Path, data: dict[str, bytes], record_name: 
             continue
         digest, size = listed[name]
         if digest != record_hash(blob) or size != str(len(blob)):
-            src.errors.append(BundleError(f"does not match its RECORD line (sha256 or size differs: the member "
-                                          f"was altered)", file=f"{path}!{name}", field="RECORD"))
+            src.errors.append(BundleError("does not match its RECORD line (sha256 or size differs: the member "
+                                          "was altered)", file=f"{path}!{name}", field="RECORD"))
     for name, (digest, _) in sorted(listed.items()):
         if name not in data and name != record_name:
             src.errors.append(BundleError("is listed in RECORD but absent from the wheel", file=f"{path}!{name}",
@@ -184,7 +185,6 @@ def _coverage(src: Source, targets, kernels) -> None:
 
 
 def _drift(src: Source, spec: str | None) -> None:
-    src._drift = None
     if not spec:
         return
     from importlib.metadata import PackageNotFoundError, version
@@ -196,7 +196,7 @@ def _drift(src: Source, spec: str | None) -> None:
     except PackageNotFoundError:
         return
     if not SpecifierSet(spec).contains(installed, prereleases=True):
-        src._drift = BundleError(f"the installed Triton {installed} is outside the bundle's range {spec!r} "
+        src.drift = BundleError(f"the installed Triton {installed} is outside the bundle's range {spec!r} "
                                  f"(toolchain drift)", file=src.path, field="toolchain.triton")
 
 
@@ -254,7 +254,7 @@ def _directory(root: Path) -> Source:
     for a in src.artifacts:
         axes[a.kernel].add(a.key_axes())
         if a.address in seen and seen[a.address].config != a.config:
-            src.errors.append(ArtifactError(f"conflicts with another artifact of the same identity",
+            src.errors.append(ArtifactError("conflicts with another artifact of the same identity",
                                             file=a.filename, field="config"))
         seen[a.address] = a
     for kernel, sets in sorted(axes.items()):
@@ -305,9 +305,8 @@ def _installed(name: str) -> Source:
 # -- verify / inspect / diff ---------------------------------------------------------------------------------
 def verify(path: str, *, strict: bool = False, deep: bool = False, execute: bool = False) -> Source:
     src = open_source(path)
-    drift = getattr(src, "_drift", None)
-    if drift is not None:
-        (src.errors.append(drift) if strict else src.warnings.append(str(drift)))
+    if src.drift is not None:
+        (src.errors.append(src.drift) if strict else src.warnings.append(str(src.drift)))
     if (deep or execute) and src.ok:
         from . import deep as deep_mod
 

@@ -131,11 +131,9 @@ class Autotuned:
         try:
             return self._launch(*args, grid=grid, **d.launch)
         except Exception as e:
-            if d.tier != "offline":
-                raise
-            raise ArtifactExecutionError(f"failed to compile or launch with the accepted artifact {d.origin} "
-                                         f"({d.config}): {type(e).__name__}: {e}", file=d.origin,
-                                         field="config") from e
+            if d.tier == "offline":
+                raise _accepted_failure(d, e) from e
+            raise
 
     def _run_keywords(self, args, kwargs, grid, warmup):
         args = list(args)
@@ -153,11 +151,9 @@ class Autotuned:
             launch = {**d.launch, "warmup": True} if warmup else d.launch
             return self._launch(*args, grid=grid, **kwargs, **launch)
         except Exception as e:
-            if d.tier != "offline":
-                raise
-            raise ArtifactExecutionError(f"failed to compile or launch with the accepted artifact {d.origin} "
-                                         f"({d.config}): {type(e).__name__}: {e}", file=d.origin,
-                                         field="config") from e
+            if d.tier == "offline":
+                raise _accepted_failure(d, e) from e
+            raise
 
     # -- once per key ---------------------------------------------------------------------------
     def _decide(self, args, kwargs, grid) -> Decision:
@@ -448,6 +444,11 @@ class Autotuned:
         self._stats = _Stats()
         self._index = None
         self._scratch = ScratchCache(self.name)
+
+
+def _accepted_failure(d: Decision, e: Exception) -> ArtifactExecutionError:
+    return ArtifactExecutionError(f"failed to compile or launch with the accepted artifact {d.origin} "
+                                  f"({d.config}): {type(e).__name__}: {e}", file=d.origin, field="config")
 
 
 def _arg_names(fn) -> list[str]:

@@ -5,7 +5,7 @@ import re
 from typing import Any, Mapping
 
 from .codec import Fields, canonical
-from .errors import ArtifactError, DeclarationError
+from .errors import DeclarationError
 
 COMPILER_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -11,7 +11,6 @@ import importlib
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 

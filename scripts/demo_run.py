@@ -3,7 +3,6 @@
 Tuned shapes come from the plan that produced this device's artifacts (sample_pkg/tune/*.toml).
 Exits non-zero if a result differs from torch, or a tuned shape was not served by the offline tier.
 """
-import os
 import sys
 import tomllib
 from pathlib import Path

@@ -14,7 +14,7 @@ from flytune_build import audit, bundle, codec
 from flytune_build import build as pipeline
 from flytune_build.build import BuildFailure
 
-from buildkit import (H200, ROOT, artifact, child_install, child_venv, make_project, pip_wheel, pyproject,
+from buildkit import (H200, ROOT, artifact, child_install, child_venv, make_project, pip_wheel,
                       run_child)
 
 

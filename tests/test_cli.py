@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from buildkit import H200, ROOT, artifact, make_project, pip_wheel
+from buildkit import ROOT, artifact, make_project, pip_wheel
 from conftest import python_env
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from flytune_build import autotuner
+
 from flytune_build import build as pipeline
 from flytune_build import flydsl as fly
 from flytune_build.artifact import Artifact

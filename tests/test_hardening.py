@@ -5,21 +5,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from flytune_build import autotuner, bundle, codec, project
+from flytune_build import autotuner, project
 from flytune_build import build as pipeline
 from flytune_build.artifact import Artifact
 from flytune_build.bundle import Manifest
 from flytune_build.errors import FlytuneError
 from flytune_build.warning import FlytuneWarning
 
-from buildkit import H200, artifact, make_project
+from buildkit import artifact, make_project
 from conftest import ROOT, python_env
 
 # -- the manifest corpus --------------------------------------------------------------------------------
@@ -92,7 +91,6 @@ def test_corpus_totals_at_least_fifty():
 def test_malformed_wheels_exit_1_without_traceback(tmp_path):
     bad = tmp_path / "x-1.0-py3-none-any.whl"
     bad.write_bytes(b"PK\x03\x04 not a zip")
-    trunc = tmp_path / "y-1.0-py3-none-any.whl"
     for p in (bad,):
         r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "verify", str(p)], capture_output=True,
                            text=True, env=python_env())

@@ -1,8 +1,6 @@
 import json
-import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ from flytune_build.device import INTERPRETER, DeviceIdentity
 from flytune_build.errors import ArtifactExecutionError, DeclarationError, SearchError
 from flytune_build.warning import FlytuneWarning
 
-from conftest import ROOT, python_env
+from conftest import python_env
 from kernels import ADD_CONFIGS, grid, make_accumulate, make_add, make_iadd, nearest, pow2
 
 N = 100
@@ -254,7 +252,6 @@ def test_search_restores_caller_inputs_even_when_candidates_fail(monkeypatch):
     monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
     monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
     bad = [Config({"BLOCK": 48}), Config({"BLOCK": 32})]
-    import triton
     from kernels import _iadd
 
     k = ft.autotune(bad, ["n"], name="t.partial", restore_value=["x"])(_iadd)

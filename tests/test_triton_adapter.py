@@ -104,7 +104,6 @@ def test_adopt_refuses_non_autotuner():
 
 
 def test_flytune_tune_captures_a_triton_autotune_kernel(tmp_path):
-    import os
     import subprocess
     import sys
     from conftest import python_env

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import tarfile
-import tempfile
 from pathlib import Path
 
+from ..fsutil import atomic_write
 from .wheel import timestamp
 
 
@@ -42,13 +41,7 @@ def rewrite(sdist: Path, extra: dict[str, Path]) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), mode, mtime
             out.addfile(info, io.BytesIO(data))
-    fd, tmp = tempfile.mkstemp(prefix=".flytune-", suffix=".tar.gz", dir=sdist.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as gz:
-                gz.write(raw.getvalue())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, sdist)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    gz = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=gz, mtime=0) as out:
+        out.write(raw.getvalue())
+    atomic_write(sdist, gz.getvalue())

@@ -12,10 +12,11 @@ import hashlib
 import io
 import os
 import stat
-import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+from ..fsutil import atomic_write
 
 ZIP_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest a zip timestamp can hold
 
@@ -86,12 +87,4 @@ def write(wheel: Path, members: dict[str, tuple[bytes, bool]], dist_info: str) -
             info.external_attr = ((0o100755 if executable else 0o100644) & 0xFFFF) << 16
             info.create_system = 3
             out.writestr(info, data, compresslevel=6)
-    fd, tmp = tempfile.mkstemp(prefix=".flytune-", suffix=".whl", dir=wheel.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(buf.getvalue())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, wheel)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(wheel, buf.getvalue())
