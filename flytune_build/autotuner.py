@@ -27,7 +27,7 @@ _KERNELS: dict[str, "Autotuned"] = {}
 _listeners: list[Callable[[dict], None]] = []   # `flytune tune` collects search results here
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     """How one key is served: the launch kwargs and which tier chose them."""
     config: Config
