@@ -100,6 +100,7 @@ class Autotuned:
         self.space_hash = space_hash(self.configs)
         self.interpreted = type(fn).__module__.endswith("interpreter")
         self._memo: dict[tuple, Decision] = {}
+        self.run = self._hot_path()
         self._decisions: list[Decision] = []
         self._stats = _Stats()
         self._index = None
@@ -120,20 +121,25 @@ class Autotuned:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
 
-    def run(self, *args, grid, **kwargs):
-        if kwargs:
-            return self._run_keywords(args, kwargs, grid, kwargs.pop("warmup", False))
-        try:
-            d = self._memo[self._key(args)]
-        except LookupError:
-            d = self._decide(args, {}, grid)
-        d.calls += 1
-        try:
-            return self._launch(*args, grid=grid, **d.launch)
-        except Exception as e:
-            if d.tier == "offline":
-                raise _accepted_failure(d, e) from e
-            raise
+    def _hot_path(self):
+        """`run`, as a closure over what it needs: a hit is a tuple build, one dict lookup, the launch."""
+        memo, key, launch, decide, keywords = self._memo, self._key, self._launch, self._decide, self._run_keywords
+
+        def run(*args, grid, **kwargs):
+            if kwargs:
+                return keywords(args, kwargs, grid, kwargs.pop("warmup", False))
+            try:
+                d = memo[key(args)]
+            except LookupError:
+                d = decide(args, {}, grid)
+            d.calls += 1
+            try:
+                return launch(*args, grid=grid, **d.launch)
+            except Exception as e:
+                if d.tier == "offline":
+                    raise _accepted_failure(d, e) from e
+                raise
+        return run
 
     def _run_keywords(self, args, kwargs, grid, warmup):
         args = list(args)
@@ -430,11 +436,14 @@ class Autotuned:
 
         @contextlib.contextmanager
         def ctx():
-            saved, self._memo = self._memo, _Always()
+            saved = self._memo
+            self._memo = _Always()
+            self.run = self._hot_path()
             try:
                 yield forced
             finally:
                 self._memo = saved
+                self.run = self._hot_path()
         return ctx()
 
     def reset(self) -> None:

@@ -41,7 +41,9 @@ class Config:
         setattr_(self, "num_stages", num_stages)
         setattr_(self, "num_ctas", num_ctas)
         setattr_(self, "maxnreg", maxnreg)
-        launch = dict(kwargs, num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas)
+        launch = dict(kwargs, num_warps=num_warps, num_stages=num_stages)
+        if num_ctas != 1:  # 1 is every backend's default: one keyword less on the hot path
+            launch["num_ctas"] = num_ctas
         if maxnreg is not None:
             launch["maxnreg"] = maxnreg
         setattr_(self, "_launch", launch)
