@@ -49,8 +49,8 @@ class Config:
         setattr_(self, "_launch", launch)
         setattr_(self, "_hash", None)
 
-    def __reduce__(self):
-        return (Config, (self.kwargs, self.num_warps, self.num_stages, self.num_ctas, self.maxnreg))
+    def __reduce__(self):  # validated when made; unpickling (parallel collection) trusts that
+        return (_trusted, (self.kwargs, self.num_warps, self.num_stages, self.num_ctas, self.maxnreg))
 
     def __setattr__(self, name, value):
         raise AttributeError("Config is immutable")
@@ -66,9 +66,7 @@ class Config:
     @classmethod
     def from_json(cls, value: Any, f: Fields, path: str = "config") -> "Config":
         kwargs, opts = check_json(value, f, path)
-        config = object.__new__(cls)
-        config._set(dict(kwargs), *opts)
-        return config
+        return _trusted(dict(kwargs), *opts)
 
     @classmethod
     def coerce(cls, config: Any) -> "Config":
@@ -101,6 +99,12 @@ class Config:
         return f"Config({kw + ', ' if kw else ''}{opts})"
 
     __str__ = __repr__
+
+
+def _trusted(kwargs, num_warps, num_stages, num_ctas, maxnreg) -> Config:
+    config = object.__new__(Config)
+    config._set(kwargs, num_warps, num_stages, num_ctas, maxnreg)
+    return config
 
 
 def check_json(value: Any, f: Fields, path: str = "config") -> tuple[dict, tuple]:
