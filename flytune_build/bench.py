@@ -21,7 +21,7 @@ SCREEN_BAND = 0.10    # after a short screening pass, candidates within 10% of t
 NOISE_BAND = 0.03     # after re-timing, candidates within 3% of the best are a tie
 TIE_ROUNDS = 3       # each re-timing round uses 1/TIE_ROUNDS of the full budget
 MAX_RETIMED = 3      # at most this many finalists are re-timed
-SCREEN_FRACTION = 5  # the screening pass uses 1/5 of the warmup and rep budget
+SCREEN_FRACTION = 10  # the screening pass uses 1/10 of the warmup and rep budget
 
 
 @dataclass

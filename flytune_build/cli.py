@@ -91,7 +91,7 @@ def _tune(args) -> int:
     if proj is None:
         print(f"flytune: error: {root / 'pyproject.toml'} has no [tool.flytune] table", file=sys.stderr)
         return EXIT_USAGE
-    plan = args.plan or proj.tune_plan
+    plan = Path(args.plan).resolve() if args.plan else proj.tune_plan  # --plan is relative to the cwd
     entries = project_mod.load_plan(root, plan) if plan else proj.tune_entries
     if args.kernel:
         entries = tuple(e for e in entries if e.kernel in args.kernel)
