@@ -139,7 +139,7 @@ def _write_state(path: Path, done: dict) -> None:
 def _bar(total: int, enabled: bool, out):
     try:
         from tqdm import tqdm
-    except ImportError:  # the CLI extra brings tqdm; without it, no bar
+    except ImportError:  # a dependency; an environment that removed it just gets no bar
         enabled = False
     if not enabled:
         class _Quiet:
