@@ -17,7 +17,7 @@ PIP_FIND_LINKS="$PWD/$WORK/dist" "$WORK/build-env/bin/python" -m build --outdir 
 echo "== install into a fresh virtual environment"
 "$PY" -m venv "$WORK/run-env"
 "$WORK/run-env/bin/python" -m pip install -q --upgrade pip
-"$WORK/run-env/bin/python" -m pip install -q torch==2.13.0 triton==3.6.0 "numpy<2.4" tqdm
+"$WORK/run-env/bin/python" -m pip install -q torch==2.13.0 triton==3.6.0 "numpy<2.4"
 "$WORK/run-env/bin/python" -m pip install -q --find-links "$WORK/dist" flytune-build sample-pkg
 echo "== verify"
 "$WORK/run-env/bin/flytune" verify "$WORK"/dist/sample_pkg-*.whl
