@@ -86,15 +86,14 @@ def loads_canonical(data: bytes, *, file: object, error: type[FlytuneError],
     except (ValueError, RecursionError):
         pass
     doc = loads(data, file=file, error=error, max_bytes=max_bytes)  # raises the precise error, if any
-    raise _NotCanonical(doc)
+    raise NotCanonical(doc)
 
 
-class _NotCanonical(Exception):
+class NotCanonical(Exception):
+    """Raised by `loads_canonical` for a valid document whose bytes are not canonical; carries it."""
+
     def __init__(self, doc):
         self.doc = doc
-
-
-NotCanonical = _NotCanonical
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))

@@ -10,9 +10,6 @@ from typing import Any, Callable, Sequence
 
 from .errors import DeclarationError
 
-MODES = ("value", "pow2", "nearest")
-
-
 @dataclass(frozen=True)
 class Axis:
     name: str

@@ -20,7 +20,6 @@ else:  # pragma: no cover
 ROOT = "tool.flytune"
 KEYS = ("package", "sources", "targets", "coverage", "triton", "strict", "tune")
 TUNE_KEYS = ("plan", "entries", "output", "warmup", "rep")
-ENTRY_KEYS = ("kernel", "setup", "shapes", "autotuner")
 PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SETUP = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 MAX_PYPROJECT_BYTES = 4 << 20

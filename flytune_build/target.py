@@ -10,7 +10,6 @@ from typing import Any
 
 from .codec import Fields
 from .device import ARCH, NAME, DeviceIdentity, backend_of
-from .errors import DeviceError
 
 LEVELS = ("exact", "arch_units", "arch")  # best first
 DEFAULT_ACCEPT = ("exact", "arch_units")
@@ -85,8 +84,3 @@ def parse_targets(values: Any, f: Fields, path: str) -> tuple[Target, ...]:
         seen[t.label()] = i
     return targets
 
-
-def check_level(level: str, f: Fields | None = None, path: str = "") -> str:
-    if level not in LEVELS:
-        (f or Fields(None, DeviceError)).fail(path, f"must be one of {', '.join(LEVELS)}, not {level!r}")
-    return level

@@ -21,7 +21,8 @@ from .artifact import Artifact
 from .bench import Candidate
 from .config import Config, space_hash
 from .errors import DeclarationError, FlytuneError
-from .offline import TIER
+from .offline import TIER, Index
+from .target import match_level
 
 
 def _dtypes_in_key() -> bool:
@@ -68,10 +69,8 @@ def _hits(kernel, name):
     with_dtypes = _dtypes_in_key()
     out = []
     dev = device.current()
-    for src_order, src in enumerate(TIER.sources()):
-        for doc, art_dev, accept, origin, fname in TIER._docs(src, name, _Problems()):
-            from .target import match_level
-
+    for src in TIER.sources():
+        for doc, art_dev, accept, _, _ in TIER._docs(src, name, Index()):
             level = match_level(art_dev, dev)
             if level is None or level not in accept:
                 continue
@@ -88,11 +87,6 @@ def _hits(kernel, name):
                 triton_key += tuple(f"torch.{key[a]}" for a in tensors)
             out.append((triton_key, art.config))
     return out
-
-
-class _Problems:
-    def __init__(self):
-        self.problems = []
 
 
 @contextlib.contextmanager
