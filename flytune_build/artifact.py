@@ -7,13 +7,14 @@ Nothing read from an artifact is ever executed or imported.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from . import codec
 from .codec import Fields
@@ -64,6 +65,10 @@ class Artifact:
 
     @classmethod
     def from_json(cls, doc: Any, *, file: object = None) -> "Artifact":
+        return cls._from_json(doc, file, False)
+
+    @classmethod
+    def _from_json(cls, doc: Any, file: object, candidates_checked: bool) -> "Artifact":
         f = Fields(file, ArtifactError)
         f.table(doc, "", ("format", "kernel", "key", "device", "config"), ("provenance",))
         version = doc["format"]
@@ -84,21 +89,26 @@ class Artifact:
         config = Config.from_json(doc["config"], f)
         provenance = doc.get("provenance")
         if provenance is not None:
-            _check_provenance(provenance, f)
+            _check_provenance(provenance, f, candidates_checked)
         return cls(kernel, key, device, config, provenance)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, file: object = None, check_name: bool = True,
                    canonical: bool = False) -> "Artifact":
-        not_canonical = False
-        if canonical:
+        not_canonical, raw = False, None
+        if canonical and (split := _split_canonical(data)) is not None:
+            doc, raw = split
+        elif canonical:
             try:
                 doc = codec.loads_canonical(data, file=file, error=ArtifactError)
             except codec.NotCanonical as e:
                 doc, not_canonical = e.doc, True
         else:
             doc = codec.loads(data, file=file, error=ArtifactError)
-        art = cls.from_json(doc, file=file)
+        art = cls._from_json(doc, file, raw is not None and _CANDIDATES.match(raw) is not None)
+        if raw is not None:
+            head = {k: v for k, v in art.provenance.items() if k != "candidates"}
+            art = cls(art.kernel, art.key, art.device, art.config, Provenance(raw, head))
         if check_name and file is not None:
             name = os.path.basename(str(file))
             if name != art.filename:
@@ -123,10 +133,91 @@ class Artifact:
         return path
 
 
+class Provenance(Mapping):
+    """An artifact's checked provenance, held as the canonical bytes it was read from.
+
+    The build copies those bytes into the bundle as they are, instead of re-encoding every
+    candidate's timing; the small fields stay decoded, the candidate list is decoded on first use.
+    """
+
+    __slots__ = ("raw", "_head", "_doc")
+
+    def __init__(self, raw: bytes, head: dict):
+        self.raw = raw        # canonical JSON of the whole provenance object
+        self._head = head     # every field but "candidates"
+        self._doc = None
+
+    def _full(self) -> dict:
+        if self._doc is None:
+            self._doc = json.loads(self.raw)  # the bytes were checked when the artifact was read
+        return self._doc
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._head:
+            return self._head[name]
+        if name != "candidates":
+            raise KeyError(name)
+        return self._full()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._full())
+
+    def __len__(self) -> int:
+        return len(self._full())
+
+    def __bool__(self) -> bool:
+        return True  # a checked provenance is an object; its fields need not be decoded to say so
+
+    def __repr__(self) -> str:
+        return f"Provenance({self._full()!r})"
+
+    def __reduce__(self):  # cheap to pass between processes: bytes and a few strings
+        return (Provenance, (self.raw, self._head))
+
+
+def _split_canonical(data: bytes) -> tuple[dict, bytes] | None:
+    """(document, provenance bytes) when `data` is a canonical artifact with provenance, else None.
+
+    Encoding the document without its provenance, then the provenance, checks the canonical form
+    in the same time as encoding it whole, and yields the provenance's own canonical bytes.
+    """
+    if len(data) > codec.MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        doc = json.loads(data)
+        if type(doc) is not dict or type(doc.get("provenance")) is not dict or max(doc) != "provenance":
+            return None
+        head = codec.canonical({k: v for k, v in doc.items() if k != "provenance"})
+        raw = codec.canonical(doc["provenance"])
+    except (ValueError, RecursionError):
+        return None
+    # data must be: head without its closing brace, ',"provenance":' (14 bytes), raw, '}', newline
+    start = len(head) - 1 + 14
+    if len(data) != start + len(raw) + 2 or not data.startswith(head[:-1] + b',"provenance":'):
+        return None
+    if data[start:] != raw + b"}\n":
+        return None
+    return doc, raw
+
+
+# The candidate list in canonical provenance bytes, in the form `flytune tune` writes, matched in C:
+# a subset of what `_check_provenance` accepts (every match is valid; anything else, including every
+# invalid list, goes through the field-by-field check that names the exact rule it breaks).
+_KW_KEY = rb'"(?!(?:num_warps|num_stages|num_ctas|maxnreg)")[A-Za-z_][A-Za-z0-9_]{0,127}"'
+_KW_VALUE = rb'(?:-?(?:0|[1-9][0-9]{0,17})|true|false|"[^"\\\x00-\x1f]{0,256}")'
+_KW = rb'\{(?:' + _KW_KEY + b":" + _KW_VALUE + rb'(?:,' + _KW_KEY + b":" + _KW_VALUE + rb')*)?\}'
+_CONFIG = (rb'\{"kwargs":' + _KW + rb',"maxnreg":(?:null|[1-9][0-9]{0,2}|10[01][0-9]|102[0-4])'
+           rb',"num_ctas":(?:[1-9]|1[0-6]),"num_stages":(?:[0-9]|1[0-6]),"num_warps":(?:[1-9]|[1-5][0-9]|6[0-4])\}')
+_TIME = rb'(?:null|-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,17})?(?:e[-+][0-9]{1,3})?)'
+_CANDIDATE = rb'\{"config":' + _CONFIG + rb',"time_ms":' + _TIME + rb'\}'
+_CANDIDATES = re.compile(rb'\{"candidates":\[(?:' + _CANDIDATE + rb'(?:,' + _CANDIDATE + rb')*)?\]')
+
+
 def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
     try:
         with open(path, "rb") as fh:
-            data = fh.read(cap + 1)
+            size = os.fstat(fh.fileno()).st_size  # read no more than the file holds (a small buffer)
+            data = fh.read((size if 0 < size <= cap else cap) + 1)
     except OSError as e:
         raise error(f"cannot be read: {e.strerror}", file=path) from None
     if len(data) > cap:
@@ -134,7 +225,7 @@ def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
     return data
 
 
-def _check_provenance(p: Any, f: Fields) -> None:
+def _check_provenance(p: Any, f: Fields, candidates_checked: bool = False) -> None:
     f.table(p, "provenance", (), PROVENANCE_FIELDS)
     for name in ("flytune", "triton", "torch", "cuda", "hip", "created"):
         if p.get(name) is not None:
@@ -154,7 +245,10 @@ def _check_provenance(p: Any, f: Fields) -> None:
             f.string(v["error"], f"{path}.error", max_len=4096)
 
     if "candidates" in p:
-        f.array(p["candidates"], "provenance.candidates", candidate, max_items=4096)
+        cands = p["candidates"]
+        checked = candidates_checked and len(cands) <= 4096
+        if not (checked or (type(cands) is list and len(cands) <= 4096 and all(map(_plain_candidate, cands)))):
+            f.array(cands, "provenance.candidates", candidate, max_items=4096)
 
 
 _INT_OPTS = {"num_warps": (1, 64), "num_stages": (0, 16), "num_ctas": (1, 16)}
@@ -168,7 +262,11 @@ def _plain_candidate(v: Any) -> bool:
     if not (t is None or (type(t) in (int, float) and t == t and t not in (math.inf, -math.inf))):
         return False
     c = v["config"]
-    if type(c) is not dict or type(c.get("kwargs")) is not dict:
+    return type(c) is dict and _plain_config(c)
+
+
+def _plain_config(c: dict) -> bool:
+    if type(c.get("kwargs")) is not dict:
         return False
     for k, x in c.items():
         if k in _INT_OPTS:

@@ -36,7 +36,7 @@ def build_sdist(sdist_directory, config_settings=None):
 
         extra = {"pyproject.toml": Path("pyproject.toml").resolve()}
         for path, rel in collect.source_files(state.project.root, state.project.sources):
-            extra[rel.as_posix()] = path
+            extra[rel] = Path(path)
         plan = state.project.tune_plan
         if plan and (state.project.root / plan).is_file():
             extra[plan] = state.project.root / plan

@@ -11,10 +11,15 @@ from .errors import FlytuneError
 MAX_DOCUMENT_BYTES = 1 << 20  # one artifact with hundreds of candidate timings stays far below this
 
 
+# one encoder for every call (json.dumps builds a new one per call with these options); only
+# JSON trees are encoded here, never cyclic objects, so the cycle check is skipped
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                            check_circular=False)
+
+
 def canonical(obj: Any) -> bytes:
     """Sorted keys, fixed separators, UTF-8, no NaN/Infinity."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return _ENCODER.encode(obj).encode("utf-8")
 
 
 class _Duplicate(Exception):

@@ -174,3 +174,41 @@ def test_oversized_file_is_refused(tmp_path):
 
 def test_corpus_is_large_enough():
     assert len(CORPUS) >= 25
+
+
+def _tuned(n, times=(0.0123, 1e-05, None, 2, 1.5e+20)):
+    cands = [{"config": Config({"BLOCK": b, "MODE": "fast", "EVEN": True}, num_warps=w, maxnreg=128 if w == 8 else None)
+              .to_json(), "time_ms": t} for b, w, t in zip((16, 32, 64, 128, 256), (1, 2, 4, 8, 4), times)]
+    return Artifact("fixpkg.add", {"x": "float32", "n": n}, INTERPRETER, Config({"BLOCK": 32}),
+                    {"triton": "3.6.0", "ranking": "measured", "created": "2026-12-02T00:00:00Z", "candidates": cands})
+
+
+def test_provenance_is_kept_as_the_bytes_read(tmp_path):
+    import pickle
+
+    from flytune_build.artifact import _CANDIDATES, Provenance
+
+    a = _tuned(100)
+    data = a.to_bytes()
+    b = Artifact.from_bytes(data, file=tmp_path / a.filename, canonical=True)
+    assert isinstance(b.provenance, Provenance)
+    assert _CANDIDATES.match(b.provenance.raw)  # the form `flytune tune` writes takes the fast path
+    assert b.provenance.raw == codec.canonical(dict(a.provenance))
+    assert b.provenance["triton"] == "3.6.0" and b.provenance.get("cuda") is None
+    assert b.provenance == a.provenance and dict(b.provenance) == dict(a.provenance)
+    assert b.to_bytes() == data and b == a
+    c = pickle.loads(pickle.dumps(b))
+    assert c.provenance.raw == b.provenance.raw and c.provenance == a.provenance and c.address == a.address
+    # the non-canonical path keeps the plain dict
+    assert type(Artifact.from_bytes(data, file=tmp_path / a.filename).provenance) is dict
+
+
+def test_provenance_file_joined_from_bytes_equals_the_encoded_one(tmp_path):
+    from flytune_build import bundle
+
+    arts = [_tuned(n) for n in (1, 2, 3)] + [_tuned(4, times=(None,))]
+    read = [Artifact.from_bytes(a.to_bytes(), file=tmp_path / a.filename, canonical=True) for a in arts[:2]]
+    mixed = read + arts[2:] + [Artifact("fixpkg.add", {"x": "f", "n": 9}, INTERPRETER, Config({}))]
+    expected = codec.canonical({"format": 1, "kernel": "fixpkg.add",
+                                "provenance": {a.address: dict(a.provenance) for a in arts}}) + b"\n"
+    assert bundle.provenance_bytes("fixpkg.add", mixed) == expected

@@ -15,6 +15,7 @@ from flytune_build import autotuner, project
 from flytune_build import build as pipeline
 from flytune_build.artifact import Artifact
 from flytune_build.bundle import Manifest
+from flytune_build.config import Config
 from flytune_build.errors import FlytuneError
 from flytune_build.warning import FlytuneWarning
 
@@ -288,3 +289,56 @@ def test_nothing_read_is_executed_or_imported():
             if isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) \
                     and node.value.id in ("ep", "entry_point"):
                 raise AssertionError(f"{path}:{node.lineno}: entry points are located, never loaded")
+
+
+# -- the C-speed reading of canonical candidate lists agrees with the field-by-field check ----------------------
+_good_configs = st.fixed_dictionaries(
+    {"kwargs": st.dictionaries(st.sampled_from(["BLOCK", "B_2", "_x", "EVEN"]),
+                               st.integers(-2 ** 63, 2 ** 63) | st.booleans() | st.text(max_size=6), max_size=3),
+     "num_warps": st.integers(1, 64), "num_stages": st.integers(0, 16), "num_ctas": st.integers(1, 16),
+     "maxnreg": st.none() | st.integers(1, 1024)})
+_bad_values = {  # one field at a time, at and past each rule's edge
+    "num_warps": [0, 65, -1, True, 4.0, None, "4"], "num_stages": [-1, 17, False], "num_ctas": [0, 17],
+    "maxnreg": [0, 1025, 1.5], "extra": [1], "kwargs": [None, [], {"num_warps": 4}, {"maxnreg": 1}, {"1bad": 1},
+    {"a-b": 1}, {"": 1}, {"é": 1}, {"B": 1.5}, {"B": None}, {"B": [1]}, {"B": 2 ** 63 + 1}, {"B": -2 ** 63 - 1},
+    {"B": "x" * 300}, {"B": "q\"uote"}, {"B": "\n"}, {"B": 10 ** 18}, {"B": 10 ** 19}]}
+_configs = _good_configs | st.tuples(_good_configs, st.sampled_from(sorted(_bad_values))).flatmap(
+    lambda t: st.sampled_from(_bad_values[t[1]]).map(lambda v: {**t[0], t[1]: v}))
+_times = (st.none() | st.integers(-10, 10 ** 20) | st.floats(allow_nan=False, allow_infinity=False)
+          | st.sampled_from(["1", True, [], 1e-05, 1.5e+300, 10 ** 16, 0.1 + 0.2]))
+_candidates = st.lists(st.fixed_dictionaries({"config": _configs, "time_ms": _times},
+                                             optional={"error": st.text(max_size=5)}), max_size=4)
+
+
+def _both_paths(candidates):
+    """(error of the fast canonical read, error of the field-by-field check), each None when accepted."""
+    from flytune_build import codec
+
+    doc = dict(GOOD_ARTIFACT, provenance={"triton": "3.6.0", "candidates": candidates})
+    data = codec.canonical(doc) + b"\n"
+    out = []
+    for read in (lambda: Artifact.from_bytes(data, file="f.json", check_name=False, canonical=True),
+                 lambda: Artifact.from_json(json.loads(data), file="f.json")):
+        try:
+            art = read()
+            out.append(None)
+        except FlytuneError as e:
+            out.append((e.field, e.rule))
+    if out[0] is None:  # kept as the exact bytes read, and they decode to the same provenance
+        assert art.provenance == doc["provenance"]
+    return out
+
+
+@FUZZ
+@given(_candidates)
+def test_fast_candidate_check_agrees_with_the_field_check(candidates):
+    fast, slow = _both_paths(candidates)
+    assert fast == slow
+
+
+@pytest.mark.parametrize("field,value", [(f, v) for f, vs in sorted(_bad_values.items()) for v in vs])
+def test_fast_candidate_check_refuses_each_broken_rule(field, value):
+    good = {"config": Config({"BLOCK": 16}).to_json(), "time_ms": 0.5}
+    bad = {"config": {**Config({"BLOCK": 16}).to_json(), field: value}, "time_ms": 0.25}
+    fast, slow = _both_paths([good, bad])
+    assert fast == slow

@@ -12,34 +12,36 @@ from . import BuildState
 _GLOB_CHARS = set("*?[")
 
 
-def source_files(root: Path, sources, *, file=None) -> list[tuple[Path, Path]]:
-    """(path, path relative to root) of every `*.json` the sources name; escapes are errors."""
+def source_files(root: Path, sources, *, file=None) -> list[tuple[str, str]]:
+    """(path, posix path relative to root) of every `*.json` the sources name, sorted by the
+    relative path; a source or symlink reaching outside the root is an error."""
     root = root.resolve()
-    out: dict[Path, Path] = {}
+    top = str(root) + os.sep
+    out: dict[str, str] = {}
     for i, src in enumerate(sources):
         field = f"tool.flytune.sources[{i}]"
         if _GLOB_CHARS & set(src):
-            matches = [Path(p) for p in glob.glob(str(root / src), recursive=True)]
-            bases = matches
+            bases = [Path(p) for p in sorted(glob.glob(str(root / src), recursive=True))]
         else:
             base = root / src
             if not base.exists() and not base.is_symlink():
                 raise ProjectError(f"names {src!r}, which does not exist under {root}", file=file, field=field)
             bases = [base]
-        paths = []
         for base in bases:
             linked = _linked(base, root)
             if base.is_dir():
-                paths.extend(_walk(base, linked))
+                paths = _walk(str(base), linked)
             elif base.name.endswith(".json"):
-                paths.append((base, linked))
-        for p, linked in sorted(paths):
-            real = Path(os.path.realpath(p)) if linked else p
-            if linked and not real.is_relative_to(root):
-                raise ProjectError(f"reaches {p}, which resolves outside the project root to {real} "
-                                   f"(a symlink escaping the root is not allowed)", file=file, field=field)
-            out.setdefault(real, p.relative_to(root))
-    return sorted(((p, rel) for p, rel in out.items()), key=lambda t: str(t[1]))
+                paths = [(str(base), linked)]
+            else:
+                continue
+            for p, link in paths:
+                real = os.path.realpath(p) if link else p
+                if link and not real.startswith(top):
+                    raise ProjectError(f"reaches {p}, which resolves outside the project root to {real} "
+                                       f"(a symlink escaping the root is not allowed)", file=file, field=field)
+                out.setdefault(real, p[len(top):].replace(os.sep, "/"))
+    return sorted(out.items(), key=lambda t: t[1])
 
 
 def _linked(path: Path, root: Path) -> bool:
@@ -53,18 +55,18 @@ def _linked(path: Path, root: Path) -> bool:
     return False
 
 
-def _walk(base: Path, linked: bool) -> list[tuple[Path, bool]]:
+def _walk(base: str, linked: bool) -> list[tuple[str, bool]]:
     """Every `*.json` under `base`, each with whether a symlink lies on its way (one scandir per folder)."""
-    found, stack = [], [(str(base), linked)]
+    found, stack = [], [(base, linked)]
     while stack:
         folder, link = stack.pop()
         with os.scandir(folder) as it:
-            for entry in sorted(it, key=lambda e: e.name):
+            for entry in it:
                 is_link = link or entry.is_symlink()
                 if entry.is_dir():
                     stack.append((entry.path, is_link))
                 elif entry.name.endswith(".json") and entry.is_file():
-                    found.append((Path(entry.path), is_link))
+                    found.append((entry.path, is_link))
         if len(found) > 1_000_000:
             break
     return found
@@ -82,7 +84,7 @@ def collect(state: BuildState) -> BuildState:
         state.warnings.append("the declared sources hold no artifact")
     for (path, rel), loaded in zip(files, load_all([p for p, _ in files])):
         if isinstance(loaded, FlytuneError):
-            loaded.file = str(rel)
+            loaded.file = rel
             loaded.args = (loaded._render(),)
             state.reject(loaded)
             continue
@@ -97,25 +99,30 @@ def collect(state: BuildState) -> BuildState:
 PARALLEL_FROM = 2000  # below this, starting worker processes costs more than it saves
 
 
-def _load(path: Path) -> Artifact | FlytuneError:
-    try:
-        return Artifact.load(path, canonical=True)
-    except FlytuneError as e:
-        return e
+def _load_chunk(paths: list[str]) -> list[Artifact | FlytuneError]:
+    out: list[Artifact | FlytuneError] = []
+    devices: dict = {}  # one object per distinct device, so results pickle small
+    for p in paths:
+        try:
+            a = Artifact.load(p, canonical=True)
+        except FlytuneError as e:
+            out.append(e)
+            continue
+        device = devices.setdefault(a.device, a.device)
+        if device is not a.device:
+            object.__setattr__(a, "device", device)
+        out.append(a)
+    return out
 
 
-def _load_chunk(paths: list[Path]) -> list[Artifact | FlytuneError]:
-    return [_load(p) for p in paths]
-
-
-def load_all(paths: list[Path]) -> list[Artifact | FlytuneError]:
+def load_all(paths: list[str]) -> list[Artifact | FlytuneError]:
     """Load and check every artifact; large collections spread over the machine's cores."""
-    workers = min(os.cpu_count() or 1, 16)
+    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16)
     if len(paths) < PARALLEL_FROM or workers < 2:
         return _load_chunk(paths)
     from concurrent.futures import ProcessPoolExecutor
 
-    size = -(-len(paths) // (workers * 4))
+    size = -(-len(paths) // (workers * 2))
     chunks = [paths[i:i + size] for i in range(0, len(paths), size)]
     try:
         with ProcessPoolExecutor(max_workers=workers) as pool:
