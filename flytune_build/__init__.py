@@ -6,7 +6,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .config import Config
 from .errors import (ArtifactError, ArtifactExecutionError, BundleError, DeclarationError, DeviceError,
                      FlytuneError, ProjectError, SearchError)
 
@@ -15,7 +14,10 @@ __all__ = ["Config", "autotune", "stats", "pow2", "nearest", "FlytuneError", "Ar
            "SearchError", "__version__"]
 
 
-def __getattr__(name):  # the runtime loads on first use, keeping `import flytune_build` light
+def __getattr__(name):  # loaded on first use: `import flytune_build` (and the build backend) stays light
+    if name == "Config":
+        from .config import Config
+        return Config
     if name in ("autotune", "stats", "reset_stats"):
         from . import autotuner
         return getattr(autotuner, name)

@@ -65,10 +65,6 @@ class Artifact:
 
     @classmethod
     def from_json(cls, doc: Any, *, file: object = None) -> "Artifact":
-        return cls._from_json(doc, file, False)
-
-    @classmethod
-    def _from_json(cls, doc: Any, file: object, candidates_checked: bool) -> "Artifact":
         f = Fields(file, ArtifactError)
         f.table(doc, "", ("format", "kernel", "key", "device", "config"), ("provenance",))
         version = doc["format"]
@@ -89,15 +85,15 @@ class Artifact:
         config = Config.from_json(doc["config"], f)
         provenance = doc.get("provenance")
         if provenance is not None:
-            _check_provenance(provenance, f, candidates_checked)
+            _check_provenance(provenance, f)
         return cls(kernel, key, device, config, provenance)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, file: object = None, check_name: bool = True,
                    canonical: bool = False) -> "Artifact":
         not_canonical, raw = False, None
-        if canonical and (split := _split_canonical(data)) is not None:
-            doc, raw = split
+        if canonical and (tuned := _read_tuned(data)) is not None:
+            doc, raw = tuned  # canonical, and its candidate list valid: checked without decoding it
         elif canonical:
             try:
                 doc = codec.loads_canonical(data, file=file, error=ArtifactError)
@@ -105,10 +101,9 @@ class Artifact:
                 doc, not_canonical = e.doc, True
         else:
             doc = codec.loads(data, file=file, error=ArtifactError)
-        art = cls._from_json(doc, file, raw is not None and _CANDIDATES.match(raw) is not None)
+        art = cls.from_json(doc, file=file)
         if raw is not None:
-            head = {k: v for k, v in art.provenance.items() if k != "candidates"}
-            art = cls(art.kernel, art.key, art.device, art.config, Provenance(raw, head))
+            art = cls(art.kernel, art.key, art.device, art.config, Provenance(raw, art.provenance))
         if check_name and file is not None:
             name = os.path.basename(str(file))
             if name != art.filename:
@@ -175,42 +170,71 @@ class Provenance(Mapping):
         return (Provenance, (self.raw, self._head))
 
 
-def _split_canonical(data: bytes) -> tuple[dict, bytes] | None:
-    """(document, provenance bytes) when `data` is a canonical artifact with provenance, else None.
-
-    Encoding the document without its provenance, then the provenance, checks the canonical form
-    in the same time as encoding it whole, and yields the provenance's own canonical bytes.
-    """
-    if len(data) > codec.MAX_DOCUMENT_BYTES:
-        return None
-    try:
-        doc = json.loads(data)
-        if type(doc) is not dict or type(doc.get("provenance")) is not dict or max(doc) != "provenance":
-            return None
-        head = codec.canonical({k: v for k, v in doc.items() if k != "provenance"})
-        raw = codec.canonical(doc["provenance"])
-    except (ValueError, RecursionError):
-        return None
-    # data must be: head without its closing brace, ',"provenance":' (14 bytes), raw, '}', newline
-    start = len(head) - 1 + 14
-    if len(data) != start + len(raw) + 2 or not data.startswith(head[:-1] + b',"provenance":'):
-        return None
-    if data[start:] != raw + b"}\n":
-        return None
-    return doc, raw
-
-
-# The candidate list in canonical provenance bytes, in the form `flytune tune` writes, matched in C:
-# a subset of what `_check_provenance` accepts (every match is valid; anything else, including every
-# invalid list, goes through the field-by-field check that names the exact rule it breaks).
+# -- the fast reading of a tuned artifact -------------------------------------------------------------
+# A build reads thousands of artifacts, each mostly its candidate list (every config's timing). That
+# list is checked in C, against a regular grammar of the form `flytune tune` writes; every document
+# this path accepts is valid and canonical. Anything else, and every invalid document, takes the
+# strict path, which names the exact rule broken. tests/test_hardening.py checks the two agree.
 _KW_KEY = rb'"(?!(?:num_warps|num_stages|num_ctas|maxnreg)")[A-Za-z_][A-Za-z0-9_]{0,127}"'
-_KW_VALUE = rb'(?:-?(?:0|[1-9][0-9]{0,17})|true|false|"[^"\\\x00-\x1f]{0,256}")'
+_KW_VALUE = rb'(?:0|-?[1-9][0-9]{0,17}|true|false|"[\x20\x21\x23-\x5b\x5d-\x7a\x7c\x7e]{0,256}")'
 _KW = rb'\{(?:' + _KW_KEY + b":" + _KW_VALUE + rb'(?:,' + _KW_KEY + b":" + _KW_VALUE + rb')*)?\}'
 _CONFIG = (rb'\{"kwargs":' + _KW + rb',"maxnreg":(?:null|[1-9][0-9]{0,2}|10[01][0-9]|102[0-4])'
            rb',"num_ctas":(?:[1-9]|1[0-6]),"num_stages":(?:[0-9]|1[0-6]),"num_warps":(?:[1-9]|[1-5][0-9]|6[0-4])\}')
-_TIME = rb'(?:null|-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,17})?(?:e[-+][0-9]{1,3})?)'
-_CANDIDATE = rb'\{"config":' + _CONFIG + rb',"time_ms":' + _TIME + rb'\}'
-_CANDIDATES = re.compile(rb'\{"candidates":\[(?:' + _CANDIDATE + rb'(?:,' + _CANDIDATE + rb')*)?\]')
+_ERROR = rb'"(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f])){0,4096}"'
+_TIME = rb'(?:null|-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,24})?(?:e[-+][0-9]{1,3})?)'
+_CANDIDATE = rb'\{"config":' + _CONFIG + rb'(?:,"error":' + _ERROR + rb')?,"time_ms":' + _TIME + rb'\}'
+_CANDIDATE_LIST = re.compile(rb'\[(?:' + _CANDIDATE + rb'(?:,' + _CANDIDATE + rb')*)?\]')
+_TIMES = re.compile(rb',"time_ms":([^}]*)\}')
+_KWARGS = re.compile(rb'"kwargs":(\{[^}]*\})')
+_PROVENANCE_MARK = b',"provenance":{"candidates":['
+_SORTED_KWARGS: set[bytes] = set()  # kwargs objects seen with sorted, unique keys
+
+
+def _read_tuned(data: bytes) -> tuple[dict, bytes] | None:
+    """(document whose provenance lacks the candidate list, provenance bytes) for a canonical
+    artifact whose candidate list the grammar accepts; else None."""
+    i = data.find(_PROVENANCE_MARK)
+    if i < 0 or len(data) > codec.MAX_DOCUMENT_BYTES:
+        return None
+    start = i + len(_PROVENANCE_MARK) - 1
+    m = _CANDIDATE_LIST.match(data, start)
+    if m is None:
+        return None
+    end = m.end()
+    try:
+        data.decode("utf-8")  # the candidate list is never decoded, but must be UTF-8 all the same
+        head_bytes = data[:i] + b"}"
+        head = json.loads(head_bytes)
+        if type(head) is not dict or max(head, default="") >= "provenance" or codec.canonical(head) != head_bytes:
+            return None
+        tail = data[end:]
+        if tail == b"}}\n":
+            rest = {}
+        elif tail[:1] == b"," and tail[-3:] == b"}}\n":  # more provenance fields, each sorting after "candidates"
+            rest_bytes = b"{" + tail[1:-2]
+            rest = json.loads(rest_bytes)
+            if type(rest) is not dict or min(rest) <= "candidates" or codec.canonical(rest) != rest_bytes:
+                return None
+        else:
+            return None
+        candidates = data[start:end]
+        times = _TIMES.findall(candidates)
+        if len(times) > 4096:
+            return None
+        joined = b"[" + b",".join(times) + b"]"  # each number as the canonical encoder writes it
+        if codec.canonical(json.loads(joined)) != joined:
+            return None
+        for kwargs in set(_KWARGS.findall(candidates)) - _SORTED_KWARGS:
+            names = [name for name, _ in json.loads(kwargs, object_pairs_hook=list)]
+            if names != sorted(set(names)):
+                return None
+            if len(_SORTED_KWARGS) > 65536:
+                _SORTED_KWARGS.clear()
+            _SORTED_KWARGS.add(kwargs)
+    except (ValueError, RecursionError):
+        return None
+    head["provenance"] = rest
+    return head, data[i + 14:-2]  # the provenance object: after ',"provenance":', before the final '}\n'
 
 
 def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
@@ -225,7 +249,7 @@ def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
     return data
 
 
-def _check_provenance(p: Any, f: Fields, candidates_checked: bool = False) -> None:
+def _check_provenance(p: Any, f: Fields) -> None:
     f.table(p, "provenance", (), PROVENANCE_FIELDS)
     for name in ("flytune", "triton", "torch", "cuda", "hip", "created"):
         if p.get(name) is not None:
@@ -246,8 +270,7 @@ def _check_provenance(p: Any, f: Fields, candidates_checked: bool = False) -> No
 
     if "candidates" in p:
         cands = p["candidates"]
-        checked = candidates_checked and len(cands) <= 4096
-        if not (checked or (type(cands) is list and len(cands) <= 4096 and all(map(_plain_candidate, cands)))):
+        if not (type(cands) is list and len(cands) <= 4096 and all(map(_plain_candidate, cands))):
             f.array(cands, "provenance.candidates", candidate, max_items=4096)
 
 

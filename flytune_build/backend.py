@@ -11,8 +11,8 @@ from pathlib import Path
 
 from setuptools import build_meta as _setuptools
 
-from . import build as _build
-from .bundle import ENTRY_POINT_GROUP
+# flytune's own modules load inside the hooks that need them: a frontend runs each hook in a fresh
+# process, and the get_requires hooks need none of them
 
 get_requires_for_build_wheel = _setuptools.get_requires_for_build_wheel
 get_requires_for_build_sdist = _setuptools.get_requires_for_build_sdist
@@ -58,6 +58,7 @@ def _with_bundle(build, wheel_directory, config_settings, metadata_directory, ed
     name = build(wheel_directory, config_settings, metadata_directory)
     if state is not None:
         from .build import assemble, wheel
+        from .bundle import ENTRY_POINT_GROUP
 
         if editable:  # the package is imported from the source tree: keep the bundle out of its way
             assemble.relocate_for_editable(state)
@@ -72,10 +73,11 @@ def _with_bundle(build, wheel_directory, config_settings, metadata_directory, ed
 
 
 def _run():
+    from . import build
     from .errors import FlytuneError
 
     try:
-        return _build.run(".")
+        return build.run(".")
     except FlytuneError as e:  # a clear message and a non-zero exit, not a traceback
         print(f"flytune: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -94,6 +96,7 @@ def _with_entry_point(prepare, metadata_directory, config_settings, editable=Fal
     if proj is not None:
         from .build.assemble import EDITABLE_ROOT, entry_point_name
         from .build.wheel import add_entry_point
+        from .bundle import ENTRY_POINT_GROUP
 
         ep_name = entry_point_name(proj.name, proj.package)
         value = f"{EDITABLE_ROOT}.{ep_name}" if editable else f"{proj.package}._flytune"

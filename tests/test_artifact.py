@@ -186,13 +186,13 @@ def _tuned(n, times=(0.0123, 1e-05, None, 2, 1.5e+20)):
 def test_provenance_is_kept_as_the_bytes_read(tmp_path):
     import pickle
 
-    from flytune_build.artifact import _CANDIDATES, Provenance
+    from flytune_build.artifact import Provenance, _read_tuned
 
     a = _tuned(100)
     data = a.to_bytes()
     b = Artifact.from_bytes(data, file=tmp_path / a.filename, canonical=True)
     assert isinstance(b.provenance, Provenance)
-    assert _CANDIDATES.match(b.provenance.raw)  # the form `flytune tune` writes takes the fast path
+    assert _read_tuned(data) is not None  # the form `flytune tune` writes takes the fast path
     assert b.provenance.raw == codec.canonical(dict(a.provenance))
     assert b.provenance["triton"] == "3.6.0" and b.provenance.get("cuda") is None
     assert b.provenance == a.provenance and dict(b.provenance) == dict(a.provenance)
@@ -212,3 +212,14 @@ def test_provenance_file_joined_from_bytes_equals_the_encoded_one(tmp_path):
     expected = codec.canonical({"format": 1, "kernel": "fixpkg.add",
                                 "provenance": {a.address: dict(a.provenance) for a in arts}}) + b"\n"
     assert bundle.provenance_bytes("fixpkg.add", mixed) == expected
+
+
+def test_every_sample_artifact_takes_the_fast_path():
+    from pathlib import Path
+
+    from flytune_build.artifact import _read_tuned
+
+    files = sorted(Path(__file__).resolve().parent.parent.glob("sample_pkg/artifacts/*/*.json"))
+    assert len(files) >= 20
+    for f in files:  # real H200 timings and interpreter ones
+        assert _read_tuned(f.read_bytes()) is not None, f

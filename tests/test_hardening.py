@@ -342,3 +342,89 @@ def test_fast_candidate_check_refuses_each_broken_rule(field, value):
     bad = {"config": {**Config({"BLOCK": 16}).to_json(), field: value}, "time_ms": 0.25}
     fast, slow = _both_paths([good, bad])
     assert fast == slow
+
+
+def _strict(data):
+    """The reference reading: strict parse, every field checked, then the canonical form."""
+    from flytune_build import codec
+    from flytune_build.errors import ArtifactError
+
+    doc = codec.loads(data, file="f.json", error=ArtifactError)
+    art = Artifact.from_json(doc, file="f.json")
+    if codec.canonical(doc) + b"\n" != data:
+        raise ArtifactError("not canonical", file="f.json", field="<document>")
+    return art
+
+
+def _outcome(read, data):
+    try:
+        return ("ok", read(data).to_json())
+    except FlytuneError as e:
+        return ("error", e.field)
+
+
+def _tuned_bytes():
+    cands = [{"config": Config({"BLOCK": b, "MODE": "x"}, num_warps=w).to_json(), "time_ms": t}
+             for b, w, t in ((16, 1, 0.029343999922275543), (32, 2, 1e-05), (64, 4, None), (128, 8, 3))]
+    cands.append({"config": Config({"BLOCK": 256}).to_json(), "error": 'out of resources: "smem" \n\x01é',
+                  "time_ms": None})
+    a = Artifact("fixpkg.add", {"x": "float32", "n": 7}, GOOD_ARTIFACT_DEVICE, Config({"BLOCK": 32}),
+                 {"triton": "3.6.0", "ranking": "measured", "space_hash": "0" * 64, "candidates": cands})
+    return a.to_bytes()
+
+
+GOOD_ARTIFACT_DEVICE = Artifact.from_json(GOOD_ARTIFACT).device
+
+
+@settings(FUZZ, max_examples=1500)
+@given(st.data())
+def test_fast_read_agrees_with_the_strict_reading_byte_for_byte(data):
+    """Edits to a canonical tuned artifact, at the byte level: the fast path accepts exactly what the
+    strict reading accepts, and reads the same artifact."""
+    from flytune_build.artifact import _read_tuned
+
+    good = _tuned_bytes()
+    assert _read_tuned(good) is not None
+    pos = data.draw(st.integers(0, len(good) - 1))
+    edit = data.draw(st.sampled_from(["replace", "insert", "delete"]))
+    byte = data.draw(st.sampled_from(list(b'0123456789.-+e"\\{}[],: nulltruefalse\x00\x7f\xc3\xa9\xed') + [0x80]))
+    if edit == "replace":
+        bad = good[:pos] + bytes([byte]) + good[pos + 1:]
+    elif edit == "insert":
+        bad = good[:pos] + bytes([byte]) + good[pos:]
+    else:
+        bad = good[:pos] + good[pos + 1:]
+    fast = _outcome(lambda d: Artifact.from_bytes(d, file="f.json", check_name=False, canonical=True), bad)
+    assert (fast[0] == "ok") == (_outcome(_strict, bad)[0] == "ok"), bad
+    if fast[0] == "ok":
+        assert fast == _outcome(_strict, bad)
+
+
+FAST_READ_EDITS = [  # (what, old bytes, new bytes): each leaves valid JSON that is not canonical
+    ("kwargs-unsorted", b'{"BLOCK":16,"MODE":"x"}', b'{"MODE":"x","BLOCK":16}'),
+    ("kwargs-duplicate", b'{"BLOCK":16,"MODE":"x"}', b'{"BLOCK":16,"BLOCK":16,"MODE":"x"}'),
+    ("kwargs-minus-zero", b'{"BLOCK":16,"MODE":"x"}', b'{"BLOCK":-0,"MODE":"x"}'),
+    ("time-exponent", b'"time_ms":1e-05', b'"time_ms":1e-5'),
+    ("time-trailing-zero", b'"time_ms":3}', b'"time_ms":3.10}'),
+    ("time-minus-zero", b'"time_ms":3}', b'"time_ms":-0}'),
+    ("key-after-provenance", b',"provenance":', b',"zzz":1,"provenance":'),
+    ("provenance-field-before-candidates", b'"ranking":"measured"', b'"aaa":1,"ranking":"measured"'),
+    ("space", b'"triton":"3.6.0"', b'"triton": "3.6.0"'),
+    ("escaped-slash", b'\\"smem', b'\\/smem'),
+    ("unicode-escape", b'\\u0001', b'\\u0041'),
+]
+
+
+@pytest.mark.parametrize("what,old,new", FAST_READ_EDITS, ids=[e[0] for e in FAST_READ_EDITS])
+def test_fast_read_refuses_what_is_not_canonical(what, old, new):
+    from flytune_build.artifact import _read_tuned
+
+    good = _tuned_bytes()
+    assert old in good
+    bad = good.replace(old, new, 1)
+    json.loads(bad)  # still JSON
+    assert _read_tuned(bad) is None
+    with pytest.raises(FlytuneError):
+        _strict(bad)
+    with pytest.raises(FlytuneError):
+        Artifact.from_bytes(bad, file="f.json", check_name=False, canonical=True)

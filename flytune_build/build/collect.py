@@ -1,6 +1,7 @@
 """Collect artifacts from the declared sources, under the project root and for the declared targets."""
 from __future__ import annotations
 
+import gc
 import glob
 import os
 from pathlib import Path
@@ -117,6 +118,16 @@ def _load_chunk(paths: list[str]) -> list[Artifact | FlytuneError]:
 
 def load_all(paths: list[str]) -> list[Artifact | FlytuneError]:
     """Load and check every artifact; large collections spread over the machine's cores."""
+    enabled = gc.isenabled()
+    gc.disable()  # thousands of new, acyclic objects: collection passes would find nothing to free
+    try:
+        return _load_all(paths)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load_all(paths: list[str]) -> list[Artifact | FlytuneError]:
     workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16)
     if len(paths) < PARALLEL_FROM or workers < 2:
         return _load_chunk(paths)
