@@ -106,9 +106,11 @@ def main():
     runs = [run_child(py, code, **env).stdout.split() for _ in range(5)]
     lookup = statistics.median(float(r[1]) for r in runs)
     discover = statistics.median(float(r[3]) for r in runs)
+    total = statistics.median(float(r[1]) + float(r[3]) for r in runs)
     print(f"3. first lookup in an installed bundle of 10,000 artifacts (50 kernels; this kernel's shard holds "
-          f"{runs[0][2]}): {lookup:.2f} ms (shard read, hash check, index) after {discover:.2f} ms of "
-          f"once-per-process discovery (entry points + manifest); median of 5 fresh processes (goal < 5 ms)")
+          f"{runs[0][2]}): {total:.2f} ms in all (goal < 5 ms): {discover:.2f} ms of once-per-process discovery "
+          f"(entry points + manifest), then {lookup:.2f} ms for the kernel (shard read, hash check, index); "
+          f"median of 5 fresh processes")
     imp_with = statistics.median(float(r[0]) for r in runs)
     py2 = child_venv(tmp / "venv2")
     child_install(py2, next(fw.glob("*.whl")), next((tmp / "dp0").glob("*.whl"))).check_returncode()

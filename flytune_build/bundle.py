@@ -9,7 +9,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import codec
 from .artifact import KERNEL_NAME, Artifact, Provenance
@@ -26,8 +26,7 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_SHARD_BYTES = 256 << 20
 
 
-@dataclass(frozen=True)
-class ShardInfo:
+class ShardInfo(NamedTuple):  # a tuple: the runtime makes one per kernel of every bundle it finds
     kernel: str
     shard: str                 # identities and configs: all the runtime reads
     sha256: str
@@ -63,7 +62,10 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, file: object) -> "Manifest":
-        doc = codec.loads(data, file=file, error=BundleError)
+        try:  # a build writes it canonical: then the C parser is exact (no duplicate keys, no NaN)
+            doc = codec.loads_canonical(data, file=file, error=BundleError)
+        except codec.NotCanonical as e:
+            doc = e.doc  # read strictly all the same
         f = Fields(file, BundleError)
         f.table(doc, "", ("format", "package", "targets", "toolchain", "kernels", "coverage"))
         if isinstance(doc["format"], bool) or doc["format"] != FORMAT_VERSION:
@@ -77,6 +79,10 @@ class Manifest:
             f.array(versions, f"toolchain.tuned_with.{tool}", lambda v, p: f.string(v, p, max_len=128))
         kernels = {}
         for name, info in f.mapping(doc["kernels"], "kernels").items():
+            entry = _plain_entry(name, info)
+            if entry is not None:
+                kernels[name] = entry
+                continue
             path = f"kernels.{name}"
             f.string(name, path, KERNEL_NAME, "a dotted kernel name", 200)
             f.table(info, path, ("shard", "sha256", "artifacts", "axes", "provenance", "provenance_sha256"))
@@ -95,6 +101,27 @@ class Manifest:
         return cls(package, targets, triton, tuned, kernels, coverage)
 
 
+_ENTRY_FIELDS = frozenset(("shard", "sha256", "artifacts", "axes", "provenance", "provenance_sha256"))
+
+
+def _plain_entry(name: str, info: Any) -> ShardInfo | None:
+    """A valid manifest entry, checked without building error paths (a bundle may list hundreds of
+    kernels and the runtime reads its manifest once per process); None sends it to the field-by-field
+    check, which names the rule an invalid one breaks."""
+    if not (type(info) is dict and info.keys() == _ENTRY_FIELDS and len(name) <= 200 and KERNEL_NAME.fullmatch(name)):
+        return None
+    shard, digest, prov, prov_digest = info["shard"], info["sha256"], info["provenance"], info["provenance_sha256"]
+    count, axes = info["artifacts"], info["axes"]
+    if (type(shard) is str and len(shard) <= 256 and SHARD_NAME.fullmatch(shard)
+            and type(prov) is str and len(prov) <= 256 and SHARD_NAME.fullmatch(prov)
+            and type(digest) is str and SHA256.fullmatch(digest)
+            and type(prov_digest) is str and SHA256.fullmatch(prov_digest)
+            and type(count) is int and count >= 0
+            and type(axes) is list and len(axes) <= 100_000 and all(type(a) is str and len(a) <= 128 for a in axes)):
+        return ShardInfo(name, shard, digest, count, tuple(axes), prov, prov_digest)
+    return None
+
+
 def shard_name(kernel: str) -> str:
     return f"{kernel}.json"
 
@@ -103,9 +130,44 @@ def provenance_name(kernel: str) -> str:
     return f"{kernel}.provenance.json"
 
 
+_SCALARS = (str, int, float, bool, type(None))
+SHARD_FORMAT = 2  # a table: each distinct device and config once, then one row per artifact
+
+
+class Shard(NamedTuple):
+    """One kernel's identities and configs: `rows` are [device index, config index, *key values in
+    `axes` order]; `devices` and `configs` hold each distinct document once."""
+    kernel: str
+    axes: tuple[str, ...]
+    devices: list
+    configs: list
+    rows: list
+
+    def doc(self, row: list) -> dict:
+        """The artifact document (without provenance) that one row stands for."""
+        return {"format": FORMAT_VERSION, "kernel": self.kernel, "key": dict(zip(self.axes, row[2:])),
+                "device": self.devices[row[0]], "config": self.configs[row[1]]}
+
+
 def shard_bytes(kernel: str, artifacts: list[Artifact]) -> bytes:
-    docs = [{**a.identity(), "config": a.config.to_json()} for a in sorted(artifacts, key=lambda a: a.address)]
-    return codec.canonical({"format": FORMAT_VERSION, "kernel": kernel, "artifacts": docs}) + b"\n"
+    arts = sorted(artifacts, key=lambda a: a.address)
+    axes = sorted(arts[0].key) if arts else []
+    devices: dict[bytes, int] = {}  # canonical document -> index (canonical: True and 1 stay apart)
+    configs: dict[bytes, int] = {}
+    device_docs, config_docs, rows = [], [], []
+    for a in arts:
+        if sorted(a.key) != axes:
+            raise ValueError(f"{a.filename}: key axes {sorted(a.key)} differ from {axes} in one shard")
+        d, c = a.device.to_json(), a.config.to_json()
+        di = devices.setdefault(codec.canonical(d), len(devices))
+        if di == len(device_docs):
+            device_docs.append(d)
+        ci = configs.setdefault(codec.canonical(c), len(configs))
+        if ci == len(config_docs):
+            config_docs.append(c)
+        rows.append([di, ci, *[a.key[x] for x in axes]])
+    return codec.canonical({"format": SHARD_FORMAT, "kernel": kernel, "axes": axes, "devices": device_docs,
+                            "configs": config_docs, "artifacts": rows}) + b"\n"
 
 
 def provenance_bytes(kernel: str, artifacts: list[Artifact]) -> bytes:
@@ -125,8 +187,8 @@ def _check(data: bytes, digest: str, *, file: object, field: str) -> None:
 
 
 def parse_shard(info: ShardInfo, data: bytes, *, file: object, full: bool = False,
-                provenance: dict | None = None) -> list[Any]:
-    """Artifact documents of a hash-checked shard; `full` validates each one as an Artifact."""
+                provenance: dict | None = None) -> Shard | list[Artifact]:
+    """The hash-checked shard's table; `full` gives its artifacts, each validated as an Artifact."""
     _check(data, info.sha256, file=file, field=f"kernels.{info.kernel}.sha256")
     # the hash pins the bytes the build wrote (canonical: no duplicate keys, no NaN), so the fast
     # parser is exact here; a build verified the artifacts, `full` re-checks each one anyway
@@ -135,16 +197,33 @@ def parse_shard(info: ShardInfo, data: bytes, *, file: object, full: bool = Fals
     except (ValueError, RecursionError) as e:
         raise BundleError(f"is not valid JSON: {e}", file=file) from None
     f = Fields(file, BundleError)
-    f.table(doc, "", ("format", "kernel", "artifacts"))
-    if doc["format"] != FORMAT_VERSION or doc["kernel"] != info.kernel:
-        f.fail("kernel", f"must be shard format {FORMAT_VERSION} of {info.kernel!r}")
-    docs = f.array(doc["artifacts"], "artifacts", lambda v, p: f.mapping(v, p), max_items=10_000_000)
+    version = doc.get("format") if type(doc) is dict else None
+    if version != SHARD_FORMAT or type(version) is not int:
+        f.fail("format", f"is shard format {version!r}; this flytune reads format {SHARD_FORMAT} "
+                         f"(the wheel was built by another flytune-build: rebuild it)")
+    f.table(doc, "", ("format", "kernel", "axes", "devices", "configs", "artifacts"))
+    if doc["kernel"] != info.kernel:
+        f.fail("kernel", f"must be {info.kernel!r}, the kernel the manifest names")
+    axes = tuple(f.array(doc["axes"], "axes", lambda v, p: f.string(v, p, max_len=128)))
+    if axes != tuple(info.axes):
+        f.fail("axes", f"must be the manifest's axes {list(info.axes)}, not {list(axes)}")
+    devices = f.array(doc["devices"], "devices", f.mapping)
+    configs = f.array(doc["configs"], "configs", f.mapping)
+    rows = doc["artifacts"]
+    width, nd, nc = 2 + len(axes), len(devices), len(configs)
+    def good(r):
+        return (type(r) is list and len(r) == width and type(r[0]) is int and 0 <= r[0] < nd
+                and type(r[1]) is int and 0 <= r[1] < nc and all(type(v) in _SCALARS for v in r[2:]))
+
+    if type(rows) is not list or not all(map(good, rows)):
+        f.array(rows, "artifacts", lambda r, p: r if good(r) else f.fail(
+            p, f"must be [device index < {nd}, config index < {nc}, one JSON scalar per axis]"))
+    shard = Shard(info.kernel, axes, devices, configs, rows)
     if not full:
-        return docs
+        return shard
     out = []
-    for i, d in enumerate(docs):
-        if "provenance" in d:
-            f.fail(f"artifacts[{i}].provenance", "belongs in the provenance file, not the shard")
+    for i, row in enumerate(rows):
+        d = shard.doc(row)
         art = Artifact.from_json(d, file=f"{file}#artifacts[{i}]")
         if provenance and art.address in provenance:
             art = Artifact.from_json({**d, "provenance": provenance[art.address]}, file=f"{file}#artifacts[{i}]")

@@ -7,6 +7,7 @@ shard is read, hash-checked and indexed on that kernel's first call, and never a
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,18 +19,31 @@ from .errors import FlytuneError
 from .target import DEFAULT_ACCEPT, LEVELS, match_level
 
 
-@dataclass(frozen=True)
 class Hit:
-    config: dict          # the artifact's config document, validated when the kernel accepts it
-    level: str            # match level against the running device
-    origin: str           # where it came from: "<dist> bundle" or an artifact file path
-    doc: dict = field(repr=False)
-    name: str | None = None
+    """One served artifact (a plain slotted class: an index makes one per tuned shape)."""
+
+    __slots__ = ("config", "level", "origin", "source", "name")
+
+    def __init__(self, config: dict, level: str, origin: str, source, name: str | None = None):
+        self.config = config  # the artifact's config document, validated when the kernel accepts it
+        self.level = level    # match level against the running device
+        self.origin = origin  # where it came from: "<dist> bundle" or an artifact file path
+        self.source = source  # the artifact document, or (shard, row) to make it from when needed
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Hit(config={self.config!r}, level={self.level!r}, origin={self.origin!r})"
 
     @property
     def artifact(self) -> str:
         """The artifact's file name (its content address), computed when needed."""
-        return self.name or _name(self.doc)
+        return self.name or _name(self.document())
+
+    def document(self) -> dict:
+        if type(self.source) is tuple:
+            shard, row = self.source
+            return shard.doc(row)
+        return self.source
 
 
 @dataclass
@@ -67,26 +81,69 @@ class OfflineTier:
         idx = Index()
         rank: dict[tuple, tuple[int, int]] = {}
         for order, src in enumerate(self.sources()):
-            for doc, dev, accept, origin, name in self._docs(src, kernel, idx):
-                try:
-                    key = _key_of(doc, axes, name or origin)
-                except FlytuneError as e:
-                    idx.problems.append(str(e))
-                    continue
-                level = match_level(dev, device)
-                if level is None or level not in accept:
-                    idx.other_devices.add(dev.spec() if level is None else f"{dev.spec()} ({level} not accepted)")
-                    continue
-                r = (order, LEVELS.index(level))
+            found = (self._dir_hits if src.manifest is None else self._shard_hits)(src, kernel, axes, device, idx)
+            for key, hit in found:
+                r = (order, LEVELS.index(hit.level))
                 if key not in rank or r < rank[key]:
                     rank[key] = r
-                    idx.hits[key] = Hit(doc.get("config"), level, origin, doc, name)
+                    idx.hits[key] = hit
                 for axis, value in zip(axes, key):
                     idx.tuned_values.setdefault(axis, set()).add(value)
         idx.tuned_values = {a: sorted(v, key=_order) for a, v in idx.tuned_values.items()}
         return idx
 
+    def _shard_hits(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
+        shard = self._shard(src, kernel, idx)
+        if shard is None:
+            return
+        if sorted(shard.axes) != sorted(axes):
+            idx.problems.append(str(_axes_error(shard.axes, axes, f"{src.label}: {kernel}")))
+            return
+        pick = [2 + shard.axes.index(a) for a in axes]
+        levels = []  # per device of the shard (a shard holds few): the level it is served at, or None
+        for d in shard.devices:
+            try:
+                dev = _device_of(d, src.label)
+            except FlytuneError as e:
+                idx.problems.append(str(e))
+                levels.append(None)
+                continue
+            accept = next((t.accept for t in src.manifest.targets if t.covers(dev)), ())
+            levels.append(_served_level(dev, device, accept, idx))
+        configs, label = shard.configs, src.label
+        for row in shard.rows:
+            level = levels[row[0]]
+            if level is not None:  # the file name is computed only for a served hit
+                yield tuple([row[i] for i in pick]), Hit(configs[row[1]], level, label, (shard, row))
+
+    def _dir_hits(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
+        levels: dict[DeviceIdentity, str | None] = {}
+        axis_set = set(axes)
+        for doc, dev, _, origin, name in self._docs(src, kernel, idx):
+            key = doc["key"]
+            if key.keys() != axis_set:
+                idx.problems.append(str(_axes_error(key, axes, name)))
+                continue
+            if dev not in levels:
+                levels[dev] = _served_level(dev, device, DEFAULT_ACCEPT, idx)
+            if levels[dev] is not None:
+                yield tuple([key[a] for a in axes]), Hit(doc["config"], levels[dev], origin, doc, name)
+
+    def _shard(self, src: _Source, kernel: str, idx: Index) -> bundle.Shard | None:
+        info = src.manifest.kernels.get(kernel)
+        if info is None:
+            return None
+        path = src.root / info.shard
+        try:
+            return bundle.parse_shard(info, path.read_bytes(), file=path)
+        except OSError as e:
+            idx.problems.append(f"{path}: cannot be read: {e.strerror}")
+        except FlytuneError as e:
+            idx.problems.append(f"{e} (shard refused)")
+        return None
+
     def _docs(self, src: _Source, kernel: str, idx: Index):
+        """(artifact document, device, accepted levels, origin, file name or None) of `kernel` in `src`."""
         if src.manifest is None:
             files = self._dir_files.get(src.root)
             if files is None:
@@ -102,27 +159,26 @@ class OfflineTier:
                 if art.kernel == kernel:
                     yield art.to_json(), art.device, DEFAULT_ACCEPT, str(path), path.name
             return
-        info = src.manifest.kernels.get(kernel)
-        if info is None:
+        shard = self._shard(src, kernel, idx)
+        if shard is None:
             return
-        shard = src.root / info.shard
-        try:
-            docs = bundle.parse_shard(info, shard.read_bytes(), file=shard)
-        except OSError as e:
-            idx.problems.append(f"{shard}: cannot be read: {e.strerror}")
-            return
-        except FlytuneError as e:
-            idx.problems.append(f"{e} (shard refused)")
-            return
-        accept_by_target = [(t, t.accept) for t in src.manifest.targets]
-        for doc in docs:
+        for row in shard.rows:
+            doc = shard.doc(row)
             try:
-                dev = _device_of(doc, src.label)
+                dev = _device_of(doc["device"], src.label)
             except FlytuneError as e:
                 idx.problems.append(str(e))
                 continue
-            accept = next((a for t, a in accept_by_target if t.covers(dev)), ())
-            yield doc, dev, accept, src.label, None  # the file name is computed only for a served hit
+            accept = next((t.accept for t in src.manifest.targets if t.covers(dev)), ())
+            yield doc, dev, accept, src.label, None
+
+
+def _served_level(dev: DeviceIdentity, running: DeviceIdentity, accept, idx: Index) -> str | None:
+    level = match_level(dev, running)
+    if level is None or level not in accept:
+        idx.other_devices.add(dev.spec() if level is None else f"{dev.spec()} ({level} not accepted)")
+        return None
+    return level
 
 
 def _order(v: Any):
@@ -136,26 +192,23 @@ def _name(doc: dict) -> str:
         return "<invalid artifact>"
 
 
-def _key_of(doc: Any, axes: tuple[str, ...], name: str) -> tuple:
-    key = doc.get("key") if type(doc) is dict else None
-    if type(key) is not dict or len(key) != len(axes) or any(a not in key for a in axes):
-        got = sorted(key) if isinstance(key, dict) else key
-        raise FlytuneError(f"has key axes {got}, but the kernel declares {sorted(axes)}", file=name, field="key")
-    return tuple([key[a] for a in axes])
+def _axes_error(got: Any, axes: tuple[str, ...], name: str) -> FlytuneError:
+    return FlytuneError(f"has key axes {sorted(got)}, but the kernel declares {sorted(axes)}", file=name, field="key")
 
 
-def _device_of(doc: Any, name: str) -> DeviceIdentity:
+def _device_of(d: Any, name: str) -> DeviceIdentity:
     """Parse a device document once per distinct device (a bundle holds few)."""
-    d = doc.get("device") if type(doc) is dict else None
-    memo = (d.get("backend"), d.get("arch"), d.get("name"), d.get("units")) if type(d) is dict and len(d) == 4 else None
-    dev = _devices.get(memo)
-    if dev is None:
-        from .codec import Fields
-        from .errors import ArtifactError
+    try:
+        if type(d["units"]) is int:  # not True or 1.0: they hash equal to 1
+            return _devices[tuple(d.items())]
+    except (KeyError, TypeError):  # not seen yet, or not an object of scalars
+        pass
+    from .codec import Fields
+    from .errors import ArtifactError
 
-        dev = DeviceIdentity.from_json(d, Fields(name, ArtifactError))
-        if memo is not None and type(memo[3]) is int:
-            _devices[memo] = dev
+    dev = DeviceIdentity.from_json(d, Fields(name, ArtifactError))
+    if type(d.get("units")) is int:
+        _devices[tuple(d.items())] = dev
     return dev
 
 
@@ -171,20 +224,51 @@ def _artifact_dirs() -> list[_Source]:
 
 
 def _bundles() -> list[_Source]:
-    from importlib.metadata import entry_points
-
     out = []
-    for ep in sorted(entry_points(group=bundle.ENTRY_POINT_GROUP), key=lambda e: (e.name, e.value)):
-        src = locate(ep)
+    for dist_name, ep in sorted(bundle_entry_points(), key=lambda t: (t[1].name, t[1].value)):
+        src = locate(ep, dist_name)
         if src is not None:
             out.append(src)
     return out
 
 
-def locate(ep) -> _Source | None:
+_NAME = re.compile(r"^Name:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
+
+
+def bundle_entry_points() -> list[tuple[str, Any]]:
+    """(distribution name, entry point) for `importlib.metadata.entry_points(group="flytune.bundles")`,
+    without parsing the metadata and entry points
+    of every installed distribution: a distribution's file is parsed only when it names the group.
+    As there, a distribution shadowed by one of the same name earlier on sys.path is skipped."""
+    from importlib.metadata import PackageNotFoundError, distribution, distributions
+
+    header = f"[{bundle.ENTRY_POINT_GROUP}]"
+    out, seen = [], set()
+    for dist in distributions():
+        text = dist.read_text("entry_points.txt")
+        if not text or header not in text:
+            continue
+        meta = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        found = _NAME.search(meta)  # the one header needed: no full metadata parse
+        name = found.group(1) if found else ""
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            first = distribution(name)
+        except (PackageNotFoundError, ValueError):
+            first = dist
+        if first.read_text("entry_points.txt") != text or first.read_text("METADATA") != dist.read_text("METADATA"):
+            dist = first  # the copy earlier on sys.path is the installed one
+        out.extend((name, ep) for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP)
+    return out
+
+
+def locate(ep, dist_name: str | None = None) -> _Source | None:
     """The bundle an entry point names (`<package>._flytune`), read without importing the package."""
     parts = ep.value.split(":")[0].strip().split(".")
-    label = f"{ep.dist.name if ep.dist else ep.name} bundle"
+    label = f"{dist_name or (ep.dist.name if ep.dist else ep.name)} bundle"
     candidates = []
     if ep.dist is not None:
         candidates.append(Path(ep.dist.locate_file("/".join(parts))))

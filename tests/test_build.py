@@ -248,3 +248,59 @@ def test_glob_sources(tmp_path):
     (proj / "pyproject.toml").write_text(text)
     state = pipeline.run(proj, out=io.StringIO())
     assert len(state.artifacts) == 2
+
+
+# -- the shard table ---------------------------------------------------------------------------------------
+def _shard_of(arts):
+    import hashlib
+
+    data = bundle.shard_bytes("fixpkg.add", arts)
+    info = bundle.ShardInfo("fixpkg.add", "fixpkg.add.json", hashlib.sha256(data).hexdigest(), len(arts),
+                            tuple(sorted(arts[0].key)), "p.json", "0" * 64)
+    return data, info
+
+
+def test_shard_table_round_trips_every_artifact():
+    from flytune_build.artifact import Artifact
+    from flytune_build.config import Config
+
+    arts = [artifact(n, b, dev=d) for n in (1, 2, 3) for b in (16, 32) for d in (H200, artifact().device)]
+    arts = list({a.address: a for a in arts}.values())
+    # configs that compare equal in Python but not in JSON stay apart
+    arts += [Artifact("fixpkg.add", {"x": "f", "n": 7}, H200, Config({"BLOCK": 1, "EVEN": True})),
+             Artifact("fixpkg.add", {"x": "f", "n": 8}, H200, Config({"BLOCK": 1, "EVEN": 1}))]
+    data, info = _shard_of(arts)
+    shard = bundle.parse_shard(info, data, file="s.json")
+    assert len(shard.devices) == 2 and len(shard.rows) == len(arts)
+    back = bundle.parse_shard(info, data, file="s.json", full=True)
+    assert sorted(a.to_bytes() for a in back) == sorted(
+        Artifact(a.kernel, a.key, a.device, a.config).to_bytes() for a in arts)
+
+
+SHARD_CASES = [  # (edit of the shard document, field named, rule)
+    ("format", lambda d: d.update(format=1), "format", "reads format 2"),
+    ("kernel", lambda d: d.update(kernel="fixpkg.other"), "kernel", "the kernel the manifest names"),
+    ("axes-differ", lambda d: d.update(axes=["n"]), "axes", "manifest's axes"),
+    ("device-index", lambda d: d["artifacts"][0].__setitem__(0, 9), "artifacts[0]", "device index"),
+    ("config-index-bool", lambda d: d["artifacts"][0].__setitem__(1, True), "artifacts[0]", "config index"),
+    ("row-width", lambda d: d["artifacts"][0].append(1), "artifacts[0]", "one JSON scalar per axis"),
+    ("key-not-scalar", lambda d: d["artifacts"][0].__setitem__(2, [1]), "artifacts[0]", "one JSON scalar"),
+    ("device-not-object", lambda d: d["devices"].__setitem__(0, "sm_90"), "devices[0]", "must be an object"),
+    ("unknown-field", lambda d: d.update(extra=1), "extra", "not a known field"),
+]
+
+
+@pytest.mark.parametrize("case,edit,field,rule", SHARD_CASES, ids=[c[0] for c in SHARD_CASES])
+def test_malformed_shard_is_refused_naming_the_field(case, edit, field, rule):
+    import hashlib
+
+    from flytune_build.errors import BundleError
+
+    data, info = _shard_of([artifact(1, 16), artifact(2, 32)])
+    doc = json.loads(data)
+    edit(doc)
+    data = codec.canonical(doc) + b"\n"
+    info = info._replace(sha256=hashlib.sha256(data).hexdigest())
+    with pytest.raises(BundleError) as e:
+        bundle.parse_shard(info, data, file="s.json")
+    assert e.value.field == field and rule in e.value.rule, e.value

@@ -163,13 +163,40 @@ def test_fuzz_tool_table(table):
         pass
 
 
+FUZZ_MANIFEST = {"format": 1, "package": "p", "targets": ["sm_90"], "coverage": "all",
+                 "toolchain": {"triton": None, "tuned_with": {}},
+                 "kernels": {"p.k": {"shard": "p.k.json", "sha256": "0" * 64, "artifacts": 1, "axes": ["n"],
+                                     "provenance": "p.k.provenance.json", "provenance_sha256": "0" * 64}}}
+
+
+@FUZZ
+@given(st.data())
+def test_manifest_fast_entry_check_agrees_with_the_field_check(data):
+    from unittest import mock
+
+    from flytune_build import bundle
+
+    doc = FUZZ_MANIFEST
+    entry = doc["kernels"]["p.k"]
+    bad = data.draw(near_miss(entry) | json_values)
+    name = data.draw(st.sampled_from(["fixpkg.add", "a b", "x" * 201, "ok.name"]))
+    raw = json.dumps(dict(doc, kernels={name: bad, "fixpkg.other": entry})).encode()
+
+    def read():
+        try:
+            return ("ok", Manifest.from_bytes(raw, file="manifest.json"))
+        except FlytuneError as e:
+            return ("error", e.field, e.rule)
+
+    fast = read()
+    with mock.patch.object(bundle, "_plain_entry", lambda name, info: None):
+        assert read() == fast
+
+
 @FUZZ
 @given(st.data())
 def test_fuzz_manifest(data):
-    doc = {"format": 1, "package": "p", "targets": ["sm_90"], "coverage": "all",
-           "toolchain": {"triton": None, "tuned_with": {}},
-           "kernels": {"p.k": {"shard": "p.k.json", "sha256": "0" * 64, "artifacts": 1, "axes": ["n"],
-                               "provenance": "p.k.provenance.json", "provenance_sha256": "0" * 64}}}
+    doc = FUZZ_MANIFEST
     raw = data.draw(near_miss(doc).map(lambda d: json.dumps(d).encode()) | st.binary(max_size=200))
     try:
         Manifest.from_bytes(raw, file="manifest.json")
@@ -428,3 +455,30 @@ def test_fast_read_refuses_what_is_not_canonical(what, old, new):
         _strict(bad)
     with pytest.raises(FlytuneError):
         Artifact.from_bytes(bad, file="f.json", check_name=False, canonical=True)
+
+
+MANIFEST_EDGES = [("artifacts", -1), ("artifacts", 0), ("artifacts", True), ("artifacts", 1.0), ("axes", ["x" * 128]),
+                  ("axes", ["x" * 129]), ("axes", [1]), ("axes", "n"), ("sha256", "0" * 63), ("sha256", "0" * 65),
+                  ("sha256", "A" * 64), ("shard", "a/b.json"), ("shard", "x" * 252 + ".json"), ("provenance", None),
+                  ("provenance_sha256", 0), ("extra", 1)]
+
+
+@pytest.mark.parametrize("name", ["p.k", "k" * 200, "k" * 201])
+@pytest.mark.parametrize("field,value", MANIFEST_EDGES)
+def test_manifest_fast_entry_check_at_each_edge(name, field, value):
+    from unittest import mock
+
+    from flytune_build import bundle
+
+    entry = dict(FUZZ_MANIFEST["kernels"]["p.k"], **{field: value})
+    raw = json.dumps(dict(FUZZ_MANIFEST, kernels={name: entry})).encode()
+
+    def read():
+        try:
+            return ("ok", Manifest.from_bytes(raw, file="manifest.json"))
+        except FlytuneError as e:
+            return ("error", e.field, e.rule)
+
+    fast = read()
+    with mock.patch.object(bundle, "_plain_entry", lambda name, info: None):
+        assert read() == fast

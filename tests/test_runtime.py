@@ -424,3 +424,31 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert all(p.wait(120) == 0 for p in procs)
     doc = json.loads((tmp_path / "cc" / "t.concurrent.json").read_text())
     assert len(doc["entries"]) == 8 * 25
+
+
+def _dist(site, name, version, group_line):
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[console_scripts]\n{name} = {name}.cli:main\n\n{group_line}")
+
+
+@pytest.mark.parametrize("first,second,expected", [
+    ("[flytune.bundles]\nfixpkg = fixpkg._flytune\n", "", ["fixpkg._flytune"]),
+    ("", "[flytune.bundles]\nfixpkg = fixpkg._old\n", []),  # shadowed by a copy without a bundle
+    ("[flytune.bundles]\nfixpkg = fixpkg._new\n", "[flytune.bundles]\nfixpkg = fixpkg._old\n", ["fixpkg._new"]),
+])
+def test_bundle_entry_points_match_importlib_metadata(tmp_path, monkeypatch, first, second, expected):
+    from importlib.metadata import entry_points
+
+    from flytune_build.offline import bundle_entry_points
+
+    _dist(tmp_path / "a", "fixpkg", "2.0", first)
+    _dist(tmp_path / "b", "fixpkg", "1.0", second)
+    _dist(tmp_path / "a", "other_pkg", "1.0", "[flytune.bundles]\nother = other_pkg._flytune\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    ours = sorted(ep.value for dist, ep in bundle_entry_points() if ep.name == "fixpkg" and dist == "fixpkg")
+    theirs = sorted(ep.value for ep in entry_points(group="flytune.bundles") if ep.name == "fixpkg")
+    assert ours == theirs == expected
+    assert [(d, ep.value) for d, ep in bundle_entry_points() if ep.name == "other"] == [("other_pkg", "other_pkg._flytune")]
