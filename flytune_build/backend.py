@@ -1,12 +1,15 @@
 """PEP 517 / PEP 660 build backend: setuptools' `build_meta`, plus the tuned-config bundle.
 
 `build-backend = "flytune_build.backend"`. Without `[tool.flytune]` every hook is setuptools' own.
-With it, the wheel hooks collect -> verify -> assemble before setuptools runs (a failure writes no
-wheel), then add the bundle and its entry point and make the wheel reproducible.
+With it, the wheel hooks collect -> verify -> assemble (beside setuptools' build, in a forked
+process on Linux), add the bundle and its entry point, and make the wheel reproducible. setuptools
+writes into a private directory: a failed verification leaves no wheel in the wheel directory.
 """
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from setuptools import build_meta as _setuptools
@@ -54,22 +57,34 @@ def prepare_metadata_for_build_editable(metadata_directory, config_settings=None
 
 
 def _with_bundle(build, wheel_directory, config_settings, metadata_directory, editable=False):
-    state = _run()  # fails before setuptools writes anything
-    name = build(wheel_directory, config_settings, metadata_directory)
-    if state is not None:
+    if _project() is None:  # no [tool.flytune]: setuptools' own build, untouched
+        return build(wheel_directory, config_settings, metadata_directory)
+    pending = _Pending()  # collect -> verify -> assemble, beside setuptools' build where it can
+    Path(wheel_directory).mkdir(parents=True, exist_ok=True)
+    # setuptools writes into a private directory: a failed verification leaves no wheel behind
+    with tempfile.TemporaryDirectory(prefix=".flytune-", dir=wheel_directory) as tmp:
+        name = build(tmp, config_settings, metadata_directory)
+        state = pending.result()
         from .build import assemble, wheel
         from .bundle import ENTRY_POINT_GROUP
 
         if editable:  # the package is imported from the source tree: keep the bundle out of its way
             assemble.relocate_for_editable(state)
-        path = Path(wheel_directory) / name
-        try:
-            prefix = state.project.package.replace(".", "/") + "/_flytune/"
-            wheel.rewrite(path, state.files, (ENTRY_POINT_GROUP, *state.entry_point), drop_prefix=prefix)
-        except BaseException:
-            path.unlink(missing_ok=True)  # never leave a half-made wheel behind
-            raise
+        prefix = state.project.package.replace(".", "/") + "/_flytune/"
+        wheel.rewrite(Path(tmp) / name, state.files, (ENTRY_POINT_GROUP, *state.entry_point), drop_prefix=prefix)
+        os.replace(Path(tmp) / name, Path(wheel_directory) / name)
     return name
+
+
+def _project():
+    from . import project
+    from .errors import FlytuneError
+
+    try:
+        return project.load(".")
+    except FlytuneError as e:  # a clear message and a non-zero exit, not a traceback
+        print(f"flytune: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def _run():
@@ -83,16 +98,73 @@ def _run():
         raise SystemExit(1) from None
 
 
-def _with_entry_point(prepare, metadata_directory, config_settings, editable=False):
-    name = prepare(metadata_directory, config_settings)
-    from . import project
+class _Pending:
+    """The bundle's collect -> verify -> assemble, in a forked process while setuptools builds the
+    wheel in this one: two independent jobs, so on two cores a build costs the longer of them
+    rather than their sum. Where forking is not safe (not Linux, or threads running), or the child
+    gives no answer, it runs here instead; errors read the same either way."""
+
+    def __init__(self):
+        import threading
+
+        self._state = None
+        self._proc = None
+        if not (sys.platform.startswith("linux") and threading.active_count() == 1):
+            self._state = _run()
+            return
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self._recv, send = ctx.Pipe(duplex=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._proc = ctx.Process(target=_bundle_in_child, args=(send,))
+        self._proc.start()
+        send.close()
+
+    def result(self):
+        if self._proc is None:
+            return self._state
+        try:
+            answer = self._recv.recv()
+        except (EOFError, OSError):
+            answer = None
+        self._proc.join()
+        if answer is None or answer[0] == "crash":  # the child died or broke: do it here, in the open
+            return _run()
+        sys.stderr.write(answer[-1])  # the build report, as an inline build prints it
+        sys.stderr.flush()
+        if answer[0] == "error":
+            print(f"flytune: error: {answer[1]}", file=sys.stderr, flush=True)
+            raise SystemExit(1)
+        from .build import BuildState
+
+        state = BuildState(_project())
+        state.files, state.entry_point = answer[1], answer[2]
+        return state
+
+
+def _bundle_in_child(send) -> None:
+    import io
+
+    from . import build
     from .errors import FlytuneError
 
+    out = io.StringIO()
     try:
-        proj = project.load(".")
+        state = build.run(".", out=out)
+        send.send(("ok", state.files, state.entry_point, out.getvalue()))
     except FlytuneError as e:
-        print(f"flytune: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        send.send(("error", e, out.getvalue()))
+    except BaseException as e:  # noqa: BLE001 - reported by re-running in the parent
+        send.send(("crash", repr(e), out.getvalue()))
+    finally:
+        send.close()
+
+
+def _with_entry_point(prepare, metadata_directory, config_settings, editable=False):
+    name = prepare(metadata_directory, config_settings)
+    proj = _project()
     if proj is not None:
         from .build.assemble import EDITABLE_ROOT, entry_point_name
         from .build.wheel import add_entry_point

@@ -304,3 +304,41 @@ def test_malformed_shard_is_refused_naming_the_field(case, edit, field, rule):
     with pytest.raises(BundleError) as e:
         bundle.parse_shard(info, data, file="s.json")
     assert e.value.field == field and rule in e.value.rule, e.value
+
+
+MODES = """
+import os, sys, threading, flytune_build.backend as b
+mode = sys.argv[3]
+if mode == "thread":  # a thread running: no fork, the bundle is made in this process first
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+elif mode == "child-dies":  # the forked child answers nothing: the parent makes the bundle itself
+    b._bundle_in_child = lambda send: os._exit(3)
+os.chdir(sys.argv[1])
+print(b.build_wheel(sys.argv[2]))
+"""
+
+
+def test_bundle_is_the_same_made_beside_setuptools_or_in_line(tmp_path):
+    proj = make_project(tmp_path / "p")
+    wheels = []
+    for mode in ("fork", "thread", "child-dies"):
+        out = tmp_path / mode
+        r = subprocess.run([sys.executable, "-c", MODES, str(proj), str(out), mode], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "kept 2, excluded 0" in r.stderr  # one report, whichever process made the bundle
+        assert sorted(p.name for p in out.iterdir()) == ["fixpkg-1.0-py3-none-any.whl"]  # no leftovers
+        wheels.append((out / "fixpkg-1.0-py3-none-any.whl").read_bytes())
+    assert wheels[0] == wheels[1] == wheels[2]
+
+
+@pytest.mark.parametrize("mode", ["fork", "thread"])
+def test_failed_verification_leaves_nothing_in_the_wheel_directory(tmp_path, mode):
+    bad = artifact(100, 32)
+    proj = make_project(tmp_path / "p", artifacts=[bad])
+    path = proj / "artifacts" / bad.filename
+    path.write_bytes(path.read_bytes().replace(b'"num_warps":4', b'"num_warps":0'))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", MODES, str(proj), str(out), mode], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "flytune: error:" in r.stderr and "config.num_warps" in r.stderr
+    assert not out.exists() or list(out.iterdir()) == []
