@@ -17,7 +17,7 @@ class Config:
     `flytune_build.Config({"BLOCK": 1024}, num_warps=8)` mirrors `triton.Config`.
     """
 
-    __slots__ = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "_launch", "_hash")
+    __slots__ = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "_launch", "_canonical")
 
     def __init__(self, kwargs: Mapping[str, Any] | None = None, num_warps: int = 4, num_stages: int = 3,
                  num_ctas: int = 1, maxnreg: int | None = None):
@@ -47,7 +47,7 @@ class Config:
         if maxnreg is not None:
             launch["maxnreg"] = maxnreg
         setattr_(self, "_launch", launch)
-        setattr_(self, "_hash", None)
+        setattr_(self, "_canonical", None)
 
     def __reduce__(self):  # validated when made; unpickling (parallel collection) trusts that
         return (_trusted, (self.kwargs, self.num_warps, self.num_stages, self.num_ctas, self.maxnreg))
@@ -83,13 +83,17 @@ class Config:
         raise DeclarationError(f"must be a flytune_build.Config, a triton.Config or a dict, not "
                                f"{type(config).__name__}", field="configs")
 
+    def canonical(self) -> bytes:
+        """The config's canonical JSON: what equality means (True and 1 are different kwargs)."""
+        if self._canonical is None:
+            object.__setattr__(self, "_canonical", canonical(self.to_json()))
+        return self._canonical
+
     def __eq__(self, other):
-        return isinstance(other, Config) and self.to_json() == other.to_json()
+        return isinstance(other, Config) and self.canonical() == other.canonical()
 
     def __hash__(self):
-        if self._hash is None:
-            object.__setattr__(self, "_hash", hash(canonical(self.to_json())))
-        return self._hash
+        return hash(self.canonical())
 
     def __repr__(self):
         kw = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())

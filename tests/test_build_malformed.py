@@ -141,3 +141,26 @@ def test_real_build_exits_non_zero_without_traceback_or_wheel(tmp_path, case):
     assert r.returncode != 0
     assert not list(Path(tmp_path / "dist").glob("*.whl"))
     assert rule in out and "Traceback" not in out
+
+
+def test_configs_differing_only_as_true_and_one_conflict(tmp_path):
+    """True and 1 are equal in Python, not in JSON: two such configs for one identity conflict."""
+    import io
+
+    from flytune_build import build as pipeline
+    from flytune_build.artifact import Artifact
+    from flytune_build.build import BuildFailure
+    from flytune_build.config import Config
+    from flytune_build.device import INTERPRETER
+
+    a = Artifact("fixpkg.add", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 16, "EVEN": True}))
+    b = Artifact("fixpkg.add", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 16, "EVEN": 1}))
+    assert a.config != b.config and len({a.config, b.config}) == 2
+    proj = make_project(tmp_path / "p", artifacts=[a])
+    (proj / "more").mkdir()
+    b.save(proj / "more")
+    text = (proj / "pyproject.toml").read_text().replace('sources = ["artifacts"]', 'sources = ["artifacts", "more"]')
+    (proj / "pyproject.toml").write_text(text)
+    with pytest.raises(BuildFailure) as e:
+        pipeline.run(proj, out=io.StringIO())
+    assert "different config" in str(e.value)

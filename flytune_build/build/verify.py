@@ -56,6 +56,7 @@ def verify(state: BuildState) -> BuildState:
     # toolchain drift: tuned with a Triton outside the declared range
     if proj.triton:
         spec = SpecifierSet(proj.triton)
+        within: dict[str, bool] = {}  # tuned version -> inside the range (a bundle holds few versions)
         for a in state.artifacts:
             tuned = (a.provenance or {}).get("triton")
             if tuned is None:
@@ -63,10 +64,12 @@ def verify(state: BuildState) -> BuildState:
                                            file=files[id(a)], field="provenance.triton"))
                 bad.add(id(a))
                 continue
-            try:
-                ok = spec.contains(Version(tuned), prereleases=True)
-            except InvalidVersion:
-                ok = False
+            ok = within.get(tuned)
+            if ok is None:
+                try:
+                    ok = within[tuned] = spec.contains(Version(tuned), prereleases=True)
+                except InvalidVersion:
+                    ok = within[tuned] = False
             if not ok:
                 state.reject(ArtifactError(f"is {tuned}, outside the declared Triton range {proj.triton!r} "
                                            f"(toolchain drift: re-tune, or widen tool.flytune.triton)",
