@@ -238,10 +238,22 @@ def _read_tuned(data: bytes) -> tuple[dict, bytes] | None:
 
 
 def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
+    """The file's bytes, at most `cap` of them (a build reads thousands: one open, fstat, read)."""
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size  # read no more than the file holds (a small buffer)
-            data = fh.read((size if 0 < size <= cap else cap) + 1)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size = os.fstat(fd).st_size
+            if size > cap:
+                raise error(f"is over the {cap}-byte cap", file=path)
+            data = os.read(fd, (size or 65536) + 1)
+            if not 0 < len(data) <= size:  # not a plain file read whole: read on, up to the cap
+                chunks, n = [data], len(data)
+                while n <= cap and (chunk := os.read(fd, min(65536, cap + 1 - n))):
+                    chunks.append(chunk)
+                    n += len(chunk)
+                data = b"".join(chunks)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise error(f"cannot be read: {e.strerror}", file=path) from None
     if len(data) > cap:
