@@ -49,7 +49,7 @@ def tuned_config(kind, shape):
     dtype = "float16"
     values = {"x": dtype, "a": dtype, **shape}
     kt = tuple(keys.bucket(values[a.name], a) for a in k.axes)
-    hit = k.offline_index().hits.get(kt)
+    hit = k.offline_index().hit(kt)
     if hit is None:
         raise SystemExit(f"no offline artifact for {kind} {kt}: is the tuned sample_pkg installed?")
     return hit.config

@@ -171,8 +171,8 @@ class Autotuned:
                                    field="key")
         raw = tuple(getattr(bound[a], "dtype", bound[a]) for a in self.axis_names)
         index = self.offline_index()
-        key = {a.name: keys.bucket(keys.scalar(v), a, index.tuned_values.get(a.name))
-               for a, v in zip(self.axes, raw)}
+        key = {a.name: keys.bucket(keys.scalar(v), a, index.tuned(a.name, self.axis_names) if a.mode == "nearest"
+                                   else None) for a, v in zip(self.axes, raw)}
         mode = os.environ.get("FLYTUNE_AUTOTUNE", "")
         if mode == "1":
             d = self._search(args, kwargs, bound, key, grid, emit=True)
@@ -211,9 +211,9 @@ class Autotuned:
         return Decision(config, "scratch", key)
 
     def _from_offline(self, bound, key, index) -> Decision | None:
-        hit = index.hits.get(tuple(key[a] for a in self.axis_names))
+        hit = index.hit(tuple(key[a] for a in self.axis_names))
         if hit is None:
-            if index.other_devices and not index.hits:
+            if index.other_devices and not index:
                 self._fallback(f"no artifact matches this device ({device.current()}); bundled for: "
                                f"{', '.join(sorted(index.other_devices))}")
             return None

@@ -6,11 +6,13 @@ shard is read, hash-checked and indexed on that kernel's first call, and never a
 """
 from __future__ import annotations
 
+import operator
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import bundle, warning
 from .artifact import Artifact
@@ -46,13 +48,50 @@ class Hit:
         return self.source
 
 
-@dataclass
 class Index:
-    """One kernel's artifacts for the running device: key tuple -> best Hit."""
-    hits: dict = field(default_factory=dict)
-    tuned_values: dict = field(default_factory=dict)     # axis -> sorted tuned values (for nearest)
-    other_devices: set = field(default_factory=set)      # devices seen that did not match
-    problems: list = field(default_factory=list)
+    """One kernel's artifacts for the running device: key tuple -> best hit, made on demand.
+
+    A bundle's kernel may hold thousands of tuned shapes: the index maps their keys in bulk and
+    builds the `Hit` of a key only when that key is looked up.
+    """
+
+    __slots__ = ("entries", "other_devices", "problems", "_tuned")
+
+    def __init__(self):
+        self.entries: dict[tuple, Any] = {}  # key -> Hit, or (_Rows, row) to make one from
+        self.other_devices: set[str] = set()  # devices seen that did not match
+        self.problems: list[str] = []
+        self._tuned: dict[str, list] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def hit(self, key: tuple) -> Hit | None:
+        entry = self.entries.get(key)
+        if entry is None or type(entry) is Hit:
+            return entry
+        rows, row = entry
+        hit = self.entries[key] = Hit(rows.shard.configs[row[1]], rows.level, rows.label, (rows.shard, row))
+        return hit
+
+    @property
+    def hits(self) -> dict[tuple, Hit]:
+        """Every key's Hit (builds them all: for tools and tests, not the call path)."""
+        return {key: self.hit(key) for key in list(self.entries)}
+
+    def tuned(self, axis: str, axes: tuple[str, ...]) -> list:
+        """The tuned values of one axis, sorted (numbers first): what `nearest` snaps to."""
+        if axis not in self._tuned:
+            i = axes.index(axis)
+            self._tuned[axis] = sorted({key[i] for key in self.entries}, key=_order)
+        return self._tuned[axis]
+
+
+class _Rows(NamedTuple):
+    """What the rows of one shard served at one level share."""
+    shard: bundle.Shard
+    level: str
+    label: str
 
 
 @dataclass(frozen=True)
@@ -77,29 +116,24 @@ class OfflineTier:
         return self._sources
 
     def index(self, kernel: str, axes: tuple[str, ...], device: DeviceIdentity) -> Index:
-        """Every artifact of `kernel` usable on `device`, best source and level first."""
+        """Every artifact of `kernel` usable on `device`; per key, the best source then level."""
         idx = Index()
-        rank: dict[tuple, tuple[int, int]] = {}
+        groups = []  # (rank, sequence, keys, entries): each group's entries share one rank
         for order, src in enumerate(self.sources()):
-            found = (self._dir_hits if src.manifest is None else self._shard_hits)(src, kernel, axes, device, idx)
-            for key, hit in found:
-                r = (order, LEVELS.index(hit.level))
-                if key not in rank or r < rank[key]:
-                    rank[key] = r
-                    idx.hits[key] = hit
-                for axis, value in zip(axes, key):
-                    idx.tuned_values.setdefault(axis, set()).add(value)
-        idx.tuned_values = {a: sorted(v, key=_order) for a, v in idx.tuned_values.items()}
+            found = (self._dir_groups if src.manifest is None else self._shard_groups)(src, kernel, axes, device, idx)
+            for level, keys, entries in found:
+                groups.append(((order, LEVELS.index(level)), len(groups), keys, entries))
+        for _, _, keys, entries in sorted(groups, key=lambda g: g[:2], reverse=True):
+            idx.entries.update(zip(keys, entries))  # worst first: the best rank is written last
         return idx
 
-    def _shard_hits(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
+    def _shard_groups(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
         shard = self._shard(src, kernel, idx)
         if shard is None:
             return
         if sorted(shard.axes) != sorted(axes):
             idx.problems.append(str(_axes_error(shard.axes, axes, f"{src.label}: {kernel}")))
             return
-        pick = [2 + shard.axes.index(a) for a in axes]
         levels = []  # per device of the shard (a shard holds few): the level it is served at, or None
         for d in shard.devices:
             try:
@@ -110,15 +144,26 @@ class OfflineTier:
                 continue
             accept = next((t.accept for t in src.manifest.targets if t.covers(dev)), ())
             levels.append(_served_level(dev, device, accept, idx))
-        configs, label = shard.configs, src.label
-        for row in shard.rows:
-            level = levels[row[0]]
-            if level is not None:  # the file name is computed only for a served hit
-                yield tuple([row[i] for i in pick]), Hit(configs[row[1]], level, label, (shard, row))
+        if len(levels) == 1:
+            by_device = {0: shard.rows}
+        else:
+            by_device = {}
+            for row in shard.rows:
+                by_device.setdefault(row[0], []).append(row)
+        pick = [2 + shard.axes.index(a) for a in axes]
+        for di, rows in by_device.items():
+            if levels[di] is None:
+                continue
+            if len(pick) == 1:
+                keys = [(row[pick[0]],) for row in rows]
+            else:
+                keys = list(map(operator.itemgetter(*pick), rows))
+            yield levels[di], keys, list(zip(repeat(_Rows(shard, levels[di], src.label)), rows))
 
-    def _dir_hits(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
+    def _dir_groups(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
         levels: dict[DeviceIdentity, str | None] = {}
         axis_set = set(axes)
+        found: dict[str, tuple[list, list]] = {}
         for doc, dev, _, origin, name in self._docs(src, kernel, idx):
             key = doc["key"]
             if key.keys() != axis_set:
@@ -126,8 +171,13 @@ class OfflineTier:
                 continue
             if dev not in levels:
                 levels[dev] = _served_level(dev, device, DEFAULT_ACCEPT, idx)
-            if levels[dev] is not None:
-                yield tuple([key[a] for a in axes]), Hit(doc["config"], levels[dev], origin, doc, name)
+            level = levels[dev]
+            if level is not None:
+                keys, hits = found.setdefault(level, ([], []))
+                keys.append(tuple([key[a] for a in axes]))
+                hits.append(Hit(doc["config"], level, origin, doc, name))
+        for level, (keys, hits) in found.items():
+            yield level, keys[::-1], hits[::-1]  # reversed: within a group, the first file wins
 
     def _shard(self, src: _Source, kernel: str, idx: Index) -> bundle.Shard | None:
         info = src.manifest.kernels.get(kernel)

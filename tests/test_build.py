@@ -342,3 +342,15 @@ def test_failed_verification_leaves_nothing_in_the_wheel_directory(tmp_path, mod
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "flytune: error:" in r.stderr and "config.num_warps" in r.stderr
     assert not out.exists() or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("rows", [
+    [[0, 0, 1, "f"], [True, 0, 2, "f"]], [[0, 0, 1, "f"], [0, 1, 2, "f"]], [[0, 0, 1, "f"], [-1, 0, 2, "f"]],
+    [[0, 0, 1, "f"], [0, 0, [2], "f"]], [[0, 0, 1, "f"], [0, 0, 2]], [[0, 0, 1, "f"], "row"], [[0, 0.0, 1, "f"]],
+    [[0, 0, 1, {"a": 1}]],
+])
+def test_bulk_row_check_refuses_what_the_row_check_refuses(rows):
+    from flytune_build.bundle import _good_rows
+
+    assert not _good_rows(rows, 4, 1, 1)
+    assert _good_rows([[0, 0, 1, "f"], [0, 0, 2.5, None], [0, 0, True, "g"]], 4, 1, 1)

@@ -140,10 +140,10 @@ def test_match_levels_and_accepted_levels(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:132:NVIDIA H200 NVL")
     device.reset()
     idx = k.offline_index()
-    assert list(idx.hits.values())[0].level == "arch_units"
+    assert [h.level for h in idx.hits.values()] == ["arch_units"]
     monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:16:NVIDIA H200")  # a MIG slice: not accepted by default
     autotuner.reset_stats()
-    assert not k.offline_index().hits and k.offline_index().other_devices
+    assert not k.offline_index() and k.offline_index().other_devices
 
 
 @pytest.mark.parametrize("config,reason", [
@@ -452,3 +452,42 @@ def test_bundle_entry_points_match_importlib_metadata(tmp_path, monkeypatch, fir
     theirs = sorted(ep.value for ep in entry_points(group="flytune.bundles") if ep.name == "fixpkg")
     assert ours == theirs == expected
     assert [(d, ep.value) for d, ep in bundle_entry_points() if ep.name == "other"] == [("other_pkg", "other_pkg._flytune")]
+
+
+def test_index_prefers_the_first_source_then_the_best_level(tmp_path):
+    """Per key: an earlier source beats a later one; within a source, exact beats arch_units,
+    whatever the order of the rows; the declared axis order need not be the shard's (sorted) one."""
+    import hashlib
+
+    from flytune_build import bundle, offline
+    from flytune_build.target import Target
+
+    h200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+    nvl = DeviceIdentity("cuda", "sm_90", "NVIDIA H200 NVL", 132)  # arch_units against an H200
+
+    def art(n, block, dev):
+        return Artifact("t.rank", {"x": "float16", "n": n}, dev, Config({"BLOCK": block}))
+
+    in_bundle = [art(1, 11, nvl), art(1, 12, h200), art(2, 21, h200), art(2, 22, nvl), art(3, 31, nvl)]
+    data = bundle.shard_bytes("t.rank", in_bundle)
+    info = bundle.ShardInfo("t.rank", "t.rank.json", hashlib.sha256(data).hexdigest(), 5, ("n", "x"),
+                            "t.rank.provenance.json", "0" * 64)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "t.rank.json").write_bytes(data)
+    manifest = bundle.Manifest("t", (Target("sm_90"),), None, {}, {"t.rank": info}, "none")
+    sxm = DeviceIdentity("cuda", "sm_90", "NVIDIA H200 SXM", 132)
+    tie = sorted([art(5, 51, nvl), art(5, 52, sxm)], key=lambda a: a.filename)  # one level: the first file wins
+    in_dir = [art(2, 99, nvl), art(4, 41, h200), *tie]
+    for a in in_dir:
+        a.save(tmp_path / "d")
+    tier = offline.OfflineTier()
+    tier._sources = [offline._Source("dir", tmp_path / "d"), offline._Source("bundle", tmp_path / "b", manifest)]
+    idx = tier.index("t.rank", ("x", "n"), h200)  # declared order: x, then n
+    got = {key: (idx.hit(key).config["kwargs"]["BLOCK"], idx.hit(key).level,
+                 "dir" if idx.hit(key).origin.startswith(str(tmp_path / "d")) else idx.hit(key).origin)
+           for key in idx.entries}
+    assert got == {("float16", 1): (12, "exact", "bundle"), ("float16", 2): (99, "arch_units", "dir"),
+                   ("float16", 3): (31, "arch_units", "bundle"), ("float16", 4): (41, "exact", "dir"),
+                   ("float16", 5): (tie[0].config.kwargs["BLOCK"], "arch_units", "dir")}
+    assert idx.hit(("float16", 1)).artifact == art(1, 12, h200).filename  # named from its shard row
+    assert idx.tuned("n", ("x", "n")) == [1, 2, 3, 4, 5] and len(idx) == 5
