@@ -57,9 +57,10 @@ def prepare_metadata_for_build_editable(metadata_directory, config_settings=None
 
 
 def _with_bundle(build, wheel_directory, config_settings, metadata_directory, editable=False):
-    if _project() is None:  # no [tool.flytune]: setuptools' own build, untouched
+    proj = _project()
+    if proj is None:  # no [tool.flytune]: setuptools' own build, untouched
         return build(wheel_directory, config_settings, metadata_directory)
-    pending = _Pending()  # collect -> verify -> assemble, beside setuptools' build where it can
+    pending = _Pending(proj)  # collect -> verify -> assemble, beside setuptools' build where it can
     Path(wheel_directory).mkdir(parents=True, exist_ok=True)
     # setuptools writes into a private directory: a failed verification leaves no wheel behind
     with tempfile.TemporaryDirectory(prefix=".flytune-", dir=wheel_directory) as tmp:
@@ -78,24 +79,29 @@ def _with_bundle(build, wheel_directory, config_settings, metadata_directory, ed
 
 def _project():
     from . import project
-    from .errors import FlytuneError
 
-    try:
-        return project.load(".")
-    except FlytuneError as e:  # a clear message and a non-zero exit, not a traceback
-        print(f"flytune: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+    return _or_exit(project.load, ".")
 
 
 def _run():
     from . import build
+
+    return _or_exit(build.run, ".")
+
+
+def _or_exit(step, *args):
     from .errors import FlytuneError
 
     try:
-        return build.run(".")
-    except FlytuneError as e:  # a clear message and a non-zero exit, not a traceback
-        print(f"flytune: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        return step(*args)
+    except FlytuneError as e:
+        _exit(e)
+
+
+def _exit(error) -> None:
+    """A clear message and a non-zero exit, not a traceback."""
+    print(f"flytune: error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1) from None
 
 
 class _Pending:
@@ -104,9 +110,10 @@ class _Pending:
     rather than their sum. Where forking is not safe (not Linux, or threads running), or the child
     gives no answer, it runs here instead; errors read the same either way."""
 
-    def __init__(self):
+    def __init__(self, project):
         import threading
 
+        self._project = project
         self._state = None
         self._proc = None
         if not (sys.platform.startswith("linux") and threading.active_count() == 1):
@@ -135,11 +142,10 @@ class _Pending:
         sys.stderr.write(answer[-1])  # the build report, as an inline build prints it
         sys.stderr.flush()
         if answer[0] == "error":
-            print(f"flytune: error: {answer[1]}", file=sys.stderr, flush=True)
-            raise SystemExit(1)
+            _exit(answer[1])
         from .build import BuildState
 
-        state = BuildState(_project())
+        state = BuildState(self._project)
         state.files, state.entry_point = answer[1], answer[2]
         return state
 

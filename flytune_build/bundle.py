@@ -130,8 +130,7 @@ def provenance_name(kernel: str) -> str:
     return f"{kernel}.provenance.json"
 
 
-_SCALARS = (str, int, float, bool, type(None))
-_SCALAR_TYPES = frozenset(_SCALARS)
+_SCALAR_TYPES = frozenset(codec._JSON_SCALARS)
 SHARD_FORMAT = 2  # a table: each distinct device and config once, then one row per artifact
 
 
@@ -214,7 +213,7 @@ def parse_shard(info: ShardInfo, data: bytes, *, file: object, full: bool = Fals
     width, nd, nc = 2 + len(axes), len(devices), len(configs)
     def good(r):
         return (type(r) is list and len(r) == width and type(r[0]) is int and 0 <= r[0] < nd
-                and type(r[1]) is int and 0 <= r[1] < nc and all(type(v) in _SCALARS for v in r[2:]))
+                and type(r[1]) is int and 0 <= r[1] < nc and all(type(v) in _SCALAR_TYPES for v in r[2:]))
 
     if not _good_rows(rows, width, nd, nc):
         f.array(rows, "artifacts", lambda r, p: r if good(r) else f.fail(

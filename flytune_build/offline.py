@@ -298,7 +298,7 @@ def bundle_entry_points() -> list[tuple[str, Any]]:
         text = dist.read_text("entry_points.txt")
         if not text or header not in text:
             continue
-        meta = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        meta = _metadata_text(dist)
         found = _NAME.search(meta)  # the one header needed: no full metadata parse
         name = found.group(1) if found else ""
         key = re.sub(r"[-_.]+", "-", name).lower()
@@ -309,10 +309,14 @@ def bundle_entry_points() -> list[tuple[str, Any]]:
             first = distribution(name)
         except (PackageNotFoundError, ValueError):
             first = dist
-        if first.read_text("entry_points.txt") != text or first.read_text("METADATA") != dist.read_text("METADATA"):
+        if first.read_text("entry_points.txt") != text or _metadata_text(first) != meta:
             dist = first  # the copy earlier on sys.path is the installed one
         out.extend((name, ep) for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP)
     return out
+
+
+def _metadata_text(dist) -> str:
+    return dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
 
 
 def locate(ep, dist_name: str | None = None) -> _Source | None:
