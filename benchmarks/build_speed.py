@@ -20,11 +20,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from buildkit import child_install, child_venv, make_project, run_child  # noqa: E402
 
-from flytune_build import build as pipeline  # noqa: E402
-from flytune_build.artifact import Artifact  # noqa: E402
-from flytune_build.build import collect, verify  # noqa: E402
-from flytune_build.config import Config  # noqa: E402
-from flytune_build.device import INTERPRETER  # noqa: E402
+from flytune_build import pipeline  # noqa: E402
+from flytune_build.core.artifact import Artifact  # noqa: E402
+from flytune_build.core.config import Config  # noqa: E402
+from flytune_build.core.device import INTERPRETER  # noqa: E402
+from flytune_build.pipeline import collect, verify  # noqa: E402
 
 
 def populate(proj: Path, n: int, kernels: int):
@@ -53,7 +53,7 @@ def main():
 
     big = make_project(tmp / "big", extra='coverage = "none"', artifacts=[])
     populate(big, 10_000, 50)
-    from flytune_build import project
+    from flytune_build.core import project
     proj = project.load(big)
     t = median_time(lambda: verify.verify(collect.collect(pipeline.BuildState(proj))))
     print(f"1. verify 10,000 artifacts (collect + verify): {t:.2f} s  (goal < 2 s)")
@@ -91,8 +91,8 @@ def main():
     code = """
         import time, statistics
         t = time.perf_counter(); import fixpkg; t_import = time.perf_counter() - t
-        from flytune_build import autotuner
-        from flytune_build.offline import TIER
+        from flytune_build.runtime import autotuner
+        from flytune_build.runtime.offline import TIER
         k = fixpkg.add_kernel
         t = time.perf_counter()
         TIER.sources()  # once per process: entry points, manifests
@@ -126,7 +126,7 @@ def main():
     py2 = child_venv(tmp / "venv2")
     child_install(py2, next(fw.glob("*.whl")), next((tmp / "dp0").glob("*.whl"))).check_returncode()
     probe = ("import time; t = time.perf_counter(); import fixpkg; print(time.perf_counter() - t); "
-             "from flytune_build.offline import TIER; print(TIER._sources is not None)")
+             "from flytune_build.runtime.offline import TIER; print(TIER._sources is not None)")
     with_, without = [], []
     for _ in range(9):  # interleaved: the machine's drift hits both alike
         out = run_child(py, probe, **env).stdout.splitlines()

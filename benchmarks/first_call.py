@@ -32,7 +32,7 @@ if mode == "triton":
 call = getattr(tuning, kind)(**shape)
 if mode == "fixed":
     from flytune_build import Config
-    c = Config.from_json(cfg, __import__("flytune_build.codec").codec.Fields("cfg", ValueError))
+    c = Config.from_json(cfg, __import__("flytune_build.core.codec").core.codec.Fields("cfg", ValueError))
     k = getattr(kernels, kind + "_kernel")
     k.run = lambda *a, grid, warmup=False, **kw: k.fn.run(*a, grid=grid, warmup=warmup, **kw, **c.launch_kwargs())
 torch.cuda.synchronize()
@@ -43,7 +43,8 @@ print(json.dumps({"mode": mode, "kind": kind, "first_call_s": round(first, 4)}))
 
 def tuned_config(kind, shape):
     import sample_pkg  # noqa: F401  (registers the kernels)
-    from flytune_build import autotuner, key as keys
+    from flytune_build.core import key as keys
+    from flytune_build.runtime import autotuner
 
     k = autotuner._KERNELS[f"sample_pkg.{kind}"]
     dtype = "float16"

@@ -4,14 +4,14 @@ Tuned shapes come from the plan that produced this device's artifacts (sample_pk
 Exits non-zero if a result differs from torch, or a tuned shape was not served by the offline tier.
 """
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 import torch
 
 import flytune_build as ft
 import sample_pkg
-from flytune_build import device
+from flytune_build.runtime import device
 
 ROOT = Path(__file__).resolve().parent.parent
 dev = device.current()

@@ -6,9 +6,9 @@ import textwrap
 import venv
 from pathlib import Path
 
-from flytune_build.artifact import Artifact
-from flytune_build.config import Config
-from flytune_build.device import INTERPRETER, DeviceIdentity
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER, DeviceIdentity
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)

@@ -13,12 +13,44 @@ os.environ.pop("FLYTUNE_ARTIFACT_DIR", None)
 os.environ.pop("FLYTUNE_EMIT_DIR", None)
 
 
+class _Env:
+    """`monkeypatch`, re-reading flytune's settings after each change to the environment (the
+    runtime reads the environment once, as a process does)."""
+
+    def __init__(self, mp):
+        self._mp = mp
+
+    def __getattr__(self, name):
+        return getattr(self._mp, name)
+
+    def setenv(self, *args, **kwargs):
+        self._mp.setenv(*args, **kwargs)
+        _reload()
+
+    def delenv(self, *args, **kwargs):
+        self._mp.delenv(*args, **kwargs)
+        _reload()
+
+
+def _reload():
+    from flytune_build.core import settings
+
+    settings.reload()
+
+
+@pytest.fixture
+def monkeypatch(monkeypatch):
+    yield _Env(monkeypatch)
+    monkeypatch.undo()
+    _reload()
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "scratch-cache"))
     monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
     monkeypatch.delenv("FLYTUNE_RANKING", raising=False)
-    from flytune_build import autotuner
+    from flytune_build.runtime import autotuner
 
     autotuner.reset_stats()
     yield

@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from flytune_build import codec
-from flytune_build.artifact import Artifact, load_dir
-from flytune_build.config import Config
-from flytune_build.device import INTERPRETER, DeviceIdentity
-from flytune_build.errors import ArtifactError
+from flytune_build.core import codec
+from flytune_build.core.artifact import Artifact, load_dir
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER, DeviceIdentity
+from flytune_build.core.errors import ArtifactError
 
 H200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
 
@@ -186,7 +186,7 @@ def _tuned(n, times=(0.0123, 1e-05, None, 2, 1.5e+20)):
 def test_provenance_is_kept_as_the_bytes_read(tmp_path):
     import pickle
 
-    from flytune_build.artifact import Provenance, _read_tuned
+    from flytune_build.core.artifact import Provenance, _read_tuned
 
     a = _tuned(100)
     data = a.to_bytes()
@@ -204,7 +204,7 @@ def test_provenance_is_kept_as_the_bytes_read(tmp_path):
 
 
 def test_provenance_file_joined_from_bytes_equals_the_encoded_one(tmp_path):
-    from flytune_build import bundle
+    from flytune_build.core import bundle
 
     arts = [_tuned(n) for n in (1, 2, 3)] + [_tuned(4, times=(None,))]
     read = [Artifact.from_bytes(a.to_bytes(), file=tmp_path / a.filename, canonical=True) for a in arts[:2]]
@@ -217,7 +217,7 @@ def test_provenance_file_joined_from_bytes_equals_the_encoded_one(tmp_path):
 def test_every_sample_artifact_takes_the_fast_path():
     from pathlib import Path
 
-    from flytune_build.artifact import _read_tuned
+    from flytune_build.core.artifact import _read_tuned
 
     files = sorted(Path(__file__).resolve().parent.parent.glob("sample_pkg/artifacts/*/*.json"))
     assert len(files) >= 20

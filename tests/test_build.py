@@ -9,13 +9,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from buildkit import H200, ROOT, artifact, child_install, child_venv, make_project, pip_wheel, run_child
 
-from flytune_build import audit, bundle, codec
-from flytune_build import build as pipeline
-from flytune_build.build import BuildFailure
-
-from buildkit import (H200, ROOT, artifact, child_install, child_venv, make_project, pip_wheel,
-                      run_child)
+from flytune_build import pipeline
+from flytune_build.cli import audit
+from flytune_build.core import bundle, codec
+from flytune_build.pipeline import BuildFailure
 
 
 @pytest.fixture(scope="session")
@@ -261,8 +260,8 @@ def _shard_of(arts):
 
 
 def test_shard_table_round_trips_every_artifact():
-    from flytune_build.artifact import Artifact
-    from flytune_build.config import Config
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.config import Config
 
     arts = [artifact(n, b, dev=d) for n in (1, 2, 3) for b in (16, 32) for d in (H200, artifact().device)]
     arts = list({a.address: a for a in arts}.values())
@@ -294,7 +293,7 @@ SHARD_CASES = [  # (edit of the shard document, field named, rule)
 def test_malformed_shard_is_refused_naming_the_field(case, edit, field, rule):
     import hashlib
 
-    from flytune_build.errors import BundleError
+    from flytune_build.core.errors import BundleError
 
     data, info = _shard_of([artifact(1, 16), artifact(2, 32)])
     doc = json.loads(data)
@@ -350,7 +349,7 @@ def test_failed_verification_leaves_nothing_in_the_wheel_directory(tmp_path, mod
     [[0, 0, 1, {"a": 1}]],
 ])
 def test_bulk_row_check_refuses_what_the_row_check_refuses(rows):
-    from flytune_build.bundle import _good_rows
+    from flytune_build.core.bundle import _good_rows
 
     assert not _good_rows(rows, 4, 1, 1)
     assert _good_rows([[0, 0, 1, "f"], [0, 0, 2.5, None], [0, 0, True, "g"]], 4, 1, 1)

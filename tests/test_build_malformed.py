@@ -5,11 +5,11 @@ import os
 from pathlib import Path
 
 import pytest
-
-from flytune_build import build as pipeline, codec
-from flytune_build.errors import FlytuneError
-
 from buildkit import H200, artifact, make_project, pip_wheel
+
+from flytune_build import pipeline
+from flytune_build.core import codec
+from flytune_build.core.errors import FlytuneError
 
 GOOD = artifact(100, 32)
 
@@ -147,11 +147,11 @@ def test_configs_differing_only_as_true_and_one_conflict(tmp_path):
     """True and 1 are equal in Python, not in JSON: two such configs for one identity conflict."""
     import io
 
-    from flytune_build import build as pipeline
-    from flytune_build.artifact import Artifact
-    from flytune_build.build import BuildFailure
-    from flytune_build.config import Config
-    from flytune_build.device import INTERPRETER
+    from flytune_build import pipeline
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.config import Config
+    from flytune_build.core.device import INTERPRETER
+    from flytune_build.pipeline import BuildFailure
 
     a = Artifact("fixpkg.add", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 16, "EVEN": True}))
     b = Artifact("fixpkg.add", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 16, "EVEN": 1}))

@@ -11,7 +11,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from buildkit import ROOT, artifact, make_project, pip_wheel
 from conftest import python_env
 
@@ -166,9 +165,9 @@ def test_execute_runs_sample_artifacts_and_reports_a_failing_one(tmp_path):
                 TRITON_INTERPRET=1)
     assert r.returncode == 0, r.stdout + r.stderr
     d = tmp_path / "arts"
-    from flytune_build.artifact import Artifact
-    from flytune_build.config import Config
-    from flytune_build.device import INTERPRETER
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.config import Config
+    from flytune_build.core.device import INTERPRETER
 
     bad = Artifact("sample_pkg.rmsnorm", {"x": "float16", "M": 4, "N": 256}, INTERPRETER, Config({"BLOCK": 384}))
     bad.save(d)
@@ -185,9 +184,9 @@ def test_inspect_table_and_json(wheel):
 
 
 def test_diff_names_added_removed_and_changed_winner_with_margin(tmp_path):
-    from flytune_build.artifact import Artifact
-    from flytune_build.config import Config
-    from flytune_build.device import INTERPRETER
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.config import Config
+    from flytune_build.core.device import INTERPRETER
 
     old, new = tmp_path / "old", tmp_path / "new"
     artifact(100, 32).save(old)

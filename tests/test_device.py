@@ -1,10 +1,11 @@
 import pytest
 
-from flytune_build import device
-from flytune_build.codec import Fields
-from flytune_build.device import INTERPRETER, DeviceIdentity, parse_spec
-from flytune_build.errors import DeviceError, ProjectError
-from flytune_build.target import Target, match_level, parse_targets
+from flytune_build import reset_stats
+from flytune_build.core.codec import Fields
+from flytune_build.core.device import INTERPRETER, DeviceIdentity, parse_spec
+from flytune_build.core.errors import DeviceError, ProjectError
+from flytune_build.core.target import Target, match_level, parse_targets
+from flytune_build.runtime import device
 
 H200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
 H200_NVL = DeviceIdentity("cuda", "sm_90", "NVIDIA H200 NVL", 132)
@@ -74,9 +75,9 @@ def test_bad_targets(value, field, rule):
 
 def test_detection_honours_override_then_interpreter(monkeypatch):
     monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:132:NVIDIA H200")
-    device.reset()
+    reset_stats()
     assert device.current() == H200
     monkeypatch.delenv("FLYTUNE_DEVICE")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    device.reset()
+    reset_stats()
     assert device.current() == INTERPRETER

@@ -9,13 +9,12 @@ import sys
 
 import pytest
 
-
-from flytune_build import build as pipeline
 from flytune_build import flydsl as fly
-from flytune_build.artifact import Artifact
-from flytune_build.config import Config
-from flytune_build.device import DeviceIdentity
-from flytune_build.errors import ArtifactError
+from flytune_build import pipeline
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import DeviceIdentity
+from flytune_build.core.errors import ArtifactError
 
 flyat = pytest.importorskip("flydsl.autotune") and importlib.import_module("flydsl.autotune")
 

@@ -9,18 +9,19 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
-from flytune_build import autotuner, project
-from flytune_build import build as pipeline
-from flytune_build.artifact import Artifact
-from flytune_build.bundle import Manifest
-from flytune_build.config import Config
-from flytune_build.errors import FlytuneError
-from flytune_build.warning import FlytuneWarning
-
 from buildkit import artifact, make_project
 from conftest import ROOT, python_env
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flytune_build import FlytuneWarning, pipeline
+from flytune_build.core import project
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.bundle import Manifest
+from flytune_build.core.config import Config
+from flytune_build.core.errors import FlytuneError
+from flytune_build.runtime import autotuner
+
 
 # -- the manifest corpus --------------------------------------------------------------------------------
 def good_manifest(tmp_path):
@@ -167,7 +168,7 @@ def _assert_entry_check_agrees(raw: bytes) -> None:
     """The manifest reads the same with its fast entry check as with the field-by-field one alone."""
     from unittest import mock
 
-    from flytune_build import bundle
+    from flytune_build.core import bundle
 
     def read():
         try:
@@ -211,7 +212,7 @@ def test_fuzz_manifest(data):
 # -- concurrency and crashes ----------------------------------------------------------------------------------
 WRITER = r"""
 import sys
-from flytune_build.scratch import ScratchCache
+from flytune_build.runtime.scratch import ScratchCache
 c = ScratchCache("t.many")
 w = int(sys.argv[1])
 for i in range(100):
@@ -229,8 +230,8 @@ def test_sixteen_processes_writing_one_scratch_cache_lose_nothing(tmp_path):
 
 KILLED = r"""
 import os, sys, time
-from flytune_build import fsutil
-from flytune_build.scratch import ScratchCache
+from flytune_build.core import fsutil
+from flytune_build.runtime.scratch import ScratchCache
 real = os.fsync
 def stall(fd):
     print("writing", flush=True)
@@ -241,7 +242,7 @@ ScratchCache("t.kill").put("new", {"config": {"kwargs": {}}, "time_ms": 2.0})
 
 
 def test_process_killed_mid_write_leaves_previous_file_intact(tmp_path):
-    from flytune_build.scratch import ScratchCache
+    from flytune_build.runtime.scratch import ScratchCache
     os.environ["FLYTUNE_CACHE_DIR"] = str(tmp_path)
     ScratchCache("t.kill").put("old", {"config": {"kwargs": {}}, "time_ms": 1.0})
     before = (tmp_path / "t.kill.json").read_bytes()
@@ -274,6 +275,7 @@ def install_fake_dist(tmp_path, monkeypatch, state):
 def test_corrupt_bundle_warns_once_and_next_tier_serves(tmp_path, monkeypatch, damage):
     import torch
     from kernels import grid, make_add
+
     from flytune_build import Config
 
     _, state = good_manifest(tmp_path)
@@ -343,7 +345,7 @@ _candidates = st.lists(st.fixed_dictionaries({"config": _configs, "time_ms": _ti
 
 def _both_paths(candidates):
     """(error of the fast canonical read, error of the field-by-field check), each None when accepted."""
-    from flytune_build import codec
+    from flytune_build.core import codec
 
     doc = dict(GOOD_ARTIFACT, provenance={"triton": "3.6.0", "candidates": candidates})
     data = codec.canonical(doc) + b"\n"
@@ -377,8 +379,8 @@ def test_fast_candidate_check_refuses_each_broken_rule(field, value):
 
 def _strict(data):
     """The reference reading: strict parse, every field checked, then the canonical form."""
-    from flytune_build import codec
-    from flytune_build.errors import ArtifactError
+    from flytune_build.core import codec
+    from flytune_build.core.errors import ArtifactError
 
     doc = codec.loads(data, file="f.json", error=ArtifactError)
     art = Artifact.from_json(doc, file="f.json")
@@ -412,7 +414,7 @@ GOOD_ARTIFACT_DEVICE = Artifact.from_json(GOOD_ARTIFACT).device
 def test_fast_read_agrees_with_the_strict_reading_byte_for_byte(data):
     """Edits to a canonical tuned artifact, at the byte level: the fast path accepts exactly what the
     strict reading accepts, and reads the same artifact."""
-    from flytune_build.artifact import _read_tuned
+    from flytune_build.core.artifact import _read_tuned
 
     good = _tuned_bytes()
     assert _read_tuned(good) is not None
@@ -448,7 +450,7 @@ FAST_READ_EDITS = [  # (what, old bytes, new bytes): each leaves valid JSON that
 
 @pytest.mark.parametrize("what,old,new", FAST_READ_EDITS, ids=[e[0] for e in FAST_READ_EDITS])
 def test_fast_read_refuses_what_is_not_canonical(what, old, new):
-    from flytune_build.artifact import _read_tuned
+    from flytune_build.core.artifact import _read_tuned
 
     good = _tuned_bytes()
     assert old in good

@@ -3,11 +3,10 @@ import sys
 import textwrap
 
 import pytest
-
-from flytune_build import project
-from flytune_build.errors import ProjectError
-
 from conftest import python_env
+
+from flytune_build.core import project
+from flytune_build.core.errors import ProjectError
 
 GOOD = """
 [project]
@@ -132,7 +131,7 @@ def test_invalid_toml_and_utf8(tmp_path):
 
 
 def test_import_is_light():
-    code = ("import sys, flytune_build, flytune_build.artifact, flytune_build.project, flytune_build.target;"
+    code = ("import sys, flytune_build, flytune_build.core.artifact, flytune_build.core.project, flytune_build.core.target;"
             "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','triton','setuptools','numpy')];"
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True)

@@ -4,16 +4,16 @@ import sys
 
 import pytest
 import torch
-
-import flytune_build as ft
-from flytune_build import Config, autotuner, bench, device
-from flytune_build.artifact import Artifact
-from flytune_build.device import INTERPRETER, DeviceIdentity
-from flytune_build.errors import ArtifactExecutionError, DeclarationError, SearchError
-from flytune_build.warning import FlytuneWarning
-
 from conftest import python_env
 from kernels import ADD_CONFIGS, grid, make_accumulate, make_add, make_iadd, nearest, pow2
+
+import flytune_build as ft
+from flytune_build import reset_stats
+from flytune_build import Config, FlytuneWarning
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.device import INTERPRETER, DeviceIdentity
+from flytune_build.core.errors import ArtifactExecutionError, DeclarationError, SearchError
+from flytune_build.runtime import autotuner, bench, device
 
 N = 100
 
@@ -138,7 +138,7 @@ def test_match_levels_and_accepted_levels(tmp_path, monkeypatch):
     k = make_add("t.levels", default=lambda a: Config({"BLOCK": 16}))
     artifact_dir(tmp_path, monkeypatch, "t.levels", {"x": "float32", "n": N}, Config({"BLOCK": 64}), dev=tuned)
     monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:132:NVIDIA H200 NVL")
-    device.reset()
+    reset_stats()
     idx = k.offline_index()
     assert [h.level for h in idx.hits.values()] == ["arch_units"]
     monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:16:NVIDIA H200")  # a MIG slice: not accepted by default
@@ -410,7 +410,7 @@ def test_scratch_key_changes_with_layout_and_space():
 
 WRITER = r"""
 import os, sys
-from flytune_build.scratch import ScratchCache
+from flytune_build.runtime.scratch import ScratchCache
 c = ScratchCache("t.concurrent")
 w = int(sys.argv[1])
 for i in range(int(sys.argv[2])):
@@ -441,7 +441,7 @@ def _dist(site, name, version, group_line):
 def test_bundle_entry_points_match_importlib_metadata(tmp_path, monkeypatch, first, second, expected):
     from importlib.metadata import entry_points
 
-    from flytune_build.offline import bundle_entry_points
+    from flytune_build.runtime.offline import bundle_entry_points
 
     _dist(tmp_path / "a", "fixpkg", "2.0", first)
     _dist(tmp_path / "b", "fixpkg", "1.0", second)
@@ -459,8 +459,9 @@ def test_index_prefers_the_first_source_then_the_best_level(tmp_path):
     whatever the order of the rows; the declared axis order need not be the shard's (sorted) one."""
     import hashlib
 
-    from flytune_build import bundle, offline
-    from flytune_build.target import Target
+    from flytune_build.core import bundle
+    from flytune_build.core.target import Target
+    from flytune_build.runtime import offline
 
     h200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
     nvl = DeviceIdentity("cuda", "sm_90", "NVIDIA H200 NVL", 132)  # arch_units against an H200

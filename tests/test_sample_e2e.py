@@ -2,10 +2,9 @@
 import json
 import subprocess
 import sys
-import tomllib
 
 import pytest
-
+import tomllib
 from buildkit import ROOT, child_install, child_venv, run_child
 from test_build import flytune_wheel, only_wheel  # noqa: F401  (session fixture)
 
@@ -53,7 +52,7 @@ def run(py, tmp, shapes, **env):
 
 
 def test_sample_wheel_verifies(installed):
-    from flytune_build import audit
+    from flytune_build.cli import audit
 
     src = audit.verify(str(installed[1]))
     assert src.ok, src.render()

@@ -4,11 +4,11 @@ import torch
 import triton
 import triton.language as tl
 
-from flytune_build import autotuner
 from flytune_build import triton as adapter
-from flytune_build.artifact import Artifact
-from flytune_build.config import Config
-from flytune_build.device import INTERPRETER, DeviceIdentity
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER, DeviceIdentity
+from flytune_build.runtime import autotuner
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
 calls = []
@@ -106,6 +106,7 @@ def test_adopt_refuses_non_autotuner():
 def test_flytune_tune_captures_a_triton_autotune_kernel(tmp_path):
     import subprocess
     import sys
+
     from conftest import python_env
 
     proj = tmp_path / "ext"

@@ -7,26 +7,22 @@ killed writer leaves the previous file intact. A corrupt file is ignored with on
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
-from . import codec, warning
-from .errors import FlytuneError
-from .fsutil import atomic_write
+from ..core import codec, settings
+from ..core.errors import FlytuneError, ScratchError
+from ..core.fsutil import atomic_write
+from . import warning
 
 FORMAT_VERSION = 1
 MAX_BYTES = 64 << 20
 
 
-class ScratchError(FlytuneError):
-    pass
-
-
 def cache_dir() -> Path:
-    env = os.environ.get("FLYTUNE_CACHE_DIR")
-    if env:
-        return Path(env)
+    configured = settings.current().cache_dir
+    if configured is not None:
+        return configured
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("flytune", appauthor=False)) / "scratch"

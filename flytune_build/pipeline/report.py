@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from . import BuildState
+from .state import BuildState
 
 
 def print_report(state: BuildState, out) -> None:

@@ -13,11 +13,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundle, codec
-from .artifact import Artifact
-from .build.wheel import record_hash
-from .errors import ArtifactError, BundleError, FlytuneError
-from .target import Target
+from ..core import bundle, codec
+from ..core.artifact import Artifact
+from ..core.errors import ArtifactError, BundleError, FlytuneError
+from ..core.target import Target
+from ..pipeline.wheel import record_hash
 
 
 @dataclass
@@ -221,8 +221,9 @@ def _sdist(path: Path) -> Source:
 
 
 def _project(root: Path, label: str) -> Source:
-    from . import build as build_mod, project
-    from .build import collect, verify
+    from .. import pipeline as build_mod
+    from ..core import project
+    from ..pipeline import collect, verify
 
     src = Source(label, "project")
     try:
@@ -279,7 +280,7 @@ def _installed(name: str) -> Source:
         return src
     record = {str(f): f for f in (dist.files or [])}
     for ep in eps:
-        from .offline import locate
+        from ..runtime.offline import locate
 
         loc = locate(ep)
         if loc is None:

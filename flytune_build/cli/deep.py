@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib
 
-from . import device
-from .errors import ArtifactError, ArtifactExecutionError, FlytuneError
-from .target import match_level
+from ..core.errors import ArtifactError, ArtifactExecutionError, FlytuneError
+from ..core.target import match_level
+from ..runtime import device
 
 
 def check(src, *, execute: bool = False) -> None:
-    from .autotuner import _KERNELS
+    from ..runtime.autotuner import _KERNELS
 
     package = src.package
     if package is None and src.artifacts:

@@ -6,7 +6,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from ..fsutil import atomic_write
+from ..core.fsutil import atomic_write
 from .wheel import timestamp
 
 

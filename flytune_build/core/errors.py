@@ -9,9 +9,14 @@ class FlytuneError(Exception):
         self.file = None if file is None else str(file)
         self.field = field or None
         self.rule = rule
-        super().__init__(self._render())
+        super().__init__(self.render())
 
-    def _render(self) -> str:
+    def relocate(self, file: object) -> None:
+        """Name another file (a build names the path relative to the project root)."""
+        self.file = None if file is None else str(file)
+        self.args = (self.render(),)
+
+    def render(self) -> str:
         where = f"{self.file}: " if self.file else ""
         if self.field:
             return f"{where}Field `{self.field}` {self.rule}"
@@ -51,6 +56,22 @@ class SearchError(FlytuneError, RuntimeError):
 
 class ArtifactExecutionError(FlytuneError, RuntimeError):
     """An accepted artifact failed to compile or launch; never retried with a default."""
+
+
+class SettingsError(FlytuneError, ValueError):
+    """An environment variable flytune reads holds an invalid value."""
+
+
+class ScratchError(FlytuneError):
+    """The scratch cache file is unreadable or not a scratch cache."""
+
+
+class BuildFailure(FlytuneError):
+    """Verification failed in strict mode: no wheel is written."""
+
+
+class FlytuneWarning(UserWarning):
+    """A fallback or an ignored input; the next tier serves."""
 
 
 def _rebuild(cls, rule, file, field):

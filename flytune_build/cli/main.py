@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from .errors import FlytuneError
+from ..core import settings
+from ..core.errors import FlytuneError
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 
@@ -80,11 +80,12 @@ def main(argv=None) -> int:
 
 
 def _tune(args) -> int:
-    if os.environ.get("CI") and not args.allow_ci:
+    if settings.current().ci and not args.allow_ci:
         print("flytune: error: refusing to tune where CI is set: shared runners do not choose winners "
               "(tune on the intended GPU; pass --allow-ci to override)", file=sys.stderr)
         return EXIT_USAGE
-    from . import project as project_mod, tune
+    from ..core import project as project_mod
+    from . import tune
 
     root = Path(args.project).resolve()
     proj = project_mod.load(root)
@@ -99,13 +100,11 @@ def _tune(args) -> int:
         print("flytune: error: the tuning plan is empty (declare [tool.flytune.tune] or pass --plan)",
               file=sys.stderr)
         return EXIT_USAGE
-    if args.ranking:
-        os.environ["FLYTUNE_RANKING"] = args.ranking
     import time
 
     start = time.perf_counter()
     results = tune.run(proj, entries, output=Path(args.output).resolve() if args.output else None,
-                       resume=not args.no_resume, progress=not args.no_progress)
+                       resume=not args.no_resume, progress=not args.no_progress, ranking=args.ranking)
     print(tune.summary(results))
     tuned = sum(r.status == "tuned" for r in results)
     print(f"flytune: {tuned} tuned, {sum(r.status == 'resumed' for r in results)} resumed, "
@@ -144,7 +143,8 @@ def _diff(args) -> int:
 
 
 def _export(args) -> int:
-    from . import audit, flydsl
+    from ..runtime.adapters import flydsl
+    from . import audit
 
     src = audit.open_source(args.path)
     if src.errors:
@@ -159,7 +159,7 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
-    from . import flydsl
+    from ..runtime.adapters import flydsl
 
     arts = [flydsl.from_flydsl(p, name=args.name) for p in args.paths]  # all or nothing
     for a in arts:
@@ -168,13 +168,13 @@ def _import(args) -> int:
 
 
 def _fmt(args) -> int:
-    from .artifact import Artifact
+    from ..core.artifact import Artifact
 
     changed = 0
     for d in args.paths:
         for path in sorted(Path(d).glob("*.json")):
-            from .artifact import read_capped
-            from .errors import ArtifactError
+            from ..core.artifact import read_capped
+            from ..core.errors import ArtifactError
 
             art = Artifact.from_bytes(read_capped(path, ArtifactError), file=path, check_name=False)
             data = art.to_bytes()

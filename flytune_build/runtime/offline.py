@@ -7,18 +7,18 @@ shard is read, hash-checked and indexed on that kernel's first call, and never a
 from __future__ import annotations
 
 import operator
-import os
 import re
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import bundle, warning
-from .artifact import Artifact
-from .device import DeviceIdentity
-from .errors import FlytuneError
-from .target import DEFAULT_ACCEPT, LEVELS, match_level
+from ..core import bundle, settings
+from ..core.artifact import Artifact
+from ..core.device import DeviceIdentity
+from ..core.errors import FlytuneError
+from ..core.target import DEFAULT_ACCEPT, LEVELS, match_level
+from . import warning
 
 
 class Hit:
@@ -253,8 +253,8 @@ def _device_of(d: Any, name: str) -> DeviceIdentity:
             return _devices[tuple(d.items())]
     except (KeyError, TypeError):  # not seen yet, or not an object of scalars
         pass
-    from .codec import Fields
-    from .errors import ArtifactError
+    from ..core.codec import Fields
+    from ..core.errors import ArtifactError
 
     dev = DeviceIdentity.from_json(d, Fields(name, ArtifactError))
     if type(d.get("units")) is int:
@@ -264,8 +264,8 @@ def _device_of(d: Any, name: str) -> DeviceIdentity:
 
 def _artifact_dirs() -> list[_Source]:
     out = []
-    for d in filter(None, os.environ.get("FLYTUNE_ARTIFACT_DIR", "").split(os.pathsep)):
-        path = Path(d)
+    for path in settings.current().artifact_dirs:
+        d = str(path)
         if path.is_dir():
             out.append(_Source(f"FLYTUNE_ARTIFACT_DIR {path}", path))
         else:

@@ -10,20 +10,20 @@ import base64
 import configparser
 import hashlib
 import io
-import os
 import stat
 import time
 import zipfile
 from pathlib import Path
 
-from ..fsutil import atomic_write
+from ..core import settings
+from ..core.fsutil import atomic_write
 
 ZIP_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest a zip timestamp can hold
 
 
 def timestamp() -> tuple:
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    t = max(int(epoch), ZIP_EPOCH) if epoch and epoch.strip().isdigit() else ZIP_EPOCH
+    epoch = settings.read().source_date_epoch  # read per build: a backend process may build twice
+    t = ZIP_EPOCH if epoch is None else max(epoch, ZIP_EPOCH)
     return time.gmtime(t)[:6]
 
 

@@ -14,11 +14,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from . import __version__, bench, device, key as keys, warning
-from .artifact import KERNEL_NAME, Artifact
-from .codec import Fields
-from .config import Config, space_hash
-from .errors import ArtifactError, ArtifactExecutionError, DeclarationError, FlytuneError
+from ..core import key as keys
+from ..core import settings
+from ..core.artifact import KERNEL_NAME, Artifact
+from ..core.codec import Fields
+from ..core.config import Config, space_hash
+from ..core.errors import ArtifactError, ArtifactExecutionError, DeclarationError, FlytuneError
+from ..core.version import VERSION as __version__
+from . import bench, device, warning
 from .offline import TIER
 from .scratch import ScratchCache, entry_key
 
@@ -112,7 +115,7 @@ class Autotuned:
         out = tuple(names or ())
         for i, n in enumerate(out):
             if n not in self.arg_names:
-                from .codec import did_you_mean
+                from ..core.codec import did_you_mean
                 raise DeclarationError(f"names {n!r}, which is not a parameter of the kernel"
                                        + did_you_mean(n, self.arg_names), file=self.name, field=f"{what}[{i}]")
         return out
@@ -173,20 +176,21 @@ class Autotuned:
         index = self.offline_index()
         key = {a.name: keys.bucket(keys.scalar(v), a, index.tuned(a.name, self.axis_names) if a.mode == "nearest"
                                    else None) for a, v in zip(self.axes, raw)}
-        mode = os.environ.get("FLYTUNE_AUTOTUNE", "")
-        if mode == "1":
+        s = settings.current()
+        mode = s.autotune
+        if mode == "search":
             d = self._search(args, kwargs, bound, key, grid, emit=True)
         else:
             d = (self._from_scratch(bound, key) or self._from_offline(bound, key, index)
                  or self._from_default(bound, key))
-            if d is None and mode == "0":
+            if d is None and mode == "off":
                 self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config")
                 d = Decision(self.configs[0], "heuristic", key)
             elif d is None:
                 d = self._search(args, kwargs, bound, key, grid, emit=False)
         self._memo[raw] = d
         self._decisions.append(d)
-        if os.environ.get("FLYTUNE_PRINT_AUTOTUNING") == "1":
+        if s.print_autotuning:
             lvl = f" level={d.level}" if d.level else ""
             print(f"[flytune] {self.name} key={key} tier={d.first_tier}{lvl} config={d.config}", file=sys.stderr)
         return d
@@ -296,7 +300,7 @@ class Autotuned:
         elapsed = time.perf_counter() - start
         self._stats.searches += 1
         self._stats.search_seconds += elapsed
-        if os.environ.get("FLYTUNE_PRINT_AUTOTUNING") == "1":
+        if settings.current().print_autotuning:
             for c in candidates:
                 t = f"{c.time_ms:.4f} ms" if math.isfinite(c.time_ms) else f"failed ({c.error})"
                 print(f"[flytune]   {c.config}: {t}", file=sys.stderr)
@@ -305,7 +309,7 @@ class Autotuned:
                                                           "time_ms": winner.time_ms})
         artifact = Artifact(self.name, key, device.current(), winner.config,
                             self._provenance(candidates, rank))
-        out_dir = os.environ.get("FLYTUNE_EMIT_DIR")
+        out_dir = settings.current().emit_dir
         if emit and out_dir:
             artifact.save(out_dir)
         for listener in _listeners:
@@ -374,7 +378,7 @@ class Autotuned:
                 from triton._C.libtriton import get_cache_invalidating_env_vars
                 env = dict(sorted(get_cache_invalidating_env_vars().items()))
             except Exception:
-                env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITON_")}
+                env = settings.triton_env()
             self._toolchain = {
                 "flytune": __version__, "triton": triton.__version__, "torch": torch.__version__,
                 "cuda": getattr(torch.version, "cuda", None), "hip": getattr(torch.version, "hip", None),
@@ -476,6 +480,7 @@ def reset_stats() -> None:
     """Reset every kernel's decisions and counters, rediscover bundles and the device (tests)."""
     for k in _KERNELS.values():
         k.reset()
+    settings.reload()
     TIER.reset()
     device.reset()
     warning.reset()

@@ -9,16 +9,16 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import autotuner, codec, device
-from .codec import Fields
-from .errors import FlytuneError, ProjectError
-from .fsutil import atomic_write
-from .project import Project, TuneEntry
+from ..core import codec, settings
+from ..core.codec import Fields
+from ..core.errors import FlytuneError, ProjectError
+from ..core.fsutil import atomic_write
+from ..core.project import Project, TuneEntry
+from ..runtime import autotuner, device
 
 STATE_FILE = ".flytune-tune-state"
 
@@ -47,16 +47,28 @@ def _load_setup(spec: str, file):
 
 
 def run(project: Project, entries: tuple[TuneEntry, ...], *, output: Path | None = None, resume: bool = True,
-        progress: bool = True, out=sys.stderr) -> list[Result]:
+        progress: bool = True, ranking: str | None = None, out=sys.stderr) -> list[Result]:
+    """Tune every (entry, shape) not finished by an earlier run; the process's settings, `sys.path` and
+    hooks are as they were when it returns."""
+    changes = {"autotune": "search", "emit_dir": None}
+    if ranking:
+        changes["ranking"] = ranking
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(project.root))
+    try:
+        with settings.override(**changes):
+            return _run(project, entries, output, resume, progress, out)
+    finally:
+        sys.path[:] = saved_path
+
+
+def _run(project, entries, output, resume, progress, out) -> list[Result]:
     dev = device.current()
     out_dir = output or Path(str(project.tune_dir).format(arch=dev.arch, backend=dev.backend))
     out_dir.mkdir(parents=True, exist_ok=True)
     state_path = out_dir / STATE_FILE
     done = _read_state(state_path) if resume else {}
     jobs = [(e, s) for e in entries for s in e.shapes]
-    sys.path.insert(0, str(project.root))
-    os.environ["FLYTUNE_AUTOTUNE"] = "1"
-    os.environ.pop("FLYTUNE_EMIT_DIR", None)
     events: list[dict] = []
     autotuner._listeners.append(events.append)
     results: list[Result] = []
@@ -73,7 +85,7 @@ def run(project: Project, entries: tuple[TuneEntry, ...], *, output: Path | None
             call = _load_setup(entry.setup, project.root / "pyproject.toml")(**shape)
             events.clear()
             if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
-                from .triton import recording
+                from ..runtime.adapters.triton_autotune import recording
 
                 with recording(_load_setup(entry.autotuner, project.root / "pyproject.toml"), entry.kernel) as got:
                     call()
@@ -104,8 +116,8 @@ def run(project: Project, entries: tuple[TuneEntry, ...], *, output: Path | None
 
 
 def _captured(artifacts) -> list[dict]:
-    from .bench import Candidate
-    from .config import Config
+    from ..core.config import Config
+    from ..runtime.bench import Candidate
 
     out = []
     for art in artifacts:

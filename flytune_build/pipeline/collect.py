@@ -6,9 +6,9 @@ import glob
 import os
 from pathlib import Path
 
-from ..artifact import Artifact
-from ..errors import FlytuneError, ProjectError
-from . import BuildState
+from ..core.artifact import Artifact
+from ..core.errors import FlytuneError, ProjectError
+from .state import BuildState
 
 _GLOB_CHARS = set("*?[")
 
@@ -85,8 +85,7 @@ def collect(state: BuildState) -> BuildState:
         state.warnings.append("the declared sources hold no artifact")
     for (path, rel), loaded in zip(files, load_all([p for p, _ in files])):
         if isinstance(loaded, FlytuneError):
-            loaded.file = rel
-            loaded.args = (loaded._render(),)
+            loaded.relocate(rel)
             state.reject(loaded)
             continue
         if not any(t.covers(loaded.device) for t in proj.targets):

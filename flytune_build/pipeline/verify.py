@@ -9,9 +9,9 @@ from collections import defaultdict
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..artifact import Artifact
-from ..errors import ArtifactError, ProjectError
-from . import BuildState
+from ..core.artifact import Artifact
+from ..core.errors import ArtifactError, ProjectError
+from .state import BuildState
 
 
 def verify(state: BuildState) -> BuildState:

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from . import codec
-from .config import Config
-from .errors import SearchError
+from ..core import codec, settings
+from ..core.config import Config
+from ..core.errors import SearchError
 
 SCREEN_BAND = 0.10    # after a short screening pass, candidates within 10% of the best are re-timed
 NOISE_BAND = 0.03     # after re-timing, candidates within 3% of the best are a tie
@@ -39,10 +38,7 @@ class Candidate:
 
 def ranking() -> str:
     """`synthetic` when FLYTUNE_RANKING=synthetic: deterministic, for CI and interpreter artifacts."""
-    value = os.environ.get("FLYTUNE_RANKING", "measured")
-    if value not in ("measured", "synthetic"):
-        raise SearchError(f"must be `measured` or `synthetic`, not {value!r}", field="FLYTUNE_RANKING")
-    return value
+    return settings.current().ranking
 
 
 def synthetic_ms(kernel: str, key: dict, config: Config) -> float:

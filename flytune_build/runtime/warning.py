@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import warnings
 
+from ..core.errors import FlytuneWarning
+
 _seen: set = set()
-
-
-class FlytuneWarning(UserWarning):
-    """A fallback or an ignored input; the next tier serves."""
 
 
 def once(cause, message: str, stacklevel: int = 3) -> bool:

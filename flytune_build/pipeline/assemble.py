@@ -5,8 +5,8 @@ import hashlib
 import re
 from collections import defaultdict
 
-from .. import bundle
-from . import BuildState
+from ..core import bundle
+from .state import BuildState
 
 
 def entry_point_name(dist_name: str | None, package: str) -> str:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import DeclarationError
 
+
 @dataclass(frozen=True)
 class Axis:
     name: str

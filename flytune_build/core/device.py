@@ -1,10 +1,9 @@
 """Device identity: what a tuned config was measured on, and what the process runs on now.
 
-Detection imports torch/triton lazily; everything else here is pure.
+Pure: detecting the running device is `flytune_build.runtime.device`.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -78,39 +77,3 @@ def parse_spec(spec: str, *, source: str = "FLYTUNE_DEVICE") -> DeviceIdentity:
         f.fail("units", f"must be a whole number, not {units!r}")
     return DeviceIdentity.from_json({"backend": backend, "arch": arch, "name": name, "units": int(units)},
                                     Fields(source, DeviceError), "")
-
-
-_current: DeviceIdentity | None = None
-
-
-def current() -> DeviceIdentity:
-    """The device this process runs on: FLYTUNE_DEVICE, else the interpreter, else torch's device 0."""
-    global _current
-    if _current is None:
-        _current = detect()
-    return _current
-
-
-def reset() -> None:
-    """Forget the detected device (tests change FLYTUNE_DEVICE)."""
-    global _current
-    _current = None
-
-
-def detect() -> DeviceIdentity:
-    spec = os.environ.get("FLYTUNE_DEVICE")
-    if spec:
-        return parse_spec(spec)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return INTERPRETER
-    import torch
-
-    if not torch.cuda.is_available():
-        raise DeviceError("cannot detect the device: no GPU is visible and TRITON_INTERPRET is not set "
-                          "(set FLYTUNE_DEVICE, or TRITON_INTERPRET=1)")
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if getattr(torch.version, "hip", None):
-        arch = props.gcnArchName.split(":")[0]
-        return DeviceIdentity("hip", arch, props.name.strip(), props.multi_processor_count)
-    major, minor = props.major, props.minor
-    return DeviceIdentity("cuda", f"sm_{major}{minor}", props.name.strip(), props.multi_processor_count)

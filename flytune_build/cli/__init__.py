@@ -1,0 +1,4 @@
+"""The `flytune` command (`flytune_build.cli:main`)."""
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,102 @@
+"""Every environment variable flytune reads, read in one place.
+
+`current()` reads the environment once and keeps the result; `reload()` reads it again (tests,
+`flytune_build.reset_stats()`); `override(**changes)` is a context in which some settings differ
+(`flytune tune` forces search), restoring exactly what was there on exit. An invalid value of any
+`FLYTUNE_*` variable is a `SettingsError` naming the variable; nothing here writes `os.environ`.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SettingsError
+
+# FLYTUNE_AUTOTUNE: which tiers serve a key not yet decided
+AUTOTUNE_MODES = {"": "auto", "auto": "auto", "1": "search", "search": "search", "0": "off", "off": "off",
+                  "strict": "strict"}
+RANKINGS = ("measured", "synthetic")
+
+
+@dataclass(frozen=True)
+class Settings:
+    autotune: str = "auto"          # auto | search (always search) | off (never search) | strict (must hit)
+    ranking: str = "measured"       # measured | synthetic (a deterministic ranking, never a measurement)
+    print_autotuning: bool = False  # FLYTUNE_PRINT_AUTOTUNING=1: one line per decision on stderr
+    emit_dir: Path | None = None    # FLYTUNE_EMIT_DIR: with autotune=search, each winner is saved here
+    device: str | None = None       # FLYTUNE_DEVICE: a device spec overriding detection
+    interpret: bool = False         # TRITON_INTERPRET: kernels run on Triton's CPU interpreter
+    artifact_dirs: tuple[Path, ...] = ()  # FLYTUNE_ARTIFACT_DIR: directories searched before bundles
+    cache_dir: Path | None = None   # FLYTUNE_CACHE_DIR: the scratch cache (default: the user cache dir)
+    flydsl_dir: str | None = None   # FLYDSL_AUTOTUNE_CONFIG_DIR: FlyDSL's own offline-config directory
+    source_date_epoch: int | None = None  # SOURCE_DATE_EPOCH: the timestamp of every wheel member
+    ci: bool = False                # CI: set on shared runners, which never pick winners
+
+
+def read(env=None) -> Settings:
+    """Settings from `env` (default: `os.environ`)."""
+    env = os.environ if env is None else env
+    raw = env.get("FLYTUNE_AUTOTUNE", "").strip().lower()
+    if raw not in AUTOTUNE_MODES:
+        raise SettingsError(f"must be one of 0, 1, auto, search, off, strict (or unset), not {raw!r}",
+                            field="FLYTUNE_AUTOTUNE")
+    ranking = env.get("FLYTUNE_RANKING", "measured").strip() or "measured"
+    if ranking not in RANKINGS:
+        raise SettingsError(f"must be `measured` or `synthetic`, not {ranking!r}", field="FLYTUNE_RANKING")
+    printing = env.get("FLYTUNE_PRINT_AUTOTUNING", "").strip()
+    if printing not in ("", "0", "1"):
+        raise SettingsError(f"must be 0 or 1, not {printing!r}", field="FLYTUNE_PRINT_AUTOTUNING")
+    epoch = env.get("SOURCE_DATE_EPOCH", "").strip()
+    return Settings(
+        autotune=AUTOTUNE_MODES[raw],
+        ranking=ranking,
+        print_autotuning=printing == "1",
+        emit_dir=Path(env["FLYTUNE_EMIT_DIR"]) if env.get("FLYTUNE_EMIT_DIR") else None,
+        device=env.get("FLYTUNE_DEVICE") or None,
+        interpret=env.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no"),
+        artifact_dirs=tuple(Path(d) for d in env.get("FLYTUNE_ARTIFACT_DIR", "").split(os.pathsep) if d),
+        cache_dir=Path(env["FLYTUNE_CACHE_DIR"]) if env.get("FLYTUNE_CACHE_DIR") else None,
+        flydsl_dir=env.get("FLYDSL_AUTOTUNE_CONFIG_DIR") or None,
+        # a build is never refused over its timestamp: anything but digits means "no epoch given"
+        source_date_epoch=int(epoch) if epoch.isascii() and epoch.isdigit() else None,
+        ci=bool(env.get("CI")),
+    )
+
+
+def triton_env(env=None) -> dict[str, str]:
+    """The `TRITON_*` variables, sorted: what can change a compiled kernel when Triton cannot say."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in sorted(env.items()) if k.startswith("TRITON_")}
+
+
+_current: Settings | None = None
+
+
+def current() -> Settings:
+    """The process's settings, read from the environment on first use."""
+    global _current
+    if _current is None:
+        _current = read()
+    return _current
+
+
+def reload() -> Settings:
+    """Read the environment again (after a test or a user changed it)."""
+    global _current
+    _current = None
+    return current()
+
+
+@contextlib.contextmanager
+def override(**changes):
+    """A context in which the named settings differ; the previous settings come back on exit."""
+    global _current
+    saved = current()
+    _current = dataclasses.replace(saved, **changes)
+    try:
+        yield _current
+    finally:
+        _current = saved
