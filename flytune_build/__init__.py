@@ -15,15 +15,18 @@ __all__ = ["Config", "autotune", "stats", "reset_stats", "on_decision", "pow2", 
            "DeviceError", "ProjectError", "ScratchError", "SearchError", "SettingsError", "FlytuneWarning",
            "__version__"]
 
-_LAZY = {"Config": ("core.config", "Config"), "pow2": ("core.key", "pow2"), "nearest": ("core.key", "nearest"),
-         "autotune": ("runtime.autotuner", "autotune"), "stats": ("runtime.autotuner", "stats"),
-         "reset_stats": ("runtime.autotuner", "reset_stats"), "on_decision": ("runtime.events", "on_decision")}
-
 
 def __getattr__(name):  # loaded on first use: `import flytune_build` (and the build backend) stays light
-    if name not in _LAZY:
-        raise AttributeError(f"module 'flytune_build' has no attribute {name!r}")
-    import importlib
-
-    module, attr = _LAZY[name]
-    return getattr(importlib.import_module(f".{module}", __name__), attr)
+    if name == "Config":
+        from .core.config import Config
+        return Config
+    if name in ("pow2", "nearest"):
+        from .core import key
+        return getattr(key, name)
+    if name in ("autotune", "stats", "reset_stats"):
+        from .runtime import autotuner
+        return getattr(autotuner, name)
+    if name == "on_decision":
+        from .runtime.events import on_decision
+        return on_decision
+    raise AttributeError(f"module 'flytune_build' has no attribute {name!r}")
