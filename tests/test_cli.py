@@ -115,7 +115,7 @@ def test_coverage_gap(wheel, tmp_path):
     doc["targets"].append({"arch": "gfx942", "name": None, "units": None, "accept": ["exact"]})
     bad = rewrite(wheel, tmp_path / wheel.name, replace={MANIFEST: json.dumps(doc).encode()})
     r = flytune("verify", bad)
-    assert r.returncode == 1 and "no artifact of kernel fixpkg.add for target gfx942 (coverage gap)" in r.stdout
+    assert r.returncode == 1 and "manifest.json: Field `coverage` is not met: kernel fixpkg.add has no artifact for target gfx942" in r.stdout
 
 
 def test_usage_error_exits_2(wheel):

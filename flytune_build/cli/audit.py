@@ -1,5 +1,8 @@
 """What `flytune verify`, `inspect` and `diff` read: a wheel, an sdist, a directory or an installed
 distribution, opened without a GPU and without importing the package (unless `--deep`).
+
+Bundles are read by core.bundle and judged by core.verification, the rules the build applies, so a
+defect reads the same here as in the build; toolchain drift is a warning unless `--strict`.
 """
 from __future__ import annotations
 
@@ -9,13 +12,12 @@ import math
 import tarfile
 import tempfile
 import zipfile
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import bundle, codec
+from ..core import bundle, codec, table, verification
 from ..core.artifact import Artifact
-from ..core.errors import ArtifactError, BundleError, FlytuneError
+from ..core.errors import BundleError, FlytuneError
 from ..core.target import Target
 from ..pipeline.wheel import record_hash
 
@@ -31,7 +33,7 @@ class Source:
     sizes: dict[str, int] = field(default_factory=dict)   # shard or file -> bytes
     targets: tuple[Target, ...] = ()
     package: str | None = None
-    drift: FlytuneError | None = None            # installed Triton outside the declared range
+    drift: list[FlytuneError] = field(default_factory=list)  # toolchain drift: warnings unless --strict
 
     @property
     def ok(self) -> bool:
@@ -133,71 +135,31 @@ def _check_record(src: Source, path: Path, data: dict[str, bytes], record_name: 
 
 
 def _bundle(src: Source, label: str, manifest_bytes: bytes, read) -> None:
-    try:
-        manifest = bundle.Manifest.from_bytes(manifest_bytes, file=label + bundle.MANIFEST)
-    except FlytuneError as e:
-        src.errors.append(e)
+    got = bundle.read(label, manifest_bytes, read)
+    src.errors += got.errors
+    src.sizes.update(got.sizes)
+    src.artifacts += got.artifacts
+    if got.manifest is None:
         return
-    src.manifest = manifest
-    src.targets = manifest.targets
-    src.package = manifest.package
-    src.sizes[bundle.MANIFEST] = len(manifest_bytes)
-    for kernel, info in sorted(manifest.kernels.items()):
-        shard = read(info.shard)
-        where = label + info.shard
-        if shard is None:
-            src.errors.append(BundleError("is named by the manifest but absent", file=where,
-                                          field=f"kernels.{kernel}.shard"))
-            continue
-        src.sizes[info.shard] = len(shard)
-        prov_blob = read(info.provenance)
-        try:
-            prov = {}
-            if prov_blob is None:
-                src.errors.append(BundleError("is named by the manifest but absent", file=label + info.provenance,
-                                              field=f"kernels.{kernel}.provenance"))
-            else:
-                src.sizes[info.provenance] = len(prov_blob)
-                prov = bundle.parse_provenance(info, prov_blob, file=label + info.provenance)
-            arts = bundle.parse_shard(info, shard, file=where, full=True, provenance=prov)
-        except FlytuneError as e:
-            src.errors.append(e)
-            continue
-        for a in arts:
-            if a.kernel != kernel:
-                src.errors.append(BundleError(f"holds an artifact of {a.kernel}", file=where, field="artifacts"))
-        if len(arts) != info.artifacts:
-            src.errors.append(BundleError(f"holds {len(arts)} artifacts, the manifest says {info.artifacts}",
-                                          file=where, field=f"kernels.{kernel}.artifacts"))
-        src.artifacts.extend(arts)
-    if manifest.coverage != "none":
-        wanted = sorted(manifest.kernels) if manifest.coverage == "all" else list(manifest.coverage)
-        _coverage(src, manifest.targets, wanted)
-    _drift(src, manifest.triton)
+    src.manifest, src.targets, src.package = got.manifest, got.manifest.targets, got.manifest.package
+    declared = verification.Declaration.of_manifest(got.manifest, label + bundle.MANIFEST)
+    found = verification.check(got.artifacts, got.where, declared, with_toolchain=False)
+    src.errors += found.errors
+    src.warnings += found.warnings
+    src.drift += verification.toolchain(got.artifacts, got.where, declared).errors
+    _installed_drift(src, declared)
 
 
-def _coverage(src: Source, targets, kernels) -> None:
-    for kernel in kernels:
-        for i, t in enumerate(targets):
-            if not any(a.kernel == kernel and t.covers(a.device) for a in src.artifacts):
-                src.errors.append(BundleError(f"has no artifact of kernel {kernel} for target {t.label()} "
-                                              f"(coverage gap)", file=src.path, field=f"targets[{i}]"))
-
-
-def _drift(src: Source, spec: str | None) -> None:
-    if not spec:
-        return
+def _installed_drift(src: Source, declared: verification.Declaration) -> None:
     from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.specifiers import SpecifierSet
 
     try:
         installed = version("triton")
     except PackageNotFoundError:
         return
-    if not SpecifierSet(spec).contains(installed, prereleases=True):
-        src.drift = BundleError(f"the installed Triton {installed} is outside the bundle's range {spec!r} "
-                                 f"(toolchain drift)", file=src.path, field="toolchain.triton")
+    drift = verification.installed_toolchain(installed, declared)
+    if drift is not None:
+        src.drift.append(drift)
 
 
 # -- sdists, projects, directories, installed distributions -----------------------------------------------
@@ -238,30 +200,25 @@ def _project(root: Path, label: str) -> Source:
     src.artifacts, src.errors, src.targets = state.artifacts, list(state.rejected), proj.targets
     src.package = proj.package
     src.warnings += state.warnings + [f"excluded {p} (tuned on {d})" for p, d in state.excluded]
-    _drift(src, proj.triton)
+    _installed_drift(src, verification.Declaration.of_project(proj))
     return src
 
 
 def _directory(root: Path) -> Source:
     src = Source(str(root), "directory")
+    origin: dict[int, str] = {}
     for path in sorted(root.rglob("*.json")):
         try:
-            src.artifacts.append(Artifact.load(path, canonical=True))
-            src.sizes[str(path.relative_to(root))] = path.stat().st_size
+            art = Artifact.load(path, canonical=True)
         except FlytuneError as e:
             src.errors.append(e)
-    seen: dict[str, Artifact] = {}
-    axes: dict[str, set] = defaultdict(set)
-    for a in src.artifacts:
-        axes[a.kernel].add(a.key_axes())
-        if a.address in seen and seen[a.address].config != a.config:
-            src.errors.append(ArtifactError("conflicts with another artifact of the same identity",
-                                            file=a.filename, field="config"))
-        seen[a.address] = a
-    for kernel, sets in sorted(axes.items()):
-        if len(sets) > 1:
-            src.errors.append(ArtifactError(f"kernel {kernel} has artifacts with different key axes: "
-                                            f"{sorted(map(list, sets))}", file=root, field="key"))
+            continue
+        src.artifacts.append(art)
+        origin[id(art)] = str(path)
+        src.sizes[str(path.relative_to(root))] = path.stat().st_size
+    found = verification.check(src.artifacts, lambda a: origin[id(a)])
+    src.errors += found.errors
+    src.warnings += found.warnings
     return src
 
 
@@ -306,8 +263,8 @@ def _installed(name: str) -> Source:
 # -- verify / inspect / diff ---------------------------------------------------------------------------------
 def verify(path: str, *, strict: bool = False, deep: bool = False, execute: bool = False) -> Source:
     src = open_source(path)
-    if src.drift is not None:
-        (src.errors.append(src.drift) if strict else src.warnings.append(str(src.drift)))
+    for drift in src.drift:
+        (src.errors.append(drift) if strict else src.warnings.append(str(drift)))
     if (deep or execute) and src.ok:
         from . import deep as deep_mod
 
@@ -332,13 +289,10 @@ def inspect(src: Source) -> dict:
 
 def render_inspect(info: dict) -> str:
     labels = [t["label"] for t in info["targets"]]
-    width = max([6] + [len(k) for k in info["coverage"]])
-    cols = [max(len(lab), 5) for lab in labels]
+    rows = [["kernel", *labels, "key axes"]]
+    rows += [[k, *(row[lab] for lab in labels), ", ".join(info["key_axes"][k])] for k, row in info["coverage"].items()]
     lines = [f"{info['path']} ({info['kind']}{', package ' + info['package'] if info['package'] else ''})",
-             "  " + "kernel".ljust(width) + "".join(f"  {lab:>{c}}" for lab, c in zip(labels, cols)) + "  key axes"]
-    for k, row in info["coverage"].items():
-        lines.append("  " + k.ljust(width) + "".join(f"  {row[lab]:>{c}}" for lab, c in zip(labels, cols))
-                     + "  " + ", ".join(info["key_axes"][k]))
+             table.render(rows, align="<" + ">" * len(labels), indent="  ")]
     lines.append("  accepted match levels: " + "; ".join(f"{t['label']}: {', '.join(t['accept'])}"
                                                        for t in info["targets"]))
     tc = info["toolchain"]

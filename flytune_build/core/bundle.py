@@ -8,13 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
 
 from . import codec
 from .artifact import KERNEL_NAME, Artifact, Provenance
 from .codec import Fields
-from .errors import BundleError
+from .errors import BundleError, FlytuneError
 from .target import Target, parse_targets
 
 FORMAT_VERSION = 1
@@ -130,7 +130,7 @@ def provenance_name(kernel: str) -> str:
     return f"{kernel}.provenance.json"
 
 
-_SCALAR_TYPES = frozenset(codec._JSON_SCALARS)
+_SCALAR_TYPES = frozenset(codec.JSON_SCALARS)
 SHARD_FORMAT = 2  # a table: each distinct device and config once, then one row per artifact
 
 
@@ -252,3 +252,59 @@ def parse_provenance(info: ShardInfo, data: bytes, *, file: object) -> dict:
     f = Fields(file, BundleError)
     f.table(doc, "", ("format", "kernel", "provenance"))
     return f.mapping(doc["provenance"], "provenance")
+
+
+@dataclass
+class Contents:
+    """What `read` found in one bundle: its manifest (None when unreadable), the artifacts of every
+    shard that checks out, the errors met on the way, and the size of each file read."""
+    manifest: Manifest | None
+    artifacts: list[Artifact] = field(default_factory=list)
+    errors: list[FlytuneError] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)      # file name in the bundle -> bytes
+    origin: dict[int, str] = field(default_factory=dict)     # id(artifact) -> "<shard>#artifacts[i]"
+
+    def where(self, art: Artifact) -> str:
+        """The shard row `art` came from."""
+        return self.origin[id(art)]
+
+
+def read(label: str, manifest_bytes: bytes, read_member: Callable[[str], bytes | None]) -> Contents:
+    """Read a whole bundle, every artifact validated; `label` prefixes each file name in errors (a
+    directory with its slash, or `wheel!package/_flytune/`) and `read_member(name)` gives a file's
+    bytes, None when absent. Coverage and toolchain are core.verification's to judge."""
+    try:
+        manifest = Manifest.from_bytes(manifest_bytes, file=label + MANIFEST)
+    except FlytuneError as e:
+        return Contents(None, errors=[e])
+    got = Contents(manifest, sizes={MANIFEST: len(manifest_bytes)})
+    for kernel, info in sorted(manifest.kernels.items()):
+        where = label + info.shard
+        shard = read_member(info.shard)
+        if shard is None:
+            got.errors.append(BundleError("is named by the manifest but absent", file=where,
+                                          field=f"kernels.{kernel}.shard"))
+            continue
+        got.sizes[info.shard] = len(shard)
+        prov_blob = read_member(info.provenance)
+        try:
+            prov = {}
+            if prov_blob is None:
+                got.errors.append(BundleError("is named by the manifest but absent", file=label + info.provenance,
+                                              field=f"kernels.{kernel}.provenance"))
+            else:
+                got.sizes[info.provenance] = len(prov_blob)
+                prov = parse_provenance(info, prov_blob, file=label + info.provenance)
+            arts = parse_shard(info, shard, file=where, full=True, provenance=prov)
+        except FlytuneError as e:
+            got.errors.append(e)
+            continue
+        for a in arts:
+            if a.kernel != kernel:
+                got.errors.append(BundleError(f"holds an artifact of {a.kernel}", file=where, field="artifacts"))
+        if len(arts) != info.artifacts:
+            got.errors.append(BundleError(f"holds {len(arts)} artifacts, the manifest says {info.artifacts}",
+                                          file=where, field=f"kernels.{kernel}.artifacts"))
+        got.origin.update((id(a), f"{where}#artifacts[{i}]") for i, a in enumerate(arts))
+        got.artifacts.extend(arts)
+    return got

@@ -101,7 +101,7 @@ class NotCanonical(Exception):
         self.doc = doc
 
 
-_JSON_SCALARS = (str, int, float, bool, type(None))
+JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 class Fields:
@@ -127,7 +127,7 @@ class Fields:
     def table(self, value: Any, path: str, required: tuple[str, ...] = (),
               optional: tuple[str, ...] = ()) -> dict:
         if not isinstance(value, dict):
-            self.fail(path, f"must be an object, not {_kind(value)}")
+            self.fail(path, f"must be an object, not {kind(value)}")
         for name in required:
             if name not in value:
                 self.fail(_join(path, name), "is required")
@@ -140,13 +140,13 @@ class Fields:
 
     def mapping(self, value: Any, path: str) -> dict:
         if not isinstance(value, dict):
-            self.fail(path, f"must be an object, not {_kind(value)}")
+            self.fail(path, f"must be an object, not {kind(value)}")
         return value
 
     def string(self, value: Any, path: str, pattern: re.Pattern | None = None, what: str = "",
                max_len: int = 256) -> str:
         if not isinstance(value, str):
-            self.fail(path, f"must be a string, not {_kind(value)}")
+            self.fail(path, f"must be a string, not {kind(value)}")
         if len(value) > max_len:
             self.fail(path, f"must be at most {max_len} characters")
         if pattern is not None and not pattern.fullmatch(value):
@@ -158,7 +158,7 @@ class Fields:
         if value is None and nullable:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, f"must be an integer, not {_kind(value)}")
+            self.fail(path, f"must be an integer, not {kind(value)}")
         if minimum is not None and value < minimum:
             self.fail(path, f"must be >= {minimum}, not {value}")
         if maximum is not None and value > maximum:
@@ -169,19 +169,19 @@ class Fields:
         if value is None and nullable:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(path, f"must be a number, not {_kind(value)}")
+            self.fail(path, f"must be a number, not {kind(value)}")
         if not math.isfinite(value):
             self.fail(path, "must be a finite number")
         return value
 
     def boolean(self, value: Any, path: str) -> bool:
         if not isinstance(value, bool):
-            self.fail(path, f"must be a boolean, not {_kind(value)}")
+            self.fail(path, f"must be a boolean, not {kind(value)}")
         return value
 
     def scalar(self, value: Any, path: str) -> Any:
-        if not isinstance(value, _JSON_SCALARS):
-            self.fail(path, f"must be a JSON scalar (string, number, boolean or null), not {_kind(value)}")
+        if not isinstance(value, JSON_SCALARS):
+            self.fail(path, f"must be a JSON scalar (string, number, boolean or null), not {kind(value)}")
         if isinstance(value, float) and not math.isfinite(value):
             self.fail(path, "must be a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 63:
@@ -190,7 +190,7 @@ class Fields:
 
     def array(self, value: Any, path: str, item: Callable[[Any, str], Any], max_items: int = 100_000) -> list:
         if not isinstance(value, list):
-            self.fail(path, f"must be an array, not {_kind(value)}")
+            self.fail(path, f"must be an array, not {kind(value)}")
         if len(value) > max_items:
             self.fail(path, f"must hold at most {max_items} items")
         return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
@@ -200,9 +200,13 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
+    """How an error names a value's JSON type: "an object", "an array", "null"..."""
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
             float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+_kind = kind  # the old private name, until core/artifact.py switches to `kind`
 
 
 def did_you_mean(name: str, choices) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..core import table
 from .state import BuildState
 
 
@@ -12,14 +13,11 @@ def print_report(state: BuildState, out) -> None:
     kernels = sorted({a.kernel for a in state.artifacts}
                      | (set(proj.coverage) if isinstance(proj.coverage, tuple) else set()))
     labels = [t.label() for t in proj.targets]
-    width = max([len("kernel")] + [len(k) for k in kernels])
-    cols = [max(len(lab), 5) for lab in labels]
+    rows = [["kernel", *labels]] + [[k, *(cells[(k, i)] for i in range(len(labels)))] for k in kernels]
     lines = [f"flytune: bundle for {proj.package}: {len(kernels)} kernel(s) x {len(labels)} target(s)",
-             "  " + "kernel".ljust(width) + "".join(f"  {lab:>{c}}" for lab, c in zip(labels, cols))]
-    for k in kernels:
-        lines.append("  " + k.ljust(width) + "".join(f"  {cells[(k, i)]:>{c}}" for i, c in enumerate(cols)))
-    lines.append(f"  kept {len(state.artifacts)}, excluded {len(state.excluded)} (other devices), "
-                 f"rejected {len(state.rejected)}")
+             table.render(rows, align="<" + ">" * len(labels), indent="  "),
+             f"  kept {len(state.artifacts)}, excluded {len(state.excluded)} (other devices), "
+             f"rejected {len(state.rejected)}"]
     for path, dev in state.excluded:
         lines.append(f"  excluded {path} (tuned on {dev}, no declared target covers it)")
     tuned = sorted({(a.provenance or {}).get("triton") for a in state.artifacts} - {None})

@@ -1,0 +1,176 @@
+"""The rules a set of artifacts must keep, written once for the build, `flytune verify DIR` and the
+wheel and installed-bundle verifier, so each defect reads the same wherever it is found.
+
+Every rule is a pure function of the artifacts, a `where(artifact)` naming the file (or shard row)
+each came from, and, for coverage and toolchain, the `Declaration` they answer to. Each returns
+`Findings`: typed errors naming file, field and rule, and the artifacts they reject.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
+
+if TYPE_CHECKING:
+    from .artifact import Artifact
+    from .bundle import Manifest
+    from .project import Project
+    from .target import Target
+
+Where = Callable[["Artifact"], str]
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """The targets, coverage and Triton range artifacts answer to, and where they are written:
+    `tool.flytune` in pyproject.toml for a project, the manifest for a built bundle."""
+    targets: tuple[Target, ...]
+    coverage: str | tuple[str, ...]      # "all", "none", or named kernels
+    triton: str | None                   # a PEP 440 specifier set
+    file: str
+    coverage_field: str                  # the fields of `file` that declare coverage and the range
+    triton_field: str
+    error: type[FlytuneError]
+
+    @classmethod
+    def of_project(cls, proj: Project) -> "Declaration":
+        return cls(proj.targets, proj.coverage, proj.triton, str(proj.root / "pyproject.toml"),
+                   "tool.flytune.coverage", "tool.flytune.triton", ProjectError)
+
+    @classmethod
+    def of_manifest(cls, manifest: Manifest, file: object) -> "Declaration":
+        return cls(manifest.targets, manifest.coverage, manifest.triton, str(file), "coverage", "toolchain.triton",
+                   BundleError)
+
+
+@dataclass
+class Findings:
+    """What rules found: errors in the order found, the artifacts they reject (by id), and notes."""
+    errors: list[FlytuneError] = field(default_factory=list)
+    rejected: set[int] = field(default_factory=set)
+    warnings: list[str] = field(default_factory=list)
+
+    def reject(self, error: FlytuneError, *arts: Artifact) -> None:
+        self.errors.append(error)
+        self.rejected.update(id(a) for a in arts)
+
+    def merge(self, other: "Findings") -> "Findings":
+        self.errors += other.errors
+        self.rejected |= other.rejected
+        self.warnings += other.warnings
+        return self
+
+    def kept(self, artifacts: Iterable[Artifact]) -> list[Artifact]:
+        return [a for a in artifacts if id(a) not in self.rejected]
+
+
+def check(artifacts: list[Artifact], where: Where, declared: Declaration | None = None, *,
+          with_toolchain: bool = True) -> Findings:
+    """Key axes, conflicts, then (with a declaration) the toolchain and, over the artifacts still
+    kept, coverage. A verifier that only warns of drift runs `toolchain` itself."""
+    found = key_axes(artifacts, where).merge(conflicts(artifacts, where))
+    if declared is not None:
+        if with_toolchain:
+            found.merge(toolchain(artifacts, where, declared))
+        found.merge(coverage(found.kept(artifacts), declared))
+    return found
+
+
+def key_axes(artifacts: list[Artifact], where: Where) -> Findings:
+    """One key-axis set per kernel: the majority's is the kernel's, every other artifact is named."""
+    found = Findings()
+    by_kernel: dict[str, list[Artifact]] = defaultdict(list)
+    for a in artifacts:
+        by_kernel[a.kernel].append(a)
+    for kernel, arts in sorted(by_kernel.items()):
+        counts: dict[tuple, int] = defaultdict(int)
+        for a in arts:
+            counts[a.key_axes()] += 1
+        if len(counts) < 2:
+            continue
+        main = max(counts, key=lambda k: (counts[k], k))
+        for a in arts:
+            if a.key_axes() != main:
+                found.reject(ArtifactError(f"has key axes {list(a.key_axes())}, but kernel {kernel} uses "
+                                           f"{list(main)} in {counts[main]} other artifact(s)",
+                                           file=where(a), field="key"), a)
+    return found
+
+
+def conflicts(artifacts: list[Artifact], where: Where) -> Findings:
+    """One config per identity: two configs reject both; an exact duplicate is kept once, noted."""
+    found = Findings()
+    seen: dict[str, Artifact] = {}
+    for a in artifacts:
+        first = seen.setdefault(a.address, a)
+        if first is a:
+            continue
+        if first.config != a.config:
+            found.reject(ArtifactError(f"conflicts with {where(first)}: same identity (kernel, key, device), "
+                                       f"different config ({first.config} vs {a.config})",
+                                       file=where(a), field="config"), a, first)
+        else:
+            found.rejected.add(id(a))
+            found.warnings.append(f"{where(a)} duplicates {where(first)}; kept once")
+    return found
+
+
+def toolchain(artifacts: list[Artifact], where: Where, declared: Declaration) -> Findings:
+    """Each artifact tuned with a Triton inside the declared range (toolchain drift otherwise)."""
+    found = Findings()
+    if not declared.triton:
+        return found
+    within: dict[str, bool] = {}  # tuned version -> inside the range (a bundle holds few versions)
+    for a in artifacts:
+        tuned = (a.provenance or {}).get("triton")
+        if tuned is None:
+            found.reject(ArtifactError(f"is required when tool.flytune.triton = {declared.triton!r} is declared",
+                                       file=where(a), field="provenance.triton"), a)
+            continue
+        if tuned not in within:
+            within[tuned] = in_range(tuned, declared.triton)
+        if not within[tuned]:
+            found.reject(ArtifactError(f"is {tuned}, outside the declared Triton range {declared.triton!r} "
+                                       f"(toolchain drift: re-tune, or widen tool.flytune.triton)",
+                                       file=where(a), field="provenance.triton"), a)
+    return found
+
+
+def installed_toolchain(installed: str | None, declared: Declaration) -> FlytuneError | None:
+    """The Triton this interpreter would run the configs with, outside the declared range."""
+    if not declared.triton or installed is None or in_range(installed, declared.triton):
+        return None
+    return declared.error(f"the installed Triton {installed} is outside the declared range {declared.triton!r} "
+                          f"(toolchain drift)", file=declared.file, field=declared.triton_field)
+
+
+def in_range(version: str, spec: str) -> bool:
+    from packaging.specifiers import SpecifierSet  # only where a range is declared
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def coverage(artifacts: list[Artifact], declared: Declaration) -> Findings:
+    """Every covered kernel has an artifact for every declared target."""
+    found = Findings()
+    if declared.coverage == "none":
+        return found
+    if not artifacts:
+        found.errors.append(declared.error("is not met: the sources hold no artifact for any declared target "
+                                           "(set coverage = \"none\" to build without tuned configs)",
+                                           file=declared.file, field=declared.coverage_field))
+        return found
+    kernels = sorted({a.kernel for a in artifacts}) if declared.coverage == "all" else list(declared.coverage)
+    for kernel in kernels:
+        for i, t in enumerate(declared.targets):
+            if not any(a.kernel == kernel and t.covers(a.device) for a in artifacts):
+                found.errors.append(declared.error(f"is not met: kernel {kernel} has no artifact for target "
+                                                   f"{t.label()} (tool.flytune.targets[{i}])",
+                                                   file=declared.file, field=declared.coverage_field))
+    return found

@@ -1,0 +1,144 @@
+"""One verification: the build, `flytune verify DIR` (a project or an artifact directory) and the wheel
+verifier name the same defect with the same rule, each pointing at the file it read.
+
+A bare artifact directory declares no targets or Triton range, so only the artifact rules (key axes,
+conflicts) apply to it; a bundle's shard holds one key-axis set per kernel, so a key-axis split
+cannot be written into a wheel at all.
+"""
+import hashlib
+import io
+import json
+import re
+import zipfile
+from pathlib import Path
+
+from buildkit import H200, artifact, make_project
+
+from flytune_build import pipeline
+from flytune_build.cli import audit
+from flytune_build.core import codec, project, table, verification
+from flytune_build.core.device import INTERPRETER
+from flytune_build.pipeline import collect, verify
+from flytune_build.pipeline.state import BuildState
+from flytune_build.pipeline.wheel import record_hash
+
+BUNDLE = "fixpkg/_flytune/"
+SHARD, MANIFEST = BUNDLE + "fixpkg.add.json", BUNDLE + "manifest.json"
+NAMED_FILE = re.compile(r"\S+\.json(#artifacts\[\d+\])?")
+
+
+def said(errors, field):
+    """The rule of each error on `field`, every file it names written <file>."""
+    return [NAMED_FILE.sub("<file>", e.rule) for e in errors if e.field == field]
+
+
+def build_errors(proj):
+    """What the build's verify stage rejects (pipeline.run raises BuildFailure listing exactly these)."""
+    return verify.verify(collect.collect(BuildState(project.load(proj)))).rejected
+
+
+def bundle_files(proj):
+    return dict(pipeline.run(proj, out=io.StringIO()).files)
+
+
+def wheel_of(files, path: Path) -> Path:
+    """A minimal wheel holding a build's bundle, with a RECORD that matches every member."""
+    files = {**files, "fixpkg-1.0.dist-info/entry_points.txt": b"[flytune.bundles]\nfixpkg = fixpkg._flytune\n"}
+    record = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, d in files.items()) + "fixpkg-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in {**files, "fixpkg-1.0.dist-info/RECORD": record.encode()}.items():
+            zf.writestr(name, data)
+    return path
+
+
+def rewrite_manifest(files, fn):
+    doc = json.loads(files[MANIFEST])
+    fn(doc)
+    files[MANIFEST] = codec.canonical(doc) + b"\n"
+
+
+def test_conflict_reads_the_same_in_build_directory_project_and_wheel(tmp_path):
+    proj = make_project(tmp_path / "p")
+    files = bundle_files(proj)
+    artifact(100, 64).save(proj / "artifacts" / "again")  # the interpreter identity again, another config
+    # the same defect in a bundle: a second row for the interpreter identity, before the first
+    shard = json.loads(files[SHARD])
+    block64 = next(i for i, c in enumerate(shard["configs"]) if c["kwargs"] == {"BLOCK": 64})
+    at, row = next((i, r) for i, r in enumerate(shard["artifacts"]) if shard["devices"][r[0]] == INTERPRETER.to_json())
+    shard["artifacts"].insert(at, [row[0], block64, *row[2:]])
+    files[SHARD] = codec.canonical(shard) + b"\n"
+    rewrite_manifest(files, lambda d: d["kernels"]["fixpkg.add"].update(
+        sha256=hashlib.sha256(files[SHARD]).hexdigest(), artifacts=3))
+
+    build = said(build_errors(proj), "config")
+    assert len(build) == 1 and build[0].startswith("conflicts with <file>: same identity")
+    assert "(Config(BLOCK=64" in build[0] and "vs Config(BLOCK=32" in build[0]
+    assert said(audit.verify(str(proj)).errors, "config") == build
+    assert said(audit.verify(str(proj / "artifacts")).errors, "config") == build
+    wheel = audit.verify(str(wheel_of(files, tmp_path / "fixpkg-1.0-py3-none-any.whl")))
+    assert said(wheel.errors, "config") == build
+    assert [e.file for e in wheel.errors if e.field == "config"] == [f"{tmp_path}/fixpkg-1.0-py3-none-any.whl!{SHARD}"
+                                                                      f"#artifacts[{at + 1}]"]
+
+
+def test_key_axes_read_the_same_in_build_directory_and_project(tmp_path):
+    proj = make_project(tmp_path / "p")
+    odd = artifact(200, 32, key={"n": 200})
+    odd.save(proj / "artifacts")
+    build = build_errors(proj)
+    assert said(build, "key") == ["has key axes ['n'], but kernel fixpkg.add uses ['n', 'x'] in 2 other artifact(s)"]
+    assert [e.file for e in build if e.field == "key"] == [f"artifacts/{odd.filename}"]
+    assert said(audit.verify(str(proj)).errors, "key") == said(build, "key")
+    directory = audit.verify(str(proj / "artifacts")).errors
+    assert said(directory, "key") == said(build, "key")
+    assert [e.file for e in directory] == [str(proj / "artifacts" / odd.filename)]
+
+
+def test_coverage_gap_reads_the_same_in_build_project_and_wheel(tmp_path):
+    proj = make_project(tmp_path / "p", artifacts=[artifact(100, 32)], extra="strict = false")
+    build = build_errors(proj)
+    rule = "is not met: kernel fixpkg.add has no artifact for target sm_90/132/NVIDIA H200 (tool.flytune.targets[1])"
+    assert said(build, "tool.flytune.coverage") == [rule]
+    assert said(audit.verify(str(proj)).errors, "tool.flytune.coverage") == [rule]
+    whl = wheel_of(bundle_files(proj), tmp_path / "fixpkg-1.0-py3-none-any.whl")  # not strict: built with the gap
+    wheel = audit.verify(str(whl)).errors
+    assert said(wheel, "coverage") == [rule]
+    assert [e.file for e in wheel] == [f"{whl}!{MANIFEST}"]
+
+
+def test_drift_reads_the_same_in_build_project_and_wheel(tmp_path):
+    files = bundle_files(make_project(tmp_path / "clean"))
+    rewrite_manifest(files, lambda d: d["toolchain"].update(triton=">=3.7,<4"))
+    proj = make_project(tmp_path / "p")
+    text = (proj / "pyproject.toml").read_text().replace('">=3.0,<4"', '">=3.7,<4"')
+    (proj / "pyproject.toml").write_text(text)
+
+    build = said(build_errors(proj), "provenance.triton")
+    assert build == ["is 3.6.0, outside the declared Triton range '>=3.7,<4' "
+                     "(toolchain drift: re-tune, or widen tool.flytune.triton)"] * 2
+    assert said(audit.verify(str(proj)).errors, "provenance.triton") == build
+    whl = str(wheel_of(files, tmp_path / "fixpkg-1.0-py3-none-any.whl"))
+    strict = audit.verify(whl, strict=True).errors
+    assert said(strict, "provenance.triton") == build
+    # without --strict a verifier warns of drift, in the same words
+    plain = audit.verify(whl)
+    assert plain.ok and all(str(e) in plain.warnings for e in strict)
+
+
+def test_duplicates_are_kept_once_with_a_note_everywhere(tmp_path):
+    a = artifact(100, 32)
+    arts = [a, artifact(100, 32)]
+    found = verification.check(arts, lambda x: "one.json" if x is a else "two.json")
+    assert not found.errors and found.kept(arts) == [a]
+    assert found.warnings == ["two.json duplicates one.json; kept once"]
+
+
+def test_rules_run_without_a_declaration_skip_coverage_and_toolchain():
+    arts = [artifact(100, 32, triton="1.0"), artifact(100, 64, dev=H200)]
+    assert not verification.check(arts, lambda x: x.filename).errors
+
+
+def test_table_aligns_columns_and_drops_trailing_space():
+    text = table.render([["kernel", "sm_90", "axes"], ["a.long_name", 12, ""]], align="<>", indent="  ")
+    assert text.splitlines() == ["  kernel       sm_90  axes", "  a.long_name     12"]
+    assert table.render([]) == ""
