@@ -13,7 +13,7 @@ from flytune_build import Config, FlytuneWarning
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
 from flytune_build.core.errors import ArtifactExecutionError, DeclarationError, SearchError
-from flytune_build.runtime import autotuner, bench, device
+from flytune_build.runtime import autotuner, bench
 
 N = 100
 
@@ -306,6 +306,40 @@ def test_print_autotuning(monkeypatch, capsys):
     assert err.count("BLOCK=") >= len(ADD_CONFIGS)
 
 
+def test_on_decision_sees_every_decision_once_with_the_search_details(monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    searched = make_add("t.ev_search")
+    heuristic = make_add("t.ev_heur", default=lambda a: Config({"BLOCK": 16}))
+    seen = []
+    with ft.on_decision(seen.append):
+        add(searched)
+        add(searched)  # a hit decides nothing
+        add(heuristic)
+    add(heuristic, n=N + 1)  # unregistered on leaving the block
+    assert [(e["kernel"], e["tier"]) for e in seen] == [("t.ev_search", "search"), ("t.ev_heur", "heuristic")]
+    search, heur = seen
+    config = searched.decision(*tensors(), N).config
+    assert search["key"] == {"x": "float32", "n": N} and search["config"] == config
+    assert search["winner"].config == config and search["winner"] in search["candidates"]
+    assert len(search["candidates"]) == len(ADD_CONFIGS) and search["seconds"] >= 0
+    assert search["artifact"].config == config and search["artifact"].key == search["key"]
+    assert search["artifact"].provenance["ranking"] == "synthetic"
+    assert heur["config"] == Config({"BLOCK": 16}) and "artifact" not in heur
+
+
+def test_on_decision_handle_unregisters_once():
+    seen = []
+    unsubscribe = ft.on_decision(seen.append)
+    add(make_add("t.ev_handle", default=lambda a: Config({"BLOCK": 16})))
+    unsubscribe()
+    unsubscribe()  # harmless
+    add(make_add("t.ev_handle2", default=lambda a: Config({"BLOCK": 16})))
+    assert [e["kernel"] for e in seen] == ["t.ev_handle"]
+    with pytest.raises(TypeError):
+        ft.on_decision(None)
+
+
 # -- key axes -----------------------------------------------------------------------------------------
 def test_pow2_bucket_covers_every_runtime_shape(tmp_path, monkeypatch):
     k = make_add("t.pow2", key=("x", pow2("n")), default=lambda a: Config({"BLOCK": 16}))
@@ -400,12 +434,12 @@ def test_scratch_key_changes_with_layout_and_space():
     k = make_add("t.skey")
     x, y, out = tensors()
     bound = dict(x=x, y=y, out=out, n=N)
-    base = k._scratch_key(bound, {"x": "float32", "n": N})
+    base = k.scratch_key(bound, {"x": "float32", "n": N})
     xs = torch.randn(2 * N)[::2]
-    assert k._scratch_key({**bound, "x": xs}, {"x": "float32", "n": N}) != base
+    assert k.scratch_key({**bound, "x": xs}, {"x": "float32", "n": N}) != base
     k2 = make_add("t.skey", default=None)
     k2.space_hash = "0" * 64
-    assert k2._scratch_key(bound, {"x": "float32", "n": N}) != base
+    assert k2.scratch_key(bound, {"x": "float32", "n": N}) != base
 
 
 WRITER = r"""

@@ -88,6 +88,7 @@ def test_recording_captures_winners_that_adopt_serves(tmp_path, monkeypatch):
     art = captured[0]
     assert art.key == {"n": 300, "x": "float32", "y": "float32", "out": "float32"}
     assert art.config == Config({"BLOCK": 16}, num_warps=1) and len(art.provenance["candidates"]) == len(CONFIGS)
+    assert art.provenance["ranking"] == "measured" and art.provenance["triton"] == triton.__version__
     art.save(tmp_path / "cap")
     monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "cap"))
     autotuner.reset_stats()

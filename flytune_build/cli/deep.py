@@ -13,7 +13,7 @@ from ..runtime import device
 
 
 def check(src, *, execute: bool = False) -> None:
-    from ..runtime.autotuner import _KERNELS
+    from ..runtime import autotuner
 
     package = src.package
     if package is None and src.artifacts:
@@ -25,7 +25,7 @@ def check(src, *, execute: bool = False) -> None:
         return
     here = device.current() if execute else None
     for art in src.artifacts:
-        k = _KERNELS.get(art.kernel)
+        k = autotuner.kernel(art.kernel)
         if k is None:
             src.errors.append(ArtifactError(f"names kernel {art.kernel}, which importing {package} does not define",
                                             file=art.filename, field="kernel"))
@@ -35,7 +35,7 @@ def check(src, *, execute: bool = False) -> None:
                                             f"{sorted(k.axis_names)}", file=art.filename, field="key"))
             continue
         try:
-            k._check_binds(art.config, set(k.arg_names) - set(k.tuned_kwargs), "config", file=art.filename)
+            k.check_binds(art.config, set(k.arg_names) - set(k.tuned_kwargs), "config", file=art.filename)
         except FlytuneError as e:
             src.errors.append(e)
             continue

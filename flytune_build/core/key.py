@@ -73,7 +73,12 @@ def scalar(value: Any) -> Any:
     """The JSON scalar an axis value is stored as: dtypes become their short name (`float16`)."""
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
-    text = str(value)
+    return dtype_name(value)
+
+
+def dtype_name(dtype: Any) -> str:
+    """A dtype's name as artifacts store it: `torch.float16` (a dtype or its text) -> `float16`."""
+    text = str(dtype)
     return text[6:] if text.startswith("torch.") else text
 
 

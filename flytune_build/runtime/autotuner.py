@@ -1,57 +1,31 @@
 """`flytune_build.autotune`: Triton's decorator API with tiers scratch -> offline -> heuristic -> search.
 
 The hot path (`Autotuned.run`) is: build the key tuple from positions fixed at decoration time, one
-dict lookup, launch. Everything else happens once per distinct key, in `_decide`.
+dict lookup, launch. Everything else happens once per distinct key, in `_decide`: the tiers, then
+the decision is counted (`decision`), printed when asked and told to `events.on_decision` subscribers.
+The search itself is `search`; what a winner depends on and how it was found, `identity`.
 """
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import inspect
-import math
-import os
 import sys
-import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..core import key as keys
 from ..core import settings
 from ..core.artifact import KERNEL_NAME, Artifact
-from ..core.codec import Fields
+from ..core.codec import Fields, did_you_mean
 from ..core.config import Config, space_hash
 from ..core.errors import ArtifactError, ArtifactExecutionError, DeclarationError, FlytuneError
-from ..core.version import VERSION as __version__
-from . import bench, device, warning
+from . import device, events, identity, search, warning
+from .decision import TIERS, Decision, Stats
 from .offline import TIER
-from .scratch import ScratchCache, entry_key
+from .scratch import ScratchCache
 
-TIERS = ("scratch", "offline", "heuristic", "search")
+__all__ = ["autotune", "Autotuned", "Decision", "TIERS", "kernel", "kernels", "stats", "reset_stats"]
+
 _KERNELS: dict[str, "Autotuned"] = {}
-_listeners: list[Callable[[dict], None]] = []   # `flytune tune` collects search results here
-
-
-@dataclass(slots=True)
-class Decision:
-    """How one key is served: the launch kwargs and which tier chose them."""
-    config: Config
-    tier: str
-    key: dict
-    level: str | None = None
-    origin: str | None = None
-    first_tier: str | None = None   # "search" when this winner was searched on first call
-    calls: int = 0
-    launch: dict = field(init=False)
-
-    def __post_init__(self):
-        self.launch = {**self.config.launch_kwargs(), "warmup": False}
-        self.first_tier = self.first_tier or self.tier
-
-
-@dataclass
-class _Stats:
-    searches: int = 0
-    search_seconds: float = 0.0
-    fallbacks: dict = field(default_factory=dict)
 
 
 def autotune(configs: Sequence[Any], key: Sequence[Any], *, default: Callable[[dict], Any] | None = None,
@@ -73,15 +47,14 @@ def autotune(configs: Sequence[Any], key: Sequence[Any], *, default: Callable[[d
 
 
 class Autotuned:
+    """A kernel under `@autotune`: `kernel[grid](*args)` launches the config its key's tier chose."""
+
     def __init__(self, fn, configs, key, *, default, prune_configs_by, reset_to_zero, restore_value, warmup,
                  rep, do_bench, name, validate):
         self.fn = fn
         self._launch = fn.run
-        self.arg_names = list(getattr(fn, "arg_names", None) or _arg_names(fn))
-        base = fn
-        while not inspect.isfunction(base):
-            base = base.fn
-        self.base_fn = base
+        self.base_fn = base = _unwrap(fn)
+        self.arg_names = list(getattr(fn, "arg_names", None) or inspect.signature(base).parameters)
         self.name = name or f"{base.__module__}.{base.__name__}"
         Fields(self.name, DeclarationError).string(self.name, "name", KERNEL_NAME, "a dotted Python name", 200)
         self.configs = [Config.coerce(c) for c in configs]
@@ -91,36 +64,22 @@ class Autotuned:
         self.axes = keys.parse_axes(key, self.arg_names, self.name)
         self.axis_names = tuple(a.name for a in self.axes)
         self._key = keys.getter([self.arg_names.index(a) for a in self.axis_names])
-        self.reset_to_zero = self._names(reset_to_zero, "reset_to_zero")
-        self.restore_value = self._names(restore_value, "restore_value")
+        self.reset_to_zero = _parameters(reset_to_zero, self.arg_names, self.name, "reset_to_zero")
+        self.restore_value = _parameters(restore_value, self.arg_names, self.name, "restore_value")
         for c in self.configs:
-            self._check_binds(c, set(), "configs")
-        self.default = default
+            self.check_binds(c, set(), "configs")
+        self.default, self.validate, self.do_bench = default, validate, do_bench
         self.prune_configs_by = prune_configs_by or {}
         self.warmup, self.rep = warmup, rep
-        self.do_bench = do_bench
-        self.validate = validate
         self.space_hash = space_hash(self.configs)
         self.interpreted = type(fn).__module__.endswith("interpreter")
         self._memo: dict[tuple, Decision] = {}
         self.run = self._hot_path()
-        self._decisions: list[Decision] = []
-        self._stats = _Stats()
+        self._stats = Stats()
         self._index = None
         self._scratch = ScratchCache(self.name)
-        self._toolchain = None
         _KERNELS[self.name] = self
 
-    def _names(self, names, what):
-        out = tuple(names or ())
-        for i, n in enumerate(out):
-            if n not in self.arg_names:
-                from ..core.codec import did_you_mean
-                raise DeclarationError(f"names {n!r}, which is not a parameter of the kernel"
-                                       + did_you_mean(n, self.arg_names), file=self.name, field=f"{what}[{i}]")
-        return out
-
-    # -- the hot path -------------------------------------------------------------------------
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
 
@@ -145,12 +104,7 @@ class Autotuned:
         return run
 
     def _run_keywords(self, args, kwargs, grid, warmup):
-        args = list(args)
-        for name in self.arg_names[len(args):]:
-            if name not in kwargs:
-                break
-            args.append(kwargs.pop(name))
-        args = tuple(args)
+        args = _positional(self.arg_names, args, kwargs)
         try:
             d = self._memo[self._key(args)]
         except LookupError:
@@ -164,7 +118,6 @@ class Autotuned:
                 raise _accepted_failure(d, e) from e
             raise
 
-    # -- once per key ---------------------------------------------------------------------------
     def _decide(self, args, kwargs, grid) -> Decision:
         bound = dict(zip(self.arg_names, args))
         bound.update(kwargs)
@@ -176,26 +129,24 @@ class Autotuned:
         index = self.offline_index()
         key = {a.name: keys.bucket(keys.scalar(v), a, index.tuned(a.name, self.axis_names) if a.mode == "nearest"
                                    else None) for a, v in zip(self.axes, raw)}
-        s = settings.current()
-        mode = s.autotune
-        if mode == "search":
-            d = self._search(args, kwargs, bound, key, grid, emit=True)
-        else:
+        mode = settings.current().autotune
+        if mode == "search":  # FLYTUNE_AUTOTUNE=1 and `flytune tune`: every new key is searched, its winner emitted
+            d = self._from_search(args, kwargs, bound, key, grid, emit=True)
+        else:  # the tier order; with search off, the first config stands in for the search
             d = (self._from_scratch(bound, key) or self._from_offline(bound, key, index)
-                 or self._from_default(bound, key))
-            if d is None and mode == "off":
-                self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config")
-                d = Decision(self.configs[0], "heuristic", key)
-            elif d is None:
-                d = self._search(args, kwargs, bound, key, grid, emit=False)
+                 or self._from_default(bound, key)
+                 or (self._first_config(key) if mode == "off" else
+                     self._from_search(args, kwargs, bound, key, grid, emit=False)))
         self._memo[raw] = d
-        self._decisions.append(d)
-        if s.print_autotuning:
+        self._stats.decisions.append(d)
+        if settings.current().print_autotuning:
             lvl = f" level={d.level}" if d.level else ""
             print(f"[flytune] {self.name} key={key} tier={d.first_tier}{lvl} config={d.config}", file=sys.stderr)
+        events.emit(self.name, d)
         return d
 
     def offline_index(self):
+        """This kernel's offline index for the running device, built on first use."""
         if self._index is None:
             self._index = TIER.index(self.name, self.axis_names, device.current())
             for problem in self._index.problems:
@@ -203,7 +154,7 @@ class Autotuned:
         return self._index
 
     def _from_scratch(self, bound, key) -> Decision | None:
-        value = self._scratch.get(self._scratch_key(bound, key))
+        value = self._scratch.get(self.scratch_key(bound, key))
         if value is None:
             return None
         try:
@@ -223,7 +174,7 @@ class Autotuned:
             return None
         try:
             config = Config.from_json(hit.config, Fields(hit.artifact, ArtifactError))
-            self._check_binds(config, set(bound), "config", file=hit.artifact)
+            self.check_binds(config, set(bound), "config", file=hit.artifact)
         except FlytuneError as e:
             self._fallback(f"artifact {hit.artifact} from {hit.origin} rejected: {e.rule}")
             return None
@@ -233,10 +184,28 @@ class Autotuned:
         if self.default is None:
             return None
         config = Config.coerce(self.default(bound))
-        self._check_binds(config, set(bound), "default")
+        self.check_binds(config, set(bound), "default")
         return Decision(config, "heuristic", key)
 
-    def _check_binds(self, config: Config, caller: set, what: str, file=None):
+    def _first_config(self, key) -> Decision:
+        self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config", stacklevel=6)
+        return Decision(self.configs[0], "heuristic", key)
+
+    def _from_search(self, args, kwargs, bound, key, grid, emit) -> Decision:
+        found = search.run(self, args, kwargs, bound, key, grid)
+        self._stats.searched(found.seconds)
+        winner = found.winner
+        self._scratch.put(self.scratch_key(bound, key), {"config": winner.config.to_json(), "time_ms": winner.time_ms})
+        artifact = Artifact(self.name, key, device.current(), winner.config,
+                            identity.provenance(found.candidates, self.space_hash, found.ranking))
+        out_dir = settings.current().emit_dir
+        if emit and out_dir:
+            artifact.save(out_dir)
+        return Decision(winner.config, "scratch", key, first_tier="search", search=found, artifact=artifact)
+
+    def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
+        """Raise unless `config` binds only tuned, uncalled, non-key parameters with the declared types;
+        for an artifact (`file` given, an ArtifactError) it must also set every tuned parameter."""
         f = Fields(file or self.name, ArtifactError if file else DeclarationError)
         for name, value in config.kwargs.items():
             path = f"{what}.kwargs.{name}"
@@ -254,209 +223,85 @@ class Autotuned:
             if unset:
                 f.fail(f"{what}.kwargs", f"does not set {', '.join(sorted(unset))}")
 
-    def _fallback(self, reason: str):
-        fb = self._stats.fallbacks
-        fb[reason] = fb.get(reason, 0) + 1
-        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}", stacklevel=5)
+    def _fallback(self, reason: str, stacklevel: int = 5):
+        self._stats.fallback(reason)
+        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}", stacklevel=stacklevel)
 
-    # -- search -------------------------------------------------------------------------------
-    def _search(self, args, kwargs, bound, key, grid, emit) -> Decision:
-        configs = self._prune(bound, kwargs)
-        saved = {n: bound[n].clone() for n in dict.fromkeys(self.restore_value + self.reset_to_zero)}
-        rank = bench.ranking()
-
-        def call(cfg: Config):
-            for n in self.reset_to_zero:
-                bound[n].zero_()
-            for n in self.restore_value:
-                bound[n].copy_(saved[n])
-            self.fn.run(*args, grid=grid, warmup=False, **kwargs, **cfg.launch_kwargs())
-
-        start = time.perf_counter()
-        try:
-            if not self.interpreted and rank == "measured":
-                self._precompile(args, kwargs, grid, configs)
-            screen = self._timer(bench.SCREEN_FRACTION)
-            candidates = []
-            for cfg in configs:
-                c = bench.Candidate(cfg)
-                try:
-                    if rank == "synthetic":
-                        call(cfg)
-                        c.time_ms = bench.synthetic_ms(self.name, key, cfg)
-                    else:
-                        c.time_ms = screen(lambda: call(cfg))
-                except Exception as e:  # a failing candidate times as infinity
-                    c.error = f"{type(e).__name__}: {e}"
-                candidates.append(c)
-            if rank == "synthetic":
-                winner = bench.pick(candidates, lambda c: bench.synthetic_ms(self.name, key, c.config))
-            else:
-                retime = self._timer(bench.TIE_ROUNDS)
-                winner = bench.pick(candidates, lambda c: retime(lambda: call(c.config)))
-        finally:
-            for n, t in saved.items():
-                bound[n].copy_(t)
-        elapsed = time.perf_counter() - start
-        self._stats.searches += 1
-        self._stats.search_seconds += elapsed
-        if settings.current().print_autotuning:
-            for c in candidates:
-                t = f"{c.time_ms:.4f} ms" if math.isfinite(c.time_ms) else f"failed ({c.error})"
-                print(f"[flytune]   {c.config}: {t}", file=sys.stderr)
-            print(f"[flytune] {self.name} search took {elapsed:.3f} s", file=sys.stderr)
-        self._scratch.put(self._scratch_key(bound, key), {"config": winner.config.to_json(),
-                                                          "time_ms": winner.time_ms})
-        artifact = Artifact(self.name, key, device.current(), winner.config,
-                            self._provenance(candidates, rank))
-        out_dir = settings.current().emit_dir
-        if emit and out_dir:
-            artifact.save(out_dir)
-        for listener in _listeners:
-            listener({"kernel": self.name, "artifact": artifact, "candidates": candidates, "winner": winner,
-                      "seconds": elapsed})
-        return Decision(winner.config, "scratch", key, first_tier="search")
-
-    def _timer(self, fraction: int = 1):
-        if self.do_bench is not None:
-            def user(fn):
-                t = self.do_bench(fn)
-                return float(t[0] if isinstance(t, (list, tuple)) else t)
-            return user
-        fn = bench.default_bench(self.interpreted)
-        warmup, rep = max(self.warmup // fraction, 1), max(self.rep // fraction, 1)
-        return lambda call: fn(call, warmup, rep)
-
-    def _prune(self, bound, kwargs) -> list[Config]:
-        configs = self.configs
-        early = self.prune_configs_by.get("early_config_prune")
-        if early is not None:
-            configs = [Config.coerce(c) for c in early(configs, bound, **kwargs)]
-            if not configs:
-                raise DeclarationError("early_config_prune returned no config", file=self.name,
-                                       field="prune_configs_by")
-        model, top_k = self.prune_configs_by.get("perf_model"), self.prune_configs_by.get("top_k")
-        if model is not None and top_k:
-            k = int(len(configs) * top_k) if isinstance(top_k, float) else int(top_k)
-            configs = sorted(configs, key=lambda c: model(**bound, **kwargs, **c.launch_kwargs()))[:max(k, 1)]
-        return configs
-
-    def _precompile(self, args, kwargs, grid, configs):
-        """Compile every candidate concurrently before timing any (Triton compiles on worker threads)."""
-        try:
-            from concurrent.futures import ThreadPoolExecutor
-
-            from triton.runtime._async_compile import AsyncCompileMode
-        except ImportError:
-            return
-        try:
-            self._precompile_with(ThreadPoolExecutor, AsyncCompileMode, args, kwargs, grid, configs)
-        except Exception as e:  # compiling lazily, one by one, is slower but still right
-            warning.once(("precompile", self.name), f"flytune: concurrent precompile unavailable ({e}); "
-                         "candidates compile one by one")
-
-    def _precompile_with(self, ThreadPoolExecutor, AsyncCompileMode, args, kwargs, grid, configs):
-        with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 4)) as pool:
-            with AsyncCompileMode(pool, ignore_errors=True):
-                for cfg in configs:
-                    try:
-                        self.fn.warmup(*args, grid=grid, **kwargs, **cfg.launch_kwargs())
-                    except Exception:
-                        pass  # the timed pass reports the failure
-
-    # -- identities -------------------------------------------------------------------------------
     def toolchain(self) -> dict:
-        if self._toolchain is None:
-            import torch
-            import triton
+        """Versions, this kernel's source hash and the compiler environment (part of the scratch key)."""
+        return identity.toolchain(self.base_fn)
 
-            try:
-                src = inspect.getsource(self.base_fn)
-            except (OSError, TypeError):
-                src = self.base_fn.__qualname__
-            try:
-                from triton._C.libtriton import get_cache_invalidating_env_vars
-                env = dict(sorted(get_cache_invalidating_env_vars().items()))
-            except Exception:
-                env = settings.triton_env()
-            self._toolchain = {
-                "flytune": __version__, "triton": triton.__version__, "torch": torch.__version__,
-                "cuda": getattr(torch.version, "cuda", None), "hip": getattr(torch.version, "hip", None),
-                "source": hashlib.sha256(src.encode()).hexdigest(), "env": env,
-            }
-        return self._toolchain
+    def scratch_key(self, bound: dict, key: dict) -> str:
+        """The scratch-cache address of this call's winner."""
+        return identity.scratch_key(self.name, key, bound, self.arg_names, device.current(), self.toolchain(),
+                                    self.space_hash)
 
-    def _scratch_key(self, bound, key) -> str:
-        layout = []
-        for name in self.arg_names:
-            v = bound.get(name)
-            if hasattr(v, "stride") and hasattr(v, "dtype"):
-                layout.append([name, keys.scalar(v.dtype), [0 if s == 0 else 1 if s == 1 else 2 for s in v.stride()]])
-        return entry_key({"kernel": self.name, "key": key, "layout": layout, "device": device.current().spec(),
-                          "toolchain": self.toolchain(), "space": self.space_hash})
-
-    def _provenance(self, candidates, rank) -> dict:
-        tc = self.toolchain()
-        return {"flytune": __version__, "triton": tc["triton"], "torch": tc["torch"], "cuda": tc["cuda"],
-                "hip": tc["hip"], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "space_hash": self.space_hash, "ranking": rank,
-                "candidates": [c.to_json() for c in candidates]}
-
-    # -- observability ---------------------------------------------------------------------------
     def stats(self) -> dict:
-        calls = dict.fromkeys(TIERS, 0)
-        levels: dict[str, int] = {}
-        for d in self._decisions:
-            if d.calls:
-                calls[d.first_tier] += 1
-                calls[d.tier] += d.calls - 1
-                if d.tier == "offline":
-                    levels[d.level] = levels.get(d.level, 0) + d.calls
-        s = self._stats
-        return {"calls": calls, "offline_levels": levels, "searches": s.searches,
-                "search_seconds": s.search_seconds, "fallbacks": dict(s.fallbacks)}
+        """This kernel's counters (see `flytune_build.stats()`)."""
+        return self._stats.render()
 
     def decision(self, *args, **kwargs) -> Decision | None:
         """How a call with these arguments was served (None before its first call)."""
-        args = list(args)
-        for name in self.arg_names[len(args):]:
-            if name not in kwargs:
-                break
-            args.append(kwargs[name])
         try:
-            return self._memo.get(self._key(tuple(args)))
+            return self._memo.get(self._key(_positional(self.arg_names, args, kwargs)))
         except LookupError:
             return None
 
+    @contextlib.contextmanager
     def forcing(self, config):
         """A context in which every call launches `config`, bypassing every tier (verify --execute)."""
-        import contextlib
-
         forced = Decision(Config.coerce(config), "forced", {})
-
-        class _Always(dict):
-            def __missing__(self, key):
-                return forced
-
-        @contextlib.contextmanager
-        def ctx():
-            saved = self._memo
-            self._memo = _Always()
+        saved, self._memo = self._memo, _Always(forced)
+        self.run = self._hot_path()
+        try:
+            yield forced
+        finally:
+            self._memo = saved
             self.run = self._hot_path()
-            try:
-                yield forced
-            finally:
-                self._memo = saved
-                self.run = self._hot_path()
-        return ctx()
 
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
         self._memo.clear()
-        self._decisions.clear()
-        self._stats = _Stats()
+        self._stats = Stats()
         self._index = None
         self._scratch = ScratchCache(self.name)
+
+
+class _Always(dict):
+    """A memo in which every key is already decided: `forcing`'s."""
+
+    def __init__(self, forced: Decision):
+        super().__init__()
+        self.forced = forced
+
+    def __missing__(self, key):
+        return self.forced
+
+
+def _positional(arg_names, args: tuple, kwargs: dict) -> tuple:
+    """`args` continued by the keyword arguments that follow them in parameter order (popped from `kwargs`)."""
+    args = list(args)
+    for name in arg_names[len(args):]:
+        if name not in kwargs:
+            break
+        args.append(kwargs.pop(name))
+    return tuple(args)
+
+
+def _unwrap(fn):
+    """The Python function under Triton's wrappers (JITFunction, Heuristics, ...)."""
+    while not inspect.isfunction(fn):
+        fn = fn.fn
+    return fn
+
+
+def _parameters(names, arg_names, kernel: str, what: str) -> tuple[str, ...]:
+    out = tuple(names or ())
+    for i, n in enumerate(out):
+        if n not in arg_names:
+            raise DeclarationError(f"names {n!r}, which is not a parameter of the kernel" + did_you_mean(n, arg_names),
+                                   file=kernel, field=f"{what}[{i}]")
+    return out
 
 
 def _accepted_failure(d: Decision, e: Exception) -> ArtifactExecutionError:
@@ -464,16 +309,19 @@ def _accepted_failure(d: Decision, e: Exception) -> ArtifactExecutionError:
                                   f"({d.config}): {type(e).__name__}: {e}", file=d.origin, field="config")
 
 
-def _arg_names(fn) -> list[str]:
-    base = fn
-    while not inspect.isfunction(base):
-        base = base.fn
-    return list(inspect.signature(base).parameters)
+def kernel(name: str) -> Autotuned | None:
+    """The decorated kernel named `name` in this process, or None."""
+    return _KERNELS.get(name)
+
+
+def kernels() -> dict[str, Autotuned]:
+    """Every decorated kernel in this process, by name."""
+    return dict(sorted(_KERNELS.items()))
 
 
 def stats() -> dict:
     """Per-kernel counters: calls per tier, searches, seconds searching, fallbacks with reasons."""
-    return {name: k.stats() for name, k in sorted(_KERNELS.items())}
+    return {name: k.stats() for name, k in kernels().items()}
 
 
 def reset_stats() -> None:

@@ -164,7 +164,7 @@ class OfflineTier:
         levels: dict[DeviceIdentity, str | None] = {}
         axis_set = set(axes)
         found: dict[str, tuple[list, list]] = {}
-        for doc, dev, _, origin, name in self._docs(src, kernel, idx):
+        for doc, dev, _, origin, name in self.documents(src, kernel, idx):
             key = doc["key"]
             if key.keys() != axis_set:
                 idx.problems.append(str(_axes_error(key, axes, name)))
@@ -192,8 +192,11 @@ class OfflineTier:
             idx.problems.append(f"{e} (shard refused)")
         return None
 
-    def _docs(self, src: _Source, kernel: str, idx: Index):
-        """(artifact document, device, accepted levels, origin, file name or None) of `kernel` in `src`."""
+    def documents(self, src: _Source, kernel: str, idx: Index | None = None):
+        """Yield (artifact document, device, accepted levels, origin, file name or None) for every
+        artifact of `kernel` in `src` (one of `sources()`), whatever its device; why an unreadable one
+        was skipped goes to `idx.problems`."""
+        idx = Index() if idx is None else idx
         if src.manifest is None:
             files = self._dir_files.get(src.root)
             if files is None:

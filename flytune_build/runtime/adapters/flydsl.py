@@ -21,6 +21,7 @@ from ...core.artifact import KERNEL_NAME, Artifact
 from ...core.config import Config
 from ...core.device import DeviceIdentity
 from ...core.errors import ArtifactError
+from ...core.key import dtype_name
 from .. import warning
 
 VERSION = 1
@@ -83,7 +84,7 @@ def from_flydsl(path: str | Path, *, name: str | None = None) -> Artifact:
         if isinstance(value, list):
             f.fail(f"identity.key.{axis}", "is a shape: flytune keys hold scalars (declare the dimensions as axes)")
         value = f.scalar(value, f"identity.key.{axis}")
-        key[axis] = value[6:] if isinstance(value, str) and value.startswith("torch.") else value
+        key[axis] = dtype_name(value) if isinstance(value, str) else value
     dev = f.table(ident["device"], "identity.device", ("name", "arch", "compute_units"))
     device = DeviceIdentity.from_json({"backend": "hip", "arch": dev["arch"], "name": dev["name"],
                                        "units": dev["compute_units"]}, f, "identity.device")
@@ -118,7 +119,7 @@ def expose() -> Path | None:
     With FLYDSL_AUTOTUNE_CONFIG_DIR unset, their union is written into a cache directory and the
     variable points there; set, the user's directory wins (said once). Returns the directory in use.
     """
-    from ...cli import audit
+    from ...core import bundle
     from ..offline import TIER
 
     user = settings.current().flydsl_dir
@@ -130,13 +131,12 @@ def expose() -> Path | None:
     for src in TIER.sources():
         if src.manifest is None:
             continue
-        s = audit.Source(str(src.root), "installed")
-        audit._bundle(s, str(src.root) + "/", (src.root / "manifest.json").read_bytes(),
-                      lambda n, r=src.root: (r / n).read_bytes() if (r / n).is_file() else None)
-        for e in s.errors:
+        got = bundle.read(str(src.root) + "/", (src.root / bundle.MANIFEST).read_bytes(),
+                          lambda n, r=src.root: (r / n).read_bytes() if (r / n).is_file() else None)
+        for e in got.errors:
             warning.once(("flydsl-bundle", str(e)), f"{e}; not exposed to FlyDSL")
-        if not s.errors:
-            arts += [a for a in s.artifacts if a.device.backend == "hip"]
+        if not got.errors:
+            arts += [a for a in got.artifacts if a.device.backend == "hip"]
     if not arts:
         return None
     digest = hashlib.sha256("".join(sorted(a.address + str(a.config) for a in arts)).encode()).hexdigest()[:16]

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
-from typing import Any
 
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
 from ...core.errors import DeclarationError, FlytuneError
+from ...core.key import dtype_name
 from ...core.target import match_level
-from .. import device
+from .. import device, identity
 from ..bench import Candidate
-from ..offline import TIER, Index
+from ..offline import TIER
 
 
 def _dtypes_in_key() -> bool:
@@ -30,11 +29,6 @@ def _dtypes_in_key() -> bool:
     from packaging.version import Version
 
     return Version(triton.__version__).major >= 3
-
-
-def _short(dtype: Any) -> str:
-    text = str(dtype)
-    return text[6:] if text.startswith("torch.") else text
 
 
 def _check(kernel) -> None:
@@ -70,7 +64,7 @@ def _hits(kernel, name):
     out = []
     dev = device.current()
     for src in TIER.sources():
-        for doc, art_dev, accept, _, _ in TIER._docs(src, name, Index()):
+        for doc, art_dev, accept, _, _ in TIER.documents(src, name):
             level = match_level(art_dev, dev)
             if level is None or level not in accept:
                 continue
@@ -108,14 +102,14 @@ def recording(kernel, name: str):
                 key = {k: bound[k] for k in keys if k in bound}
                 for a, v in bound.items():
                     if hasattr(v, "dtype") and a not in keys:
-                        key[a] = _short(v.dtype)
+                        key[a] = dtype_name(v.dtype)
                 winner = Config.coerce(kernel.cache[triton_key])
                 timings = getattr(kernel, "configs_timings", None) or {}
                 cands = []
                 for cfg, t in timings.items():
                     t0 = float(t[0] if isinstance(t, (list, tuple)) else t)
-                    cands.append(Candidate(Config.coerce(cfg), t0 if math.isfinite(t0) else math.inf).to_json())
-                prov = _provenance(kernel, cands)
+                    cands.append(Candidate(Config.coerce(cfg), t0 if math.isfinite(t0) else math.inf))
+                prov = identity.provenance(cands, space_hash([Config.coerce(c) for c in kernel.configs]), "measured")
                 captured.append(Artifact(name, key, device.current(), winner, prov))
         return ret
 
@@ -124,16 +118,3 @@ def recording(kernel, name: str):
         yield captured
     finally:
         del kernel.run  # the instance attribute goes; the class's method serves again
-
-
-def _provenance(kernel, candidates) -> dict:
-    import torch
-    import triton
-
-    from ...core.version import VERSION as __version__
-
-    return {"flytune": __version__, "triton": triton.__version__, "torch": torch.__version__,
-            "cuda": getattr(torch.version, "cuda", None), "hip": getattr(torch.version, "hip", None),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "space_hash": space_hash([Config.coerce(c) for c in kernel.configs]), "ranking": "measured",
-            "candidates": candidates}

@@ -1,0 +1,66 @@
+"""How a key is served (`Decision`) and what each kernel counts (`Stats`, behind `flytune_build.stats()`).
+
+A decision is made once per distinct key; the hot path only bumps its `calls`. Calls per tier are
+rendered from the decisions: a decision's first call counts for the tier that chose it (a searched
+key's first call is "search"), every later call for the tier that serves it ("scratch").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..core.config import Config
+
+if TYPE_CHECKING:
+    from ..core.artifact import Artifact
+    from .search import SearchResult
+
+TIERS = ("scratch", "offline", "heuristic", "search")
+
+
+@dataclass(slots=True)
+class Decision:
+    """How one key is served: the launch kwargs and which tier chose them."""
+    config: Config
+    tier: str
+    key: dict
+    level: str | None = None
+    origin: str | None = None
+    first_tier: str | None = None   # "search" when this winner was searched on first call
+    calls: int = 0
+    search: SearchResult | None = None  # what the search that chose it found
+    artifact: Artifact | None = None    # the searched winner as an artifact, with provenance
+    launch: dict = field(init=False)
+
+    def __post_init__(self):
+        self.launch = {**self.config.launch_kwargs(), "warmup": False}
+        self.first_tier = self.first_tier or self.tier
+
+
+@dataclass
+class Stats:
+    """One kernel's decisions and counters since its last reset."""
+    decisions: list[Decision] = field(default_factory=list)
+    searches: int = 0
+    search_seconds: float = 0.0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def fallback(self, reason: str) -> None:
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    def searched(self, seconds: float) -> None:
+        self.searches += 1
+        self.search_seconds += seconds
+
+    def render(self) -> dict:
+        """Calls per tier, offline calls per match level, searches, seconds searching, fallback reasons."""
+        calls = dict.fromkeys(TIERS, 0)
+        levels: dict[str, int] = {}
+        for d in self.decisions:
+            if d.calls:
+                calls[d.first_tier] += 1
+                calls[d.tier] += d.calls - 1
+                if d.tier == "offline":
+                    levels[d.level] = levels.get(d.level, 0) + d.calls
+        return {"calls": calls, "offline_levels": levels, "searches": self.searches,
+                "search_seconds": self.search_seconds, "fallbacks": dict(self.fallbacks)}

@@ -1,0 +1,71 @@
+"""`flytune_build.on_decision(callback)`: watch every decision the runtime makes.
+
+A decision is made once per kernel and distinct key, never on the hot path. Each registered callback
+is then called, synchronously and in registration order, with one dict (like Triton's
+`knobs.autotuning` listeners, an exception in a callback propagates to the call that decided):
+
+    kernel      the kernel's name
+    key         the bucketed key, {axis: value}
+    tier        the tier that chose: scratch | offline | heuristic | search
+    config      the chosen `Config`
+    level       the match level (offline tier), else None
+    origin      the artifact and where it came from (offline tier), else None
+
+and when a search chose, also `artifact` (the winner as an `Artifact`, with provenance),
+`candidates` (every `bench.Candidate` timed, in declared order), `winner` (the winning one) and
+`seconds` (the search's wall time). `flytune tune` collects its artifacts through this hook.
+
+`on_decision` returns a `Subscription`: call it, or leave its `with` block, to unregister:
+
+    with flytune_build.on_decision(seen.append):
+        kernel[grid](x, y, out, n)
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .decision import Decision
+
+_subscriptions: list["Subscription"] = []
+
+
+class Subscription:
+    """One registered callback. Calling it (or leaving its `with` block) unregisters it; twice is harmless."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[dict], object]):
+        self.callback = callback
+
+    def __call__(self) -> None:
+        if self in _subscriptions:
+            _subscriptions.remove(self)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self()
+
+
+def on_decision(callback: Callable[[dict], object]) -> Subscription:
+    """Call `callback(event)` for every decision from now on; returns the handle that unregisters it."""
+    if not callable(callback):
+        raise TypeError(f"on_decision() needs a callable, not {type(callback).__name__}")
+    sub = Subscription(callback)
+    _subscriptions.append(sub)
+    return sub
+
+
+def emit(kernel: str, d: "Decision") -> None:
+    """Tell every subscriber how `kernel` will serve `d.key` (the autotuner calls this once per key)."""
+    if not _subscriptions:
+        return
+    event = {"kernel": kernel, "key": d.key, "tier": d.first_tier, "config": d.config, "level": d.level,
+             "origin": d.origin}
+    if d.search is not None:
+        event.update(artifact=d.artifact, candidates=d.search.candidates, winner=d.search.winner,
+                     seconds=d.search.seconds)
+    for sub in tuple(_subscriptions):  # a callback may unregister itself
+        sub.callback(event)
