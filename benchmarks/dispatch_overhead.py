@@ -37,6 +37,24 @@ def timed(fn, n):
     return (time.perf_counter() - t) / n
 
 
+def adopted_stub(stub, blocks, x):
+    """A second triton.autotune over the stub, adopted: its hit is served by a seeded artifact."""
+    import tempfile
+
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.device import INTERPRETER
+    from flytune_build.triton import adopt
+
+    d = tempfile.mkdtemp()
+    dtype = str(x.dtype).removeprefix("torch.")
+    Artifact("bench.adopted", {"N": 8, "x": dtype, "w": dtype, "y": dtype}, INTERPRETER, Config({"BLOCK": 512})).save(d)
+    os.environ["FLYTUNE_ARTIFACT_DIR"] = d
+    tuner = Autotuner(stub, stub.arg_names, [TritonConfig({"BLOCK": b}, num_warps=w) for b, w in blocks],
+                      key=["N"], reset_to_zero=None, restore_value=None)
+    assert adopt(tuner, name="bench.adopted") == 1
+    return tuner
+
+
 def main(n=100_000, rounds=9):
     stub = StubLauncher()
     blocks = [(b, w) for b in (256, 512, 1024) for w in (2, 4, 8)]
@@ -49,12 +67,16 @@ def main(n=100_000, rounds=9):
     tuner.cache[(8, str(x.dtype), str(w.dtype), str(y.dtype))] = tuner.configs[3]
     grid = (4,)
     tuner.run(*args, grid=grid)
+    adopted = adopted_stub(stub, blocks, x)
+    adopted.run(*args, grid=grid)
+    assert ft.stats()["bench.adopted"]["calls"]["offline"] == 1
     launch = ours[grid]
     launch(*args)  # first call decides (heuristic tier); later calls are hits
     full = dict(BLOCK=512, num_warps=4, num_stages=3, num_ctas=1, warmup=False)  # what a hit passes
-    res = {"triton": [], "flytune": [], "bare": [], "bare_full": []}
+    res = {"triton": [], "adopted": [], "flytune": [], "bare": [], "bare_full": []}
     for _ in range(rounds):
         res["triton"].append(timed(lambda: tuner.run(*args, grid=grid), n))
+        res["adopted"].append(timed(lambda: adopted.run(*args, grid=grid), n))
         res["flytune"].append(timed(lambda: ours.run(*args, grid=grid), n))
         res["bare"].append(timed(lambda: stub.run(*args, grid=grid, BLOCK=512, num_warps=4), n))
         res["bare_full"].append(timed(lambda: stub.run(*args, grid=grid, **full), n))
@@ -62,6 +84,8 @@ def main(n=100_000, rounds=9):
     print(f"triton {triton.__version__}, torch {torch.__version__}; best of {rounds} interleaved rounds x {n} calls")
     print(f"  bare launcher          {med['bare']:.3f} us/call")
     print(f"  triton.autotune hit    {med['triton']:.3f} us/call  overhead {med['triton'] - med['bare']:.3f} us")
+    print(f"  adopted triton hit     {med['adopted']:.3f} us/call  overhead {med['adopted'] - med['bare']:.3f} us "
+          f"(flytune adds {med['adopted'] - med['triton']:.3f} us to triton.autotune's own hit)")
     print(f"  flytune_build hit      {med['flytune']:.3f} us/call  overhead {med['flytune'] - med['bare']:.3f} us")
     print(f"  overhead ratio triton/flytune: {(med['triton'] - med['bare']) / (med['flytune'] - med['bare']):.1f}x")
     print(f"  bare launcher, full config kwargs  {med['bare_full']:.3f} us/call: flytune adds "

@@ -46,7 +46,7 @@ def tuned_config(kind, shape):
     from flytune_build.core import key as keys
     from flytune_build.runtime import autotuner
 
-    k = autotuner._KERNELS[f"sample_pkg.{kind}"]
+    k = autotuner.kernel(f"sample_pkg.{kind}")
     dtype = "float16"
     values = {"x": dtype, "a": dtype, **shape}
     kt = tuple(keys.bucket(values[a.name], a) for a in k.axes)

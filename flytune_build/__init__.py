@@ -5,15 +5,29 @@ it needs load on first use.
 """
 from __future__ import annotations
 
-from .core.errors import (ArtifactError, ArtifactExecutionError, BuildFailure, BundleError, DeclarationError,
-                          DeviceError, FlytuneError, FlytuneWarning, ProjectError, ScratchError, SearchError,
-                          SettingsError)
+from .core.errors import (
+    ArtifactError,
+    ArtifactExecutionError,
+    BuildFailure,
+    BundleError,
+    DeclarationError,
+    DeviceError,
+    FlytuneError,
+    FlytuneWarning,
+    InputError,
+    ProjectError,
+    ScratchError,
+    SearchError,
+    SettingsError,
+    TierMissError,
+    TuneError,
+)
 from .core.version import VERSION as __version__
 
-__all__ = ["Config", "autotune", "stats", "reset_stats", "on_decision", "pow2", "nearest", "FlytuneError",
+__all__ = ["Config", "autotune", "stats", "reset_stats", "on_decision", "warmup", "pow2", "nearest", "FlytuneError",
            "ArtifactError", "ArtifactExecutionError", "BuildFailure", "BundleError", "DeclarationError",
-           "DeviceError", "ProjectError", "ScratchError", "SearchError", "SettingsError", "FlytuneWarning",
-           "__version__"]
+           "DeviceError", "InputError", "ProjectError", "ScratchError", "SearchError", "SettingsError",
+           "TierMissError", "TuneError", "FlytuneWarning", "__version__"]
 
 
 def __getattr__(name):  # loaded on first use: `import flytune_build` (and the build backend) stays light
@@ -29,4 +43,7 @@ def __getattr__(name):  # loaded on first use: `import flytune_build` (and the b
     if name == "on_decision":
         from .runtime.events import on_decision
         return on_decision
+    if name == "warmup":
+        from .runtime.warmup import warmup
+        return warmup
     raise AttributeError(f"module 'flytune_build' has no attribute {name!r}")

@@ -186,28 +186,31 @@ def _tuned(n, times=(0.0123, 1e-05, None, 2, 1.5e+20)):
 def test_provenance_is_kept_as_the_bytes_read(tmp_path):
     import pickle
 
-    from flytune_build.core.artifact import Provenance, _read_tuned
+    from flytune_build.core.artifact import Provenance
+    from flytune_build.pipeline import reader
 
     a = _tuned(100)
     data = a.to_bytes()
-    b = Artifact.from_bytes(data, file=tmp_path / a.filename, canonical=True)
+    b = reader.read(data, file=tmp_path / a.filename)
     assert isinstance(b.provenance, Provenance)
-    assert _read_tuned(data) is not None  # the form `flytune tune` writes takes the fast path
+    assert reader.read_tuned(data) is not None  # the form `flytune tune` writes takes the fast path
     assert b.provenance.raw == codec.canonical(dict(a.provenance))
     assert b.provenance["triton"] == "3.6.0" and b.provenance.get("cuda") is None
     assert b.provenance == a.provenance and dict(b.provenance) == dict(a.provenance)
     assert b.to_bytes() == data and b == a
     c = pickle.loads(pickle.dumps(b))
     assert c.provenance.raw == b.provenance.raw and c.provenance == a.provenance and c.address == a.address
-    # the non-canonical path keeps the plain dict
+    # the strict reading keeps the plain dict
     assert type(Artifact.from_bytes(data, file=tmp_path / a.filename).provenance) is dict
+    assert type(Artifact.from_bytes(data, file=tmp_path / a.filename, canonical=True).provenance) is dict
 
 
 def test_provenance_file_joined_from_bytes_equals_the_encoded_one(tmp_path):
     from flytune_build.core import bundle
+    from flytune_build.pipeline import reader
 
     arts = [_tuned(n) for n in (1, 2, 3)] + [_tuned(4, times=(None,))]
-    read = [Artifact.from_bytes(a.to_bytes(), file=tmp_path / a.filename, canonical=True) for a in arts[:2]]
+    read = [reader.read(a.to_bytes(), file=tmp_path / a.filename) for a in arts[:2]]
     mixed = read + arts[2:] + [Artifact("fixpkg.add", {"x": "f", "n": 9}, INTERPRETER, Config({}))]
     expected = codec.canonical({"format": 1, "kernel": "fixpkg.add",
                                 "provenance": {a.address: dict(a.provenance) for a in arts}}) + b"\n"
@@ -217,9 +220,54 @@ def test_provenance_file_joined_from_bytes_equals_the_encoded_one(tmp_path):
 def test_every_sample_artifact_takes_the_fast_path():
     from pathlib import Path
 
-    from flytune_build.core.artifact import _read_tuned
+    from flytune_build.pipeline.reader import read_tuned
 
     files = sorted(Path(__file__).resolve().parent.parent.glob("sample_pkg/artifacts/*/*.json"))
     assert len(files) >= 20
     for f in files:  # real H200 timings and interpreter ones
-        assert _read_tuned(f.read_bytes()) is not None, f
+        assert read_tuned(f.read_bytes()) is not None, f
+
+
+def test_integer_pattern_matches_exactly_its_range():
+    import re
+
+    from flytune_build.core.options import integer_pattern
+
+    for lo, hi in [(0, 0), (0, 9), (0, 16), (1, 16), (1, 64), (1, 1024), (7, 7), (9, 10), (10, 99), (99, 1000),
+                   (123, 4567), (1, 100_000)]:
+        r = re.compile(f"(?:{integer_pattern(lo, hi)})")
+        for n in range(min(hi, 5000) + 20):
+            assert bool(r.fullmatch(str(n))) == (lo <= n <= hi), (lo, hi, n)
+        assert not any(r.fullmatch(s) for s in ("", "-1", "00", "01", "007", " 1", "1.0"))
+
+
+@pytest.mark.parametrize("name", ["num_warps", "num_stages", "num_ctas", "maxnreg"])
+def test_every_reading_of_a_config_takes_its_range_from_the_option_table(tmp_path, name):
+    """Config(), the artifact check, the quick candidate check and the build's fast reader agree
+    at each edge of each option's range."""
+    from flytune_build.core.options import BY_NAME
+    from flytune_build.pipeline import reader
+
+    option = BY_NAME[name]
+    edges = {option.minimum: True, option.maximum: True, option.minimum - 1: False, option.maximum + 1: False,
+             None: option.nullable}
+    for value, ok in edges.items():
+        cand = dict(Config({"BLOCK": 16}).to_json(), **{name: value})
+        art = _tuned(1)
+        data = codec.canonical(dict(art.to_json(), provenance=dict(
+            art.provenance, candidates=[{"config": cand, "time_ms": 0.5}]))) + b"\n"
+        assert (reader.read_tuned(data) is not None) == ok, (name, value)
+        outcomes = [_accepts(name, Config, {"BLOCK": 16}, **{name: value}),
+                    _accepts(name, Config.from_json, cand, codec.Fields("f", ArtifactError)),
+                    _accepts(name, reader.read, data, check_name=False),
+                    _accepts(name, Artifact.from_bytes, data, canonical=True)]
+        assert outcomes == [ok] * 4, (name, value, outcomes)
+
+
+def _accepts(name, read, *args, **kwargs) -> bool:
+    try:
+        read(*args, **kwargs)
+        return True
+    except (ArtifactError, ValueError) as e:
+        assert e.field.endswith(name), e
+        return False

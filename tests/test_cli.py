@@ -164,14 +164,19 @@ def test_execute_runs_sample_artifacts_and_reports_a_failing_one(tmp_path):
     r = flytune("verify", "--deep", "--execute", ROOT / "sample_pkg", PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}",
                 TRITON_INTERPRET=1)
     assert r.returncode == 0, r.stdout + r.stderr
-    d = tmp_path / "arts"
+    import shutil
+
     from flytune_build.core.artifact import Artifact
     from flytune_build.core.config import Config
     from flytune_build.core.device import INTERPRETER
 
-    bad = Artifact("sample_pkg.rmsnorm", {"x": "float16", "M": 4, "N": 256}, INTERPRETER, Config({"BLOCK": 384}))
-    bad.save(d)
-    r = flytune("verify", "--execute", d, PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}", TRITON_INTERPRET=1)
+    proj = tmp_path / "proj"  # --execute imports only what a project declares: a copy of the sample
+    shutil.copytree(ROOT / "sample_pkg", proj,
+                    ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
+    bad = Artifact("sample_pkg.rmsnorm", {"x": "float16", "M": 4, "N": 256}, INTERPRETER, Config({"BLOCK": 384}),
+                   {"triton": "3.6.0", "ranking": "synthetic"})
+    bad.save(proj / "artifacts" / "interpreter")
+    r = flytune("verify", "--execute", proj, PYTHONPATH=f"{proj}{os.pathsep}{ROOT}", TRITON_INTERPRET=1)
     assert r.returncode == 1 and f"{bad.filename}: Field `config` failed when executed on interpreter" in r.stdout
 
 
@@ -235,3 +240,80 @@ def test_tune_synthetic_ranking_writes_artifacts_and_resumes(tmp_path):
             (ROOT / "sample_pkg" / "artifacts" / "interpreter" / name).read_bytes().split(b'"created"')[0]
     r = flytune(*args, **env)
     assert r.returncode == 0 and "0 tuned, 2 resumed" in r.stdout
+
+
+# -- conventions (pip, uv and ruff are the references) -------------------------------------------------------
+def test_version_flag():
+    from flytune_build.core.version import VERSION
+
+    r = flytune("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"flytune {VERSION}"
+
+
+def test_help_lists_exit_codes_and_every_option_and_argument_has_help():
+    import argparse
+
+    from flytune_build.cli.main import build_parser
+
+    parser = build_parser()
+    r = flytune("--help")
+    assert r.returncode == 0 and "exit codes:" in r.stdout
+    assert all(f"\n  {code} " in r.stdout for code in (0, 1, 2, 120, 130))
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"tune", "verify", "inspect", "diff", "fmt", "export", "import", "bundle"} <= set(sub.choices)
+    for name, command in sub.choices.items():
+        assert "exit codes: 0" in command.format_help(), name
+        for action in command._actions:
+            assert action.help, f"flytune {name} {action.option_strings or action.dest} has no help"
+    for action in parser._actions:
+        assert action.help, action.option_strings
+
+
+def test_diff_and_fmt_exit_nonzero_on_missing_inputs(tmp_path):
+    artifact(100, 32).save(tmp_path / "old")
+    r = flytune("diff", tmp_path / "old", tmp_path / "missing")
+    assert r.returncode == 1 and "missing" in r.stdout
+    assert flytune("diff", tmp_path / "old", tmp_path / "old").returncode == 0
+    r = flytune("fmt", tmp_path / "old", tmp_path / "missing")
+    assert r.returncode == 1 and r.stderr == f"flytune: error: {tmp_path / 'missing'}: is not a directory of artifact files\n"
+    assert "rewrote" not in r.stdout  # every input is checked before anything is rewritten
+
+
+def test_json_documents_carry_a_format_version(wheel, tmp_path):
+    artifact(100, 32).save(tmp_path / "a")
+    for args in (("verify", "--json", wheel), ("inspect", "--json", wheel), ("diff", "--json", tmp_path / "a", wheel)):
+        doc = json.loads(flytune(*args).stdout)
+        assert doc["format"] == 1, args
+
+
+def test_closed_stdout_ends_quietly(wheel):
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before flytune writes a byte: `flytune verify --json x | head -c1`
+    try:
+        r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "verify", "--json", str(wheel)], stdout=write,
+                           stderr=subprocess.PIPE, text=True, env=python_env())
+    finally:
+        os.close(write)
+    assert r.returncode == 120 and r.stderr == ""
+
+
+def test_unexpected_error_is_one_line_without_traceback(monkeypatch, capsys, tmp_path):
+    from flytune_build.cli import audit
+    from flytune_build.cli.main import main
+
+    def boom(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(audit, "diff", boom)
+    artifact(100, 32).save(tmp_path / "a")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "a")]) == 1
+    assert capsys.readouterr().err == "flytune: error: RuntimeError: boom\n"
+
+
+def test_tune_progress_off_a_terminal_is_one_plain_line(tmp_path):
+    env = dict(TRITON_INTERPRET=1, FLYTUNE_CACHE_DIR=tmp_path / "cache", PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}")
+    r = flytune("tune", "--project", ROOT / "sample_pkg", "--kernel", "sample_pkg.matmul", "--ranking", "synthetic",
+                "--output", tmp_path / "out", "--allow-ci", **env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\r" not in r.stderr  # stderr is a pipe here: no progress frames
+    assert len([line for line in r.stderr.splitlines() if line.startswith("flytune: 2/2 shape(s) in ")]) == 1

@@ -76,7 +76,7 @@ def test_import_round_trip(tmp_path):
     (written,), _ = fly.export([art], tmp_path)
     back = fly.from_flydsl(written)
     assert back.address == art.address and back.config == art.config
-    assert back.provenance == {"ranking": "imported"}
+    assert back.provenance == {"ranking": "imported", "source": f"flydsl:{written.name}"}
 
 
 def test_import_rejects_what_format_1_cannot_hold(tmp_path):

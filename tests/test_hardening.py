@@ -241,9 +241,9 @@ ScratchCache("t.kill").put("new", {"config": {"kwargs": {}}, "time_ms": 2.0})
 """
 
 
-def test_process_killed_mid_write_leaves_previous_file_intact(tmp_path):
+def test_process_killed_mid_write_leaves_previous_file_intact(tmp_path, monkeypatch):
     from flytune_build.runtime.scratch import ScratchCache
-    os.environ["FLYTUNE_CACHE_DIR"] = str(tmp_path)
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path))
     ScratchCache("t.kill").put("old", {"config": {"kwargs": {}}, "time_ms": 1.0})
     before = (tmp_path / "t.kill.json").read_bytes()
     p = subprocess.Popen([sys.executable, "-c", KILLED], env=python_env(FLYTUNE_CACHE_DIR=tmp_path),
@@ -308,7 +308,8 @@ def test_corrupt_bundle_warns_once_and_next_tier_serves(tmp_path, monkeypatch, d
 # -- data only ----------------------------------------------------------------------------------------------
 def test_nothing_read_is_executed_or_imported():
     """No pickle/marshal/eval/exec anywhere; imports by name only of what the project itself declares."""
-    allowed_import_module = {"tune.py", "deep.py"}  # the plan's setup functions and --deep's package
+    # the plan's setup functions, --deep's package, and `flytune warmup`'s kernels (only under the bundle's package)
+    allowed_import_module = {"job.py", "deep.py", "warmup.py"}
     for path in (ROOT / "flytune_build").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -346,11 +347,12 @@ _candidates = st.lists(st.fixed_dictionaries({"config": _configs, "time_ms": _ti
 def _both_paths(candidates):
     """(error of the fast canonical read, error of the field-by-field check), each None when accepted."""
     from flytune_build.core import codec
+    from flytune_build.pipeline import reader
 
     doc = dict(GOOD_ARTIFACT, provenance={"triton": "3.6.0", "candidates": candidates})
     data = codec.canonical(doc) + b"\n"
     out = []
-    for read in (lambda: Artifact.from_bytes(data, file="f.json", check_name=False, canonical=True),
+    for read in (lambda: reader.read(data, file="f.json", check_name=False),
                  lambda: Artifact.from_json(json.loads(data), file="f.json")):
         try:
             art = read()
@@ -414,10 +416,10 @@ GOOD_ARTIFACT_DEVICE = Artifact.from_json(GOOD_ARTIFACT).device
 def test_fast_read_agrees_with_the_strict_reading_byte_for_byte(data):
     """Edits to a canonical tuned artifact, at the byte level: the fast path accepts exactly what the
     strict reading accepts, and reads the same artifact."""
-    from flytune_build.core.artifact import _read_tuned
+    from flytune_build.pipeline import reader
 
     good = _tuned_bytes()
-    assert _read_tuned(good) is not None
+    assert reader.read_tuned(good) is not None
     pos = data.draw(st.integers(0, len(good) - 1))
     edit = data.draw(st.sampled_from(["replace", "insert", "delete"]))
     byte = data.draw(st.sampled_from(list(b'0123456789.-+e"\\{}[],: nulltruefalse\x00\x7f\xc3\xa9\xed') + [0x80]))
@@ -427,7 +429,7 @@ def test_fast_read_agrees_with_the_strict_reading_byte_for_byte(data):
         bad = good[:pos] + bytes([byte]) + good[pos:]
     else:
         bad = good[:pos] + good[pos + 1:]
-    fast = _outcome(lambda d: Artifact.from_bytes(d, file="f.json", check_name=False, canonical=True), bad)
+    fast = _outcome(lambda d: reader.read(d, file="f.json", check_name=False), bad)
     assert (fast[0] == "ok") == (_outcome(_strict, bad)[0] == "ok"), bad
     if fast[0] == "ok":
         assert fast == _outcome(_strict, bad)
@@ -450,17 +452,17 @@ FAST_READ_EDITS = [  # (what, old bytes, new bytes): each leaves valid JSON that
 
 @pytest.mark.parametrize("what,old,new", FAST_READ_EDITS, ids=[e[0] for e in FAST_READ_EDITS])
 def test_fast_read_refuses_what_is_not_canonical(what, old, new):
-    from flytune_build.core.artifact import _read_tuned
+    from flytune_build.pipeline import reader
 
     good = _tuned_bytes()
     assert old in good
     bad = good.replace(old, new, 1)
     json.loads(bad)  # still JSON
-    assert _read_tuned(bad) is None
+    assert reader.read_tuned(bad) is None
     with pytest.raises(FlytuneError):
         _strict(bad)
     with pytest.raises(FlytuneError):
-        Artifact.from_bytes(bad, file="f.json", check_name=False, canonical=True)
+        reader.read(bad, file="f.json", check_name=False)
 
 
 MANIFEST_EDGES = [("artifacts", -1), ("artifacts", 0), ("artifacts", True), ("artifacts", 1.0), ("axes", ["x" * 128]),

@@ -16,6 +16,7 @@ ALLOWED = {
     "pipeline": {"core", "pipeline"},
     "cli": {"core", "runtime", "pipeline", "cli", "top"},
     "backend": {"pipeline"},
+    "build_hook": {"pipeline", "core"},  # the hatchling hook, beside backend: loaded only by hatchling
     "top": {"core", "runtime"},
 }
 

@@ -13,7 +13,7 @@ from flytune_build import Config, FlytuneWarning
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
 from flytune_build.core.errors import ArtifactExecutionError, DeclarationError, SearchError
-from flytune_build.runtime import autotuner, bench
+from flytune_build.runtime import autotuner, bench, selection
 
 N = 100
 
@@ -290,9 +290,9 @@ def test_user_do_bench_is_used(monkeypatch):
 def test_near_ties_are_retimed_and_broken_by_declared_order():
     cands = [bench.Candidate(Config({"BLOCK": b}), t) for b, t in ((16, 1.02), (32, 1.00), (64, 1.5))]
     rounds = []
-    winner = bench.pick(cands, lambda c: rounds.append(c.config.kwargs["BLOCK"]) or 1.0)
+    winner = selection.pick(cands, lambda c, _: rounds.append(c.config.kwargs["BLOCK"]) or 1.0).winner
     assert winner.config.kwargs["BLOCK"] == 16  # both tie at 1.0 after re-timing: declared order decides
-    assert sorted(set(rounds)) == [16, 32] and len(rounds) == 2 * bench.TIE_ROUNDS
+    assert sorted(set(rounds)) == [16, 32] and len(rounds) == 2 * selection.MEASURED.rounds
 
 
 def test_print_autotuning(monkeypatch, capsys):

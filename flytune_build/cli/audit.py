@@ -2,24 +2,33 @@
 distribution, opened without a GPU and without importing the package (unless `--deep`).
 
 Bundles are read by core.bundle and judged by core.verification, the rules the build applies, so a
-defect reads the same here as in the build; toolchain drift is a warning unless `--strict`.
+defect reads the same here as in the build; toolchain drift is a warning unless `--strict`. A wheel
+is read as installers and the runtime read it (cli.wheelfile); every file is read through
+core.fsutil (regular files only, capped) and every directory walked by core.fsutil.find (contained,
+loop-free, bounded). Anything that holds no bundle is a violation, never "ok". Rendered text escapes
+control characters in names; JSON output stays JSON.
 """
 from __future__ import annotations
 
 import csv
-import io
 import math
+import os
 import tarfile
 import tempfile
-import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import bundle, codec, table, verification
+from ..core import bundle, codec, fsutil, table, verification
 from ..core.artifact import Artifact
-from ..core.errors import BundleError, FlytuneError
+from ..core.errors import ArtifactError, BundleError, FlytuneError, InputError, ProjectError
 from ..core.target import Target
-from ..pipeline.wheel import record_hash
+from ..pipeline.assemble import EDITABLE_ROOT
+from . import wheelfile
+
+NO_BUNDLE = "holds no flytune bundle: the runtime would serve nothing from it"
+MAX_SDIST_BYTES = 1 << 30     # unpacked, all members together
+MAX_SDIST_MEMBERS = 100_000
 
 
 @dataclass
@@ -34,6 +43,7 @@ class Source:
     targets: tuple[Target, ...] = ()
     package: str | None = None
     drift: list[FlytuneError] = field(default_factory=list)  # toolchain drift: warnings unless --strict
+    modules: set[str] = field(default_factory=set)  # packages the project or distribution itself declares
 
     @property
     def ok(self) -> bool:
@@ -47,11 +57,19 @@ class Source:
 
     def render(self) -> str:
         head = "ok" if self.ok else f"{len(self.errors)} violation(s)"
-        lines = [f"{self.path} ({self.kind}): {head}; {len(self.artifacts)} artifact(s), "
+        lines = [f"{escape(self.path)} ({self.kind}): {head}; {len(self.artifacts)} artifact(s), "
                  f"{len({a.kernel for a in self.artifacts})} kernel(s)"]
-        lines += [f"  error: {e}" for e in self.errors]
-        lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  error: {escape(str(e))}" for e in self.errors]
+        lines += [f"  warning: {escape(w)}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def escape(text: str) -> str:
+    """`text` safe to print on a terminal: control, format and lone surrogate characters (a newline,
+    an escape sequence, a bidi override, an undecodable byte of a file name) written as Python escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def open_source(path: str) -> Source:
@@ -65,7 +83,7 @@ def open_source(path: str) -> Source:
     if not p.exists() and "/" not in path and "\\" not in path:
         return _installed(path)
     src = Source(path, "unknown")
-    src.errors.append(FlytuneError("is not a wheel, an sdist, a directory or an installed distribution",
+    src.errors.append(InputError("is not a wheel, an sdist, a directory or an installed distribution",
                                    file=path))
     return src
 
@@ -74,73 +92,73 @@ def open_source(path: str) -> Source:
 def _wheel(path: Path) -> Source:
     src = Source(str(path), "wheel")
     try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        src.errors.append(BundleError(f"is not a readable zip archive: {e}", file=path))
+        whl = wheelfile.open_wheel(path)
+    except BundleError as e:
+        src.errors.append(e)
         return src
-    with zf:
-        members = {i.filename: i for i in zf.infolist() if not i.is_dir()}
-        records = [n for n in members if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
-        if len(records) != 1:
-            src.errors.append(BundleError("must hold exactly one *.dist-info/RECORD", file=path, field="RECORD"))
-            return src
-        record_name = records[0]
-        data = {}
-        for name in members:
-            try:
-                data[name] = zf.read(name)
-            except (zipfile.BadZipFile, OSError, EOFError) as e:  # a CRC mismatch: bytes changed in place
-                src.errors.append(BundleError(f"cannot be read from the archive: {e}", file=f"{path}!{name}"))
-    _check_record(src, path, data, record_name)
-    prefix = record_name.split("/")[0]
-    eps = data.get(f"{prefix}/entry_points.txt", b"").decode("utf-8", "replace")
-    manifests = sorted(n for n in data if n.endswith(f"/{bundle.DIRNAME}/{bundle.MANIFEST}"))
-    for m in manifests:
-        base = m[: -len(bundle.MANIFEST)]
-        _bundle(src, f"{path}!{base}", data[m], lambda name: data.get(base + name))
-        if src.manifest is not None and f"{src.manifest.package}.{bundle.DIRNAME}" not in eps:
-            src.errors.append(BundleError(f"has no entry point in group {bundle.ENTRY_POINT_GROUP} naming "
-                                          f"{src.manifest.package}.{bundle.DIRNAME}: the runtime will not find "
-                                          f"the bundle", file=f"{path}!{prefix}/entry_points.txt"))
-    if not manifests:
-        src.warnings.append("holds no flytune bundle")
+    with whl.zf:
+        whl.check_record()
+        eps = whl.entry_points(bundle.ENTRY_POINT_GROUP)
+        src.modules = wheelfile.modules(whl.members)
+        _wheel_bundles(src, whl, eps)
+    src.errors[:0] = whl.errors
     return src
 
 
-def _check_record(src: Source, path: Path, data: dict[str, bytes], record_name: str) -> None:
-    text = data.get(record_name, b"").decode("utf-8", "replace")
-    listed = {}
-    for row in csv.reader(io.StringIO(text)):
-        if not row:
+def _wheel_bundles(src: Source, whl: wheelfile.Wheel, eps: list) -> None:
+    """Each bundle where an entry point sends the runtime, and no bundle the runtime would not find."""
+    ep_file = f"{whl.path}!{whl.dist_info}/entry_points.txt"
+    reached = set()
+    for ep in eps:
+        base = ep.value.split(":")[0].strip().replace(".", "/") + "/"  # where runtime.offline.locate looks
+        name = base + bundle.MANIFEST
+        if name not in whl.members:
+            src.errors.append(BundleError(f"names {ep.value!r}, but the wheel has no {name}: the runtime will not "
+                                          f"find the bundle", file=ep_file,
+                                          field=f"{bundle.ENTRY_POINT_GROUP}.{ep.name}"))
             continue
-        if len(row) != 3:
-            src.errors.append(BundleError(f"has a malformed line {','.join(row)!r}", file=f"{path}!{record_name}"))
+        if name in reached:
             continue
-        listed[row[0]] = (row[1], row[2])
-    for name, blob in sorted(data.items()):
-        if name == record_name:
+        reached.add(name)
+        try:
+            data = whl.read(name, bundle.MAX_MANIFEST_BYTES)
+        except BundleError as e:
+            src.errors.append(e)
             continue
-        if name not in listed:
-            src.errors.append(BundleError("is in the wheel but missing from RECORD", file=f"{path}!{name}",
-                                          field="RECORD"))
-            continue
-        digest, size = listed[name]
-        if digest != record_hash(blob) or size != str(len(blob)):
-            src.errors.append(BundleError("does not match its RECORD line (sha256 or size differs: the member "
-                                          "was altered)", file=f"{path}!{name}", field="RECORD"))
-    for name, (digest, _) in sorted(listed.items()):
-        if name not in data and name != record_name:
-            src.errors.append(BundleError("is listed in RECORD but absent from the wheel", file=f"{path}!{name}",
-                                          field="RECORD"))
+        manifest = _bundle(src, f"{whl.path}!{base}", data, lambda n, b=base: whl.read(b + n, bundle.MAX_SHARD_BYTES))
+        _check_entry_value(src, ep, manifest, ep_file)
+    for name in sorted(n for n in whl.members if _is_manifest(n) and n not in reached):
+        src.errors.append(BundleError(f"no entry point in group {bundle.ENTRY_POINT_GROUP} names this bundle: the "
+                                      f"runtime will not find it", file=f"{whl.path}!{name}"))
+    if not eps and not any(_is_manifest(n) for n in whl.members):
+        src.errors.append(BundleError(NO_BUNDLE, file=whl.path))
 
 
-def _bundle(src: Source, label: str, manifest_bytes: bytes, read) -> None:
+def _check_entry_value(src: Source, ep, manifest: bundle.Manifest | None, file: str) -> None:
+    if manifest is not None and ep.value not in _entry_values(manifest, ep.name):
+        src.errors.append(BundleError(f"is {ep.value!r}; it must be exactly {manifest.package}.{bundle.DIRNAME} "
+                                      f"(the manifest's package)", file=file,
+                                      field=f"{bundle.ENTRY_POINT_GROUP}.{ep.name}"))
+
+
+def _entry_values(manifest: bundle.Manifest, name: str) -> tuple[str, ...]:
+    """The values an entry point for this bundle may have: the package's, or an editable wheel's."""
+    return f"{manifest.package}.{bundle.DIRNAME}", f"{EDITABLE_ROOT}.{name}"
+
+
+def _is_manifest(name: str) -> bool:
+    parts = name.split("/")
+    return parts[-1] == bundle.MANIFEST and (parts[-2:-1] == [bundle.DIRNAME] or
+                                             (len(parts) == 3 and parts[0] == EDITABLE_ROOT))
+
+
+def _bundle(src: Source, label: str, manifest_bytes: bytes, read) -> bundle.Manifest | None:
     got = bundle.read(label, manifest_bytes, read)
     src.errors += got.errors
     src.sizes.update(got.sizes)
     src.artifacts += got.artifacts
     if got.manifest is None:
-        return
+        return None
     src.manifest, src.targets, src.package = got.manifest, got.manifest.targets, got.manifest.package
     declared = verification.Declaration.of_manifest(got.manifest, label + bundle.MANIFEST)
     found = verification.check(got.artifacts, got.where, declared, with_toolchain=False)
@@ -148,6 +166,7 @@ def _bundle(src: Source, label: str, manifest_bytes: bytes, read) -> None:
     src.warnings += found.warnings
     src.drift += verification.toolchain(got.artifacts, got.where, declared).errors
     _installed_drift(src, declared)
+    return got.manifest
 
 
 def _installed_drift(src: Source, declared: verification.Declaration) -> None:
@@ -163,23 +182,42 @@ def _installed_drift(src: Source, declared: verification.Declaration) -> None:
 
 
 # -- sdists, projects, directories, installed distributions -----------------------------------------------
+SDIST_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, ValueError)
+
+
 def _sdist(path: Path) -> Source:
+    from . import archive
+
+    src = Source(str(path), "sdist")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            with tarfile.open(path, "r:gz") as tf:
-                tf.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError) as e:
-            src = Source(str(path), "sdist")
-            src.errors.append(BundleError(f"is not a readable sdist: {e}", file=path))
+            _check_sdist_size(path)
+            archive.extract(path, tmp)
+        except FlytuneError as e:
+            src.errors.append(e)
+            return src
+        except SDIST_ERRORS as e:
+            src.errors.append(BundleError(f"is not a readable sdist: {type(e).__name__}: {e}", file=path))
             return src
         tops = [p for p in Path(tmp).iterdir() if (p / "pyproject.toml").is_file()]
         if len(tops) != 1:
-            src = Source(str(path), "sdist")
             src.errors.append(BundleError("has no top-level directory with pyproject.toml", file=path))
             return src
         src = _project(tops[0], str(path))
         src.kind = "sdist"
         return src
+
+
+def _check_sdist_size(path: Path) -> None:
+    """Refuse, before unpacking anything, an sdist that would unpack past the caps (a tar bomb)."""
+    total = count = 0
+    with tarfile.open(path, "r:*") as tf:
+        for m in tf:
+            count += 1
+            total += max(m.size, 0) if m.isreg() else 0
+            if count > MAX_SDIST_MEMBERS or total > MAX_SDIST_BYTES:
+                raise BundleError(f"would unpack to more than {MAX_SDIST_MEMBERS} members or {MAX_SDIST_BYTES} "
+                                  f"bytes: refused", file=path)
 
 
 def _project(root: Path, label: str) -> Source:
@@ -194,11 +232,12 @@ def _project(root: Path, label: str) -> Source:
         src.errors.append(e)
         return src
     if proj is None:
-        src.warnings.append("pyproject.toml has no [tool.flytune] table")
+        src.errors.append(ProjectError("has no [tool.flytune] table: a build makes no bundle of it",
+                                       file=root / "pyproject.toml"))
         return src
     state = verify.verify(collect.collect(build_mod.BuildState(proj)))
     src.artifacts, src.errors, src.targets = state.artifacts, list(state.rejected), proj.targets
-    src.package = proj.package
+    src.package, src.modules = proj.package, {proj.package}
     src.warnings += state.warnings + [f"excluded {p} (tuned on {d})" for p, d in state.excluded]
     _installed_drift(src, verification.Declaration.of_project(proj))
     return src
@@ -207,18 +246,29 @@ def _project(root: Path, label: str) -> Source:
 def _directory(root: Path) -> Source:
     src = Source(str(root), "directory")
     origin: dict[int, str] = {}
-    for path in sorted(root.rglob("*.json")):
+    try:
+        found = fsutil.find(root, ".", suffix=".json", error=ArtifactError, file=root, root_name="the directory")
+    except FlytuneError as e:
+        src.errors.append(e)
+        return src
+    src.errors += found.problems
+    for real, rel in sorted(found.files.items(), key=lambda t: t[1]):
+        path = root / rel
         try:
-            art = Artifact.load(path, canonical=True)
+            data = fsutil.read_regular(real, ArtifactError, codec.MAX_DOCUMENT_BYTES)
+            art = Artifact.from_bytes(data, file=path, canonical=True)
         except FlytuneError as e:
+            e.relocate(path)
             src.errors.append(e)
             continue
         src.artifacts.append(art)
         origin[id(art)] = str(path)
-        src.sizes[str(path.relative_to(root))] = path.stat().st_size
+        src.sizes[rel] = len(data)
     found = verification.check(src.artifacts, lambda a: origin[id(a)])
     src.errors += found.errors
     src.warnings += found.warnings
+    if not src.artifacts and not src.errors:
+        src.errors.append(ArtifactError("holds no artifact file (*.json): nothing to verify", file=root))
     return src
 
 
@@ -228,36 +278,62 @@ def _installed(name: str) -> Source:
     src = Source(name, "installed")
     try:
         dist = distribution(name)
-    except PackageNotFoundError:
-        src.errors.append(FlytuneError("is not a file, a directory or an installed distribution", file=name))
+    except (PackageNotFoundError, ValueError):
+        src.errors.append(InputError("is not a file, a directory or an installed distribution", file=name))
         return src
-    eps = [ep for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP]
+    try:
+        eps = [ep for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP]
+        files = list(dist.files or [])
+    except (ValueError, TypeError, OSError, csv.Error) as e:  # entry_points.txt or RECORD the runtime cannot read
+        src.errors.append(BundleError(f"has metadata importlib.metadata cannot read: {type(e).__name__}: {e}",
+                                      file=name))
+        return src
+    src.modules = wheelfile.modules(str(f) for f in files)
     if not eps:
-        src.warnings.append("registers no flytune bundle")
-        return src
-    record = {str(f): f for f in (dist.files or [])}
+        src.errors.append(BundleError(NO_BUNDLE, file=name))
+    record = {str(f): f for f in files}
     for ep in eps:
-        from ..runtime.offline import locate
-
-        loc = locate(ep)
-        if loc is None:
-            src.errors.append(BundleError(f"entry point {ep.name} = {ep.value} names no readable bundle", file=name))
-            continue
-        rel = ep.value.replace(".", "/") + "/"
-
-        def read(fname, root=loc.root):
-            p = root / fname
-            return p.read_bytes() if p.is_file() else None
-
-        for fname in sorted(p.name for p in loc.root.iterdir() if p.is_file() and p.suffix == ".json"):
-            f = record.get(rel + fname)
-            if f is not None and f.hash is not None:
-                blob = read(fname)
-                if record_hash(blob) != f"{f.hash.mode}={f.hash.value}":
-                    src.errors.append(BundleError("does not match its RECORD line (altered after install)",
-                                                  file=str(loc.root / fname), field="RECORD"))
-        _bundle(src, str(loc.root) + "/", read(bundle.MANIFEST) or b"", read)
+        _installed_bundle(src, name, ep, record)
     return src
+
+
+def _installed_bundle(src: Source, name: str, ep, record: dict) -> None:
+    from ..runtime.offline import locate
+
+    loc = locate(ep)
+    if loc is None:
+        src.errors.append(BundleError(f"entry point {ep.name} = {ep.value} names no readable bundle", file=name))
+        return
+    _check_entry_value(src, ep, loc.manifest, name)
+    rel = ep.value.split(":")[0].strip().replace(".", "/") + "/"
+    blobs: dict[str, bytes | None] = {}
+
+    def read(fname, root=loc.root):
+        if fname not in blobs:
+            p = root / fname
+            cap = bundle.MAX_MANIFEST_BYTES if fname == bundle.MANIFEST else bundle.MAX_SHARD_BYTES
+            blobs[fname] = fsutil.read_regular(p, BundleError, cap) if os.path.lexists(p) else None
+        return blobs[fname]
+
+    for fname in sorted(p.name for p in loc.root.iterdir() if p.suffix == ".json"):
+        f = record.get(rel + fname)
+        if f is None or f.hash is None:
+            continue
+        try:
+            blob = read(fname)
+        except FlytuneError as e:
+            src.errors.append(e)
+            continue
+        if blob is None or wheelfile.digest(f.hash.mode, blob) != f.hash.value.rstrip("="):
+            src.errors.append(BundleError(f"does not match its RECORD line ({f.hash.mode}: altered after install, or "
+                                          f"a hash the wheel spec does not allow)", file=str(loc.root / fname),
+                                          field="RECORD"))
+    try:
+        manifest_bytes = read(bundle.MANIFEST) or b""
+    except FlytuneError as e:
+        src.errors.append(e)
+        return
+    _bundle(src, str(loc.root) + "/", manifest_bytes, read)
 
 
 # -- verify / inspect / diff ---------------------------------------------------------------------------------
@@ -291,14 +367,15 @@ def render_inspect(info: dict) -> str:
     labels = [t["label"] for t in info["targets"]]
     rows = [["kernel", *labels, "key axes"]]
     rows += [[k, *(row[lab] for lab in labels), ", ".join(info["key_axes"][k])] for k, row in info["coverage"].items()]
-    lines = [f"{info['path']} ({info['kind']}{', package ' + info['package'] if info['package'] else ''})",
+    lines = [f"{escape(info['path'])} ({info['kind']}{', package ' + info['package'] if info['package'] else ''})",
              table.render(rows, align="<" + ">" * len(labels), indent="  ")]
     lines.append("  accepted match levels: " + "; ".join(f"{t['label']}: {', '.join(t['accept'])}"
                                                        for t in info["targets"]))
     tc = info["toolchain"]
-    lines.append(f"  toolchain: triton {tc['declared'] or '(any)'}; tuned with {', '.join(tc['tuned_with_triton']) or '?'}")
+    tuned = ", ".join(tc["tuned_with_triton"]) or "?"
+    lines.append(escape(f"  toolchain: triton {tc['declared'] or '(any)'}; tuned with {tuned}"))
     lines.append(f"  {info['artifacts']} artifact(s), {info['bytes']} bytes")
-    lines += [f"  error: {e['message']}" for e in info["errors"]]
+    lines += [f"  error: {escape(e['message'])}" for e in info["errors"]]
     return "\n".join(lines)
 
 
@@ -335,13 +412,13 @@ def _margin(new: Artifact, old_config) -> float | None:
 
 def render_diff(d: dict) -> str:
     def key(x):
-        return f"{x['kernel']} {x['key']} on {x['device']}"
+        return escape(f"{x['kernel']} {x['key']} on {x['device']}")
 
     lines = [f"+ {key(x)}" for x in d["added"]] + [f"- {key(x)}" for x in d["removed"]]
     for x in d["changed"]:
         m = "" if x["margin"] is None else f" (old winner {x['margin'] * 100:+.1f}% slower in the new run)"
-        lines.append(f"~ {key(x)}: {x['old']} -> {x['new']}{m}")
+        lines.append(f"~ {key(x)}: {escape(x['old'])} -> {escape(x['new'])}{m}")
     lines.append(f"{len(d['added'])} added, {len(d['removed'])} removed, {len(d['changed'])} changed, "
                  f"{d['unchanged']} unchanged")
-    lines += [f"error: {e['message']}" for e in d["errors"]]
+    lines += [f"error: {escape(e['message'])}" for e in d["errors"]]
     return "\n".join(lines)

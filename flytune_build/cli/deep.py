@@ -1,23 +1,28 @@
-"""`flytune verify --deep / --execute`: check artifacts against the decorated kernels they name.
+"""`flytune verify --deep / --execute`: check artifacts against the kernels they name.
 
---deep imports the package in the current environment; --execute also runs each artifact that
-matches this device once, through the kernel's declared `validate(key)` reference check.
+--deep imports the package in the current environment and checks each artifact against the kernel
+registered under its name (`runtime.registry`: `flytune_build.autotune` kernels and `@triton.autotune`
+kernels the package adopts alike); --execute also runs each artifact that matches this device once,
+through the kernel's declared `validate(key)` reference check. The
+package imported is only one the project or distribution itself declares (`[tool.flytune].package`,
+or a package the wheel's or installed distribution's own files install): never a name read from
+artifact or manifest data alone.
 """
 from __future__ import annotations
 
 import importlib
 
-from ..core.errors import ArtifactError, ArtifactExecutionError, FlytuneError
+from ..core.errors import ArtifactError, ArtifactExecutionError, BundleError, FlytuneError, InputError
 from ..core.target import match_level
 from ..runtime import device
 
 
 def check(src, *, execute: bool = False) -> None:
-    from ..runtime import autotuner
+    from ..runtime import registry
 
-    package = src.package
-    if package is None and src.artifacts:
-        package = src.artifacts[0].kernel.rsplit(".", 1)[0]
+    package = declared_package(src)
+    if package is None:
+        return
     try:
         importlib.import_module(package)
     except Exception as e:  # the package is the user's code: any failure is a finding, not a crash
@@ -25,16 +30,13 @@ def check(src, *, execute: bool = False) -> None:
         return
     here = device.current() if execute else None
     for art in src.artifacts:
-        k = autotuner.kernel(art.kernel)
+        k = registry.kernel(art.kernel)  # a flytune_build.autotune kernel, or an adopted @triton.autotune one
         if k is None:
-            src.errors.append(ArtifactError(f"names kernel {art.kernel}, which importing {package} does not define",
-                                            file=art.filename, field="kernel"))
-            continue
-        if set(art.key) != set(k.axis_names):
-            src.errors.append(ArtifactError(f"has key axes {sorted(art.key)}, but the decorator declares "
-                                            f"{sorted(k.axis_names)}", file=art.filename, field="key"))
+            src.errors.append(ArtifactError(f"names kernel {art.kernel}, which importing {package} neither "
+                                            f"defines nor adopts", file=art.filename, field="kernel"))
             continue
         try:
+            k.check_key(art.key, art.filename)
             k.check_binds(art.config, set(k.arg_names) - set(k.tuned_kwargs), "config", file=art.filename)
         except FlytuneError as e:
             src.errors.append(e)
@@ -49,3 +51,19 @@ def check(src, *, execute: bool = False) -> None:
             except Exception as e:
                 src.errors.append(ArtifactExecutionError(
                     f"failed when executed on {here}: {type(e).__name__}: {e}", file=art.filename, field="config"))
+
+
+def declared_package(src) -> str | None:
+    """The package --deep may import: the manifest's or project's, when the source itself installs or
+    declares it; else None, with the reason recorded in `src.errors`."""
+    package = src.package
+    if package is None:
+        src.errors.append(InputError("declares no package (a directory of artifacts): --deep needs a project, "
+                                       "a wheel or an installed distribution", file=src.path))
+        return None
+    if package not in src.modules:
+        src.errors.append(BundleError(f"names package {package!r}, which this {src.kind} does not install: --deep "
+                                       f"imports only the distribution's own packages", file=src.path,
+                                       field="package"))
+        return None
+    return package

@@ -1,18 +1,28 @@
 """The `flytune` command: tune on the intended GPU; verify, inspect and diff bundles without one.
 
-Exit codes: 0 clean, 1 violations (or a failed run), 2 usage error.
+Exit codes: 0 clean, 1 violations (or a failed run), 2 usage error, 120 stdout closed early, 130
+interrupted. Errors are one line `flytune: error: ...` on stderr, never a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from ..core import settings
 from ..core.errors import FlytuneError
+from ..core.version import VERSION
 
-EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 0, 1, 2, 120, 130
+JSON_FORMAT = 1  # "format" of every --json document (verify, inspect, diff); bumped on incompatible change
+EXIT_CODES = """exit codes:
+  0    success: everything checked is clean
+  1    violations found, or the command failed (one line `flytune: error: ...` on stderr)
+  2    usage error: bad arguments, a missing [tool.flytune] table, `tune` refused where CI is set
+  120  stdout was closed before the output was written (`flytune ... | head`); nothing more is printed, as pip does
+  130  interrupted"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,11 +32,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def main(argv=None) -> int:
-    parser = _Parser(prog="flytune", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="flytune", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"flytune {VERSION}",
+                        help="print the flytune-build version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+                                help="`flytune COMMAND --help` describes each")
 
-    t = sub.add_parser("tune", help="search a tuning plan on this device and write artifacts")
+    def command(name, help, codes):
+        return sub.add_parser(name, help=help, description=help, epilog=f"exit codes: {codes}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    t = command("tune", "search a tuning plan on this device and write artifacts",
+                "0 tuned, 1 failed, 2 usage error or refused where CI is set, 130 interrupted")
     t.add_argument("--project", default=".", help="project root holding pyproject.toml (default: .)")
     t.add_argument("--plan", help="a plan TOML file (default: [tool.flytune.tune])")
     t.add_argument("--output", help="artifact directory (default: tool.flytune.tune.output)")
@@ -34,49 +53,113 @@ def main(argv=None) -> int:
     t.add_argument("--ranking", choices=("measured", "synthetic"), default=None,
                    help="synthetic: deterministic ranking, never a measurement (interpreter/CI artifacts)")
     t.add_argument("--no-resume", action="store_true", help="re-tune entries finished by an earlier run")
+    t.add_argument("--min-improvement", type=float, default=None, metavar="PCT",
+                   help="keep a winner the output already holds unless another config is faster by more than "
+                        "PCT percent, measured in the same search (default: 3; in-process runs only)")
+    t.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help="search each shape K times and report how many agreed; the majority winner is written")
     t.add_argument("--allow-ci", action="store_true", help="run even where CI is set")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-progress", action="store_true", help="no progress at all (off a terminal there is "
+                                                              "no bar anyway, only one plain line at the end)")
+    from .fleet import add_options  # --executor, --workers, --address, --job-timeout
 
-    v = sub.add_parser("verify", help="verify wheels, sdists, artifact directories or installed distributions")
-    v.add_argument("paths", nargs="+", metavar="PATH")
-    v.add_argument("--json", action="store_true", help="machine-readable report")
+    add_options(t)
+
+    v = command("verify", "verify wheels, sdists, artifact directories or installed distributions",
+                "0 clean, 1 violations, 2 usage error")
+    v.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a wheel, an sdist, a project or artifact directory, or an installed distribution name")
+    v.add_argument("--json", action="store_true", help=f"machine-readable report (\"format\": {JSON_FORMAT})")
     v.add_argument("--strict", action="store_true", help="toolchain drift is an error, not a warning")
     v.add_argument("--deep", action="store_true", help="import the package and check artifacts against kernels")
     v.add_argument("--execute", action="store_true", help="run each matching artifact once (GPU or interpreter)")
 
-    i = sub.add_parser("inspect", help="coverage matrix, key axes, toolchain and sizes of a bundle")
-    i.add_argument("path", metavar="PATH")
-    i.add_argument("--json", action="store_true")
+    i = command("inspect", "coverage matrix, key axes, toolchain and sizes of a bundle",
+                "0 clean, 1 PATH has violations, 2 usage error")
+    i.add_argument("path", metavar="PATH", help="a wheel, an sdist, a directory or an installed distribution")
+    i.add_argument("--json", action="store_true", help=f"machine-readable output (\"format\": {JSON_FORMAT})")
 
-    d = sub.add_parser("diff", help="identities added, removed or with a changed winner between two bundles")
-    d.add_argument("old", metavar="A")
-    d.add_argument("new", metavar="B")
-    d.add_argument("--json", action="store_true")
+    d = command("diff", "identities added, removed or with a changed winner between two bundles",
+                "0 compared, 1 A or B is missing or has violations (the diff is printed all the same), "
+                "2 usage error")
+    d.add_argument("old", metavar="A", help="the old bundle: wheel, sdist, directory or installed distribution")
+    d.add_argument("new", metavar="B", help="the new bundle, of any kind A may be")
+    d.add_argument("--json", action="store_true", help=f"machine-readable output (\"format\": {JSON_FORMAT})")
+    add_data_commands(command)
+    from .merge import add_command
+    from .warmup import add_command as add_warmup
 
-    x = sub.add_parser("export", help="write a bundle's or directory's artifacts in another tool's format")
-    x.add_argument("path", metavar="PATH")
-    x.add_argument("--format", choices=("flydsl",), required=True)
+    add_command(command)
+    add_warmup(command)
+    return parser
+
+
+def add_data_commands(command) -> None:
+    """fmt, export, import, bundle: the commands that write files."""
+    f = command("fmt", "rewrite artifact files in canonical form under their content address",
+                "0 done, 1 a DIR is missing or holds an invalid artifact, 2 usage error")
+    f.add_argument("paths", nargs="+", metavar="DIR", help="a directory of artifact files (*.json)")
+
+    x = command("export", "write a bundle's or directory's artifacts in another tool's format",
+                "0 written, 1 PATH has violations, 2 usage error")
+    x.add_argument("path", metavar="PATH", help="a wheel, an sdist, a directory or an installed distribution")
+    x.add_argument("--format", choices=("flydsl",), required=True, help="the other tool's format")
     x.add_argument("--output", required=True, help="directory to write into")
 
-    m = sub.add_parser("import", help="turn another tool's offline configs into flytune artifacts")
-    m.add_argument("paths", nargs="+", metavar="FILE")
-    m.add_argument("--format", choices=("flydsl",), required=True)
+    m = command("import", "turn another tool's tuned configs into flytune artifacts (all or nothing)",
+                "0 imported, 1 a file or entry is refused (nothing is written), 2 usage error")
+    m.add_argument("paths", nargs="+", metavar="FILE", help="config files in the chosen format")
+    m.add_argument("--format", choices=("flydsl", "vllm", "sglang"), required=True,
+                   help="flydsl: FlyDSL offline configs; vllm, sglang: fused-MoE config files "
+                        "(E=..,N=..,device_name=..[,dtype=..][,block_shape=[..]].json)")
     m.add_argument("--output", required=True, help="artifact directory to write into")
-    m.add_argument("--name", help="kernel name to import under (default: the FlyDSL name, '-' -> '_')")
+    m.add_argument("--kernel", "--name", dest="kernel", metavar="NAME",
+                   help="kernel name to import under (required for vllm and sglang; flydsl default: the "
+                        "FlyDSL name, '-' -> '_')")
+    m.add_argument("--device", metavar="SPEC", help="device of every file, as FLYTUNE_DEVICE spells it "
+                   "(cuda:sm_90:132:NVIDIA H200); vllm, sglang default: from the file name's device_name")
 
-    f = sub.add_parser("fmt", help="rewrite artifact files in canonical form under their content address")
-    f.add_argument("paths", nargs="+", metavar="DIR")
+    b = command("bundle", "write the verified bundle into a package directory, for any other build backend",
+                "0 written, 1 verification failed (nothing is written), 2 usage error")
+    b.add_argument("--output", required=True, metavar="DIR",
+                   help="the package's source directory (e.g. src/mypkg); the bundle goes to DIR/_flytune/")
+    b.add_argument("--project", default=".", help="project root holding pyproject.toml (default: .)")
 
-    args = parser.parse_args(argv)
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        return {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt,
-                "export": _export, "import": _import}[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
     except FlytuneError as e:
         print(f"flytune: error: {e}", file=sys.stderr)
         return EXIT_VIOLATIONS
     except KeyboardInterrupt:
         print("flytune: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return broken_pipe()
+    except Exception as e:  # noqa: BLE001 - a bug or an OS error: one line, as every other failure
+        print(f"flytune: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_VIOLATIONS
+
+
+def broken_pipe() -> int:
+    """Whoever read stdout stopped (`| head`): end quietly, and point stdout at /dev/null so the
+    interpreter's own last flush has nothing to complain about (pip does the same)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def dump(doc: dict) -> str:
+    """A --json document: the report with its format version at the top level."""
+    return json.dumps({"format": JSON_FORMAT, **doc}, indent=2, sort_keys=True)
 
 
 def _tune(args) -> int:
@@ -95,21 +178,44 @@ def _tune(args) -> int:
     plan = Path(args.plan).resolve() if args.plan else proj.tune_plan  # --plan is relative to the cwd
     entries = project_mod.load_plan(root, plan) if plan else proj.tune_entries
     if args.kernel:
+        unknown = sorted(set(args.kernel) - {e.kernel for e in entries})
+        if unknown:
+            known = ", ".join(sorted({e.kernel for e in entries})) or "none"
+            print(f"flytune: error: --kernel {', '.join(unknown)}: not in the tuning plan (its kernels: {known})",
+                  file=sys.stderr)
+            return EXIT_USAGE
         entries = tuple(e for e in entries if e.kernel in args.kernel)
     if not entries:
         print("flytune: error: the tuning plan is empty (declare [tool.flytune.tune] or pass --plan)",
               file=sys.stderr)
         return EXIT_USAGE
+    if args.repeat < 1 or not 0 <= (args.min_improvement or 0) < 1000:
+        print("flytune: error: --repeat must be at least 1 and --min-improvement a percentage >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    if args.executor or args.workers is not None or args.address or args.job_timeout is not None:  # a fleet
+        from . import fleet
+
+        if args.repeat != 1 or args.min_improvement is not None:
+            print("flytune: error: --repeat and --min-improvement run in this process (a fleet replaces the "
+                  "output's winners): drop --executor, --workers, --address and --job-timeout", file=sys.stderr)
+            return EXIT_USAGE
+        return fleet.command(args, proj, entries)
     import time
 
     start = time.perf_counter()
+    margin = tune.MIN_IMPROVEMENT_PCT if args.min_improvement is None else args.min_improvement
     results = tune.run(proj, entries, output=Path(args.output).resolve() if args.output else None,
-                       resume=not args.no_resume, progress=not args.no_progress, ranking=args.ranking)
+                       resume=not args.no_resume, progress=not args.no_progress, ranking=args.ranking,
+                       min_improvement=margin, repeat=args.repeat)
     print(tune.summary(results))
-    tuned = sum(r.status == "tuned" for r in results)
-    print(f"flytune: {tuned} tuned, {sum(r.status == 'resumed' for r in results)} resumed, "
-          f"in {time.perf_counter() - start:.1f} s")
-    return EXIT_OK
+    tuned = [r for r in results if r.status == "tuned"]
+    changes = ", ".join(f"{sum(r.change.startswith(c) for r in tuned)} {c}" for c in ("new", "kept", "replaced"))
+    print(f"flytune: {len(tuned)} tuned, {sum(r.status == 'resumed' for r in results)} resumed, "
+          f"in {time.perf_counter() - start:.1f} s; against the output's winners: {changes}")
+    failed = sum(r.status == "failed" for r in results)
+    if failed:
+        print(f"flytune: error: {failed} shape(s) failed (see the table)", file=sys.stderr)
+    return EXIT_VIOLATIONS if failed else EXIT_OK
 
 
 def _verify(args) -> int:
@@ -118,7 +224,7 @@ def _verify(args) -> int:
     reports = [audit.verify(p, strict=args.strict, deep=args.deep, execute=args.execute) for p in args.paths]
     ok = all(r.ok for r in reports)
     if args.json:
-        print(json.dumps({"ok": ok, "reports": [r.to_json() for r in reports]}, indent=2, sort_keys=True))
+        print(dump({"ok": ok, "reports": [r.to_json() for r in reports]}))
     else:
         for r in reports:
             print(r.render())
@@ -130,16 +236,17 @@ def _inspect(args) -> int:
 
     view = audit.open_source(args.path)
     info = audit.inspect(view)
-    print(json.dumps(info, indent=2, sort_keys=True) if args.json else audit.render_inspect(info))
+    print(dump(info) if args.json else audit.render_inspect(info))
     return EXIT_OK if not view.errors else EXIT_VIOLATIONS
 
 
 def _diff(args) -> int:
     from . import audit
 
-    changes = audit.diff(audit.open_source(args.old), audit.open_source(args.new))
-    print(json.dumps(changes, indent=2, sort_keys=True) if args.json else audit.render_diff(changes))
-    return EXIT_OK
+    old, new = audit.open_source(args.old), audit.open_source(args.new)
+    changes = audit.diff(old, new)
+    print(dump(changes) if args.json else audit.render_diff(changes))
+    return EXIT_OK if old.ok and new.ok else EXIT_VIOLATIONS
 
 
 def _export(args) -> int:
@@ -159,34 +266,78 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
-    from ..runtime.adapters import flydsl
+    if args.format == "flydsl":
+        if args.device:
+            print("flytune: error: --device applies to --format vllm and sglang (FlyDSL files name their "
+                  "device)", file=sys.stderr)
+            return EXIT_USAGE
+        from ..runtime.adapters import flydsl
 
-    arts = [flydsl.from_flydsl(p, name=args.name) for p in args.paths]  # all or nothing
+        arts = [flydsl.from_flydsl(p, name=args.kernel) for p in args.paths]  # all or nothing
+        for a in arts:
+            print(f"imported {a.save(args.output)}")
+        return EXIT_OK
+    from ..core.artifact import KERNEL_NAME
+    from ..core.device import parse_spec
+    from . import importers
+
+    if not args.kernel or not KERNEL_NAME.fullmatch(args.kernel):
+        print(f"flytune: error: --format {args.format} needs --kernel NAME, a dotted Python name (the kernel's "
+              f"`name`, e.g. mylib.fused_moe)", file=sys.stderr)
+        return EXIT_USAGE
+    device = parse_spec(args.device, source="--device") if args.device else None
+    arts = importers.import_files(args.paths, args.format, args.kernel, device)  # all or nothing
     for a in arts:
-        print(f"imported {a.save(args.output)}")
+        a.save(args.output)
+    print(f"flytune: imported {len(arts)} artifact(s) of {args.kernel} from {len(args.paths)} {args.format} "
+          f"file(s) into {args.output}")
     return EXIT_OK
 
 
 def _fmt(args) -> int:
-    from ..core.artifact import Artifact
+    from . import fmt
 
-    changed = 0
-    for d in args.paths:
-        for path in sorted(Path(d).glob("*.json")):
-            from ..core.artifact import read_capped
-            from ..core.errors import ArtifactError
+    return fmt.command(args)
 
-            art = Artifact.from_bytes(read_capped(path, ArtifactError), file=path, check_name=False)
-            data = art.to_bytes()
-            target = path.with_name(art.filename)
-            if target != path or path.read_bytes() != data:
-                art.save(path.parent)
-                if target != path:
-                    path.unlink()
-                changed += 1
-                print(f"rewrote {path} -> {target.name}")
-    print(f"flytune: {changed} file(s) rewritten")
+
+def _bundle(args) -> int:
+    from .. import pipeline
+    from ..core import bundle
+    from ..pipeline import directory
+
+    root = Path(args.project).resolve()
+    state = pipeline.run(root)  # the build's report on stderr; a failed verification raises, naming each problem
+    if state is None:
+        print(f"flytune: error: {root / 'pyproject.toml'} has no [tool.flytune] table", file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.output)
+    package_path = state.project.package.replace(".", "/")
+    if not out.resolve().as_posix().endswith("/" + package_path):
+        print(f"flytune: warning: {out} is not the directory of package {state.project.package}, which the entry "
+              f"point names", file=sys.stderr)
+    written = directory.write(state, out)
+    name, value = state.entry_point
+    print(f"flytune: wrote {len(written)} file(s) to {out / bundle.DIRNAME}; declare the bundle once in "
+          f"pyproject.toml:")
+    print(f'[project.entry-points."{bundle.ENTRY_POINT_GROUP}"]')
+    print(f'{name} = "{value}"')
     return EXIT_OK
+
+
+def _merge(args) -> int:
+    from . import merge
+
+    return merge.command(args)
+
+
+def _warmup(args) -> int:
+    from . import warmup
+
+    return warmup.command(args)
+
+
+COMMANDS = {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt, "export": _export,
+            "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 Identity = (format, kernel, key, device); the content address is sha256 of its canonical JSON.
 Provenance (versions, time, every candidate's timing) never enters the identity.
 Nothing read from an artifact is ever executed or imported.
+The build reads artifacts faster through `flytune_build.pipeline.reader`, which accepts exactly what
+`Artifact.from_bytes(..., canonical=True)` accepts.
 """
 from __future__ import annotations
 
@@ -16,18 +18,22 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from . import codec
+from . import choice, codec, specialization
 from .codec import Fields
 from .config import Config, check_json
 from .device import DeviceIdentity
 from .errors import ArtifactError
+from .fsutil import read_regular
+from .options import BY_NAME as OPTION
 
 FORMAT_VERSION = 1
 KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FILE_NAME = re.compile(r"(?P<kernel>.+)-(?P<address>[0-9a-f]{16})\.json")
 PROVENANCE_FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "created", "space_hash", "ranking",
-                     "candidates")
+                     "candidates", "host", "worker", "specialization",  # specialization: core.specialization
+                     "measurement", "selection",  # how the winner was timed and chosen: core.choice
+                     "source")  # where an imported config came from (file and entry)
 RANKINGS = ("measured", "synthetic", "imported")
 
 
@@ -69,7 +75,7 @@ class Artifact:
         f.table(doc, "", ("format", "kernel", "key", "device", "config"), ("provenance",))
         version = doc["format"]
         if isinstance(version, bool) or not isinstance(version, int):
-            f.fail("format", f"must be an integer, not {codec._kind(version)}")
+            f.fail("format", f"must be an integer, not {codec.kind(version)}")
         if version != FORMAT_VERSION:
             f.fail("format", f"is unknown format version {version} (this flytune reads {FORMAT_VERSION})")
         kernel = f.string(doc["kernel"], "kernel", KERNEL_NAME, "a dotted Python name (e.g. pkg.rmsnorm)", 200)
@@ -91,10 +97,8 @@ class Artifact:
     @classmethod
     def from_bytes(cls, data: bytes, *, file: object = None, check_name: bool = True,
                    canonical: bool = False) -> "Artifact":
-        not_canonical, raw = False, None
-        if canonical and (tuned := _read_tuned(data)) is not None:
-            doc, raw = tuned  # canonical, and its candidate list valid: checked without decoding it
-        elif canonical:
+        not_canonical = False
+        if canonical:
             try:
                 doc = codec.loads_canonical(data, file=file, error=ArtifactError)
             except codec.NotCanonical as e:
@@ -102,18 +106,24 @@ class Artifact:
         else:
             doc = codec.loads(data, file=file, error=ArtifactError)
         art = cls.from_json(doc, file=file)
-        if raw is not None:
-            art = cls(art.kernel, art.key, art.device, art.config, Provenance(raw, art.provenance))
         if check_name and file is not None:
-            name = os.path.basename(str(file))
-            if name != art.filename:
-                raise ArtifactError(f"does not match the content address: expected file name "
-                                    f"{art.filename!r}, found {name!r} (edited by hand or renamed?)",
-                                    file=file, field="<file name>")
+            art.check_file_name(file)
         if not_canonical:
             raise ArtifactError("is not in canonical form (sorted keys, fixed separators, one trailing "
                                 "newline); rewrite it with `flytune fmt`", file=file, field="<document>")
         return art
+
+    def check_file_name(self, file: object) -> None:
+        """Raise unless `file` is named for this artifact's content address."""
+        name = os.path.basename(str(file))
+        if name != self.filename:
+            raise ArtifactError(f"does not match the content address: expected file name "
+                                f"{self.filename!r}, found {name!r} (edited by hand or renamed?)",
+                                file=file, field="<file name>")
+
+    def with_provenance(self, provenance: Mapping[str, Any] | None) -> "Artifact":
+        """The same artifact with another provenance (it never enters the identity)."""
+        return Artifact(self.kernel, self.key, self.device, self.config, provenance)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, canonical: bool = False) -> "Artifact":
@@ -133,6 +143,8 @@ class Provenance(Mapping):
 
     The build copies those bytes into the bundle as they are, instead of re-encoding every
     candidate's timing; the small fields stay decoded, the candidate list is decoded on first use.
+    `Provenance(raw, head)` trusts its caller: `raw` is the canonical JSON of a provenance object
+    already checked whole, `head` that object's fields but "candidates", decoded.
     """
 
     __slots__ = ("raw", "_head", "_doc")
@@ -170,106 +182,28 @@ class Provenance(Mapping):
         return (Provenance, (self.raw, self._head))
 
 
-# -- the fast reading of a tuned artifact -------------------------------------------------------------
-# A build reads thousands of artifacts, each mostly its candidate list (every config's timing). That
-# list is checked in C, against a regular grammar of the form `flytune tune` writes; every document
-# this path accepts is valid and canonical. Anything else, and every invalid document, takes the
-# strict path, which names the exact rule broken. tests/test_hardening.py checks the two agree.
-_KW_KEY = rb'"(?!(?:num_warps|num_stages|num_ctas|maxnreg)")[A-Za-z_][A-Za-z0-9_]{0,127}"'
-_KW_VALUE = rb'(?:0|-?[1-9][0-9]{0,17}|true|false|"[\x20\x21\x23-\x5b\x5d-\x7a\x7c\x7e]{0,256}")'
-_KW = rb'\{(?:' + _KW_KEY + b":" + _KW_VALUE + rb'(?:,' + _KW_KEY + b":" + _KW_VALUE + rb')*)?\}'
-_CONFIG = (rb'\{"kwargs":' + _KW + rb',"maxnreg":(?:null|[1-9][0-9]{0,2}|10[01][0-9]|102[0-4])'
-           rb',"num_ctas":(?:[1-9]|1[0-6]),"num_stages":(?:[0-9]|1[0-6]),"num_warps":(?:[1-9]|[1-5][0-9]|6[0-4])\}')
-_ERROR = rb'"(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f])){0,4096}"'
-_TIME = rb'(?:null|-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,24})?(?:e[-+][0-9]{1,3})?)'
-_CANDIDATE = rb'\{"config":' + _CONFIG + rb'(?:,"error":' + _ERROR + rb')?,"time_ms":' + _TIME + rb'\}'
-_CANDIDATE_LIST = re.compile(rb'\[(?:' + _CANDIDATE + rb'(?:,' + _CANDIDATE + rb')*)?\]')
-_TIMES = re.compile(rb',"time_ms":([^}]*)\}')
-_KWARGS = re.compile(rb'"kwargs":(\{[^}]*\})')
-_PROVENANCE_MARK = b',"provenance":{"candidates":['
-_SORTED_KWARGS: set[bytes] = set()  # kwargs objects seen with sorted, unique keys
-
-
-def _read_tuned(data: bytes) -> tuple[dict, bytes] | None:
-    """(document whose provenance lacks the candidate list, provenance bytes) for a canonical
-    artifact whose candidate list the grammar accepts; else None."""
-    i = data.find(_PROVENANCE_MARK)
-    if i < 0 or len(data) > codec.MAX_DOCUMENT_BYTES:
-        return None
-    start = i + len(_PROVENANCE_MARK) - 1
-    m = _CANDIDATE_LIST.match(data, start)
-    if m is None:
-        return None
-    end = m.end()
-    try:
-        data.decode("utf-8")  # the candidate list is never decoded, but must be UTF-8 all the same
-        head_bytes = data[:i] + b"}"
-        head = json.loads(head_bytes)
-        if type(head) is not dict or max(head, default="") >= "provenance" or codec.canonical(head) != head_bytes:
-            return None
-        tail = data[end:]
-        if tail == b"}}\n":
-            rest = {}
-        elif tail[:1] == b"," and tail[-3:] == b"}}\n":  # more provenance fields, each sorting after "candidates"
-            rest_bytes = b"{" + tail[1:-2]
-            rest = json.loads(rest_bytes)
-            if type(rest) is not dict or min(rest) <= "candidates" or codec.canonical(rest) != rest_bytes:
-                return None
-        else:
-            return None
-        candidates = data[start:end]
-        times = _TIMES.findall(candidates)
-        if len(times) > 4096:
-            return None
-        joined = b"[" + b",".join(times) + b"]"  # each number as the canonical encoder writes it
-        if codec.canonical(json.loads(joined)) != joined:
-            return None
-        for kwargs in set(_KWARGS.findall(candidates)) - _SORTED_KWARGS:
-            names = [name for name, _ in json.loads(kwargs, object_pairs_hook=list)]
-            if names != sorted(set(names)):
-                return None
-            if len(_SORTED_KWARGS) > 65536:
-                _SORTED_KWARGS.clear()
-            _SORTED_KWARGS.add(kwargs)
-    except (ValueError, RecursionError):
-        return None
-    head["provenance"] = rest
-    return head, data[i + 14:-2]  # the provenance object: after ',"provenance":', before the final '}\n'
-
-
 def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
-    """The file's bytes, at most `cap` of them (a build reads thousands: one open, fstat, read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
-        try:
-            size = os.fstat(fd).st_size
-            if size > cap:
-                raise error(f"is over the {cap}-byte cap", file=path)
-            data = os.read(fd, (size or 65536) + 1)
-            if not 0 < len(data) <= size:  # not a plain file read whole: read on, up to the cap
-                chunks, n = [data], len(data)
-                while n <= cap and (chunk := os.read(fd, min(65536, cap + 1 - n))):
-                    chunks.append(chunk)
-                    n += len(chunk)
-                data = b"".join(chunks)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise error(f"cannot be read: {e.strerror}", file=path) from None
-    if len(data) > cap:
-        raise error(f"is over the {cap}-byte cap", file=path)
-    return data
+    """The bytes of the regular file `path`, at most `cap` of them (`fsutil.read_regular`)."""
+    return read_regular(path, error, cap)
 
 
 def _check_provenance(p: Any, f: Fields) -> None:
     f.table(p, "provenance", (), PROVENANCE_FIELDS)
-    for name in ("flytune", "triton", "torch", "cuda", "hip", "created"):
+    for name in ("flytune", "triton", "torch", "cuda", "hip", "created", "host", "worker"):  # host, worker: fleet runs
         if p.get(name) is not None:
             f.string(p[name], f"provenance.{name}", max_len=128)
+    if p.get("source") is not None:
+        f.string(p["source"], "provenance.source", max_len=1024)
     if p.get("space_hash") is not None:
         f.string(p["space_hash"], "provenance.space_hash", re.compile(r"[0-9a-f]{64}"), "a sha256 hex digest")
     if p.get("ranking") is not None and p["ranking"] not in RANKINGS:
         f.fail("provenance.ranking", f"must be one of {', '.join(RANKINGS)}, not {p['ranking']!r}")
+    if p.get("specialization") is not None:
+        specialization.check(p["specialization"], f)
+    if p.get("measurement") is not None:
+        choice.check_measurement(p["measurement"], f)
+    if p.get("selection") is not None:
+        choice.check_selection(p["selection"], f)
 
     def candidate(v, path):
         if _plain_candidate(v):
@@ -284,9 +218,6 @@ def _check_provenance(p: Any, f: Fields) -> None:
         cands = p["candidates"]
         if not (type(cands) is list and len(cands) <= 4096 and all(map(_plain_candidate, cands))):
             f.array(cands, "provenance.candidates", candidate, max_items=4096)
-
-
-_INT_OPTS = {"num_warps": (1, 64), "num_stages": (0, 16), "num_ctas": (1, 16)}
 
 
 def _plain_candidate(v: Any) -> bool:
@@ -304,17 +235,10 @@ def _plain_config(c: dict) -> bool:
     if type(c.get("kwargs")) is not dict:
         return False
     for k, x in c.items():
-        if k in _INT_OPTS:
-            lo, hi = _INT_OPTS[k]
-            if type(x) is not int or not lo <= x <= hi:
-                return False
-        elif k == "maxnreg":
-            if x is not None and (type(x) is not int or not 1 <= x <= 1024):
-                return False
-        elif k != "kwargs":
+        if k != "kwargs" and (k not in OPTION or not OPTION[k].accepts(x)):
             return False
     for k, x in c["kwargs"].items():
-        if type(x) not in (int, str, bool) or not AXIS_NAME.fullmatch(k) or k in _INT_OPTS or k == "maxnreg":
+        if type(x) not in (int, str, bool) or not AXIS_NAME.fullmatch(k) or k in OPTION:
             return False
         if type(x) is int and abs(x) > 2 ** 63:
             return False

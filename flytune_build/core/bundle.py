@@ -24,6 +24,7 @@ ENTRY_POINT_GROUP = "flytune.bundles"
 SHARD_NAME = re.compile(r"[A-Za-z0-9_.]{1,220}\.json")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_SHARD_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = codec.MAX_DOCUMENT_BYTES
 
 
 class ShardInfo(NamedTuple):  # a tuple: the runtime makes one per kernel of every bundle it finds
@@ -157,7 +158,7 @@ def shard_bytes(kernel: str, artifacts: list[Artifact]) -> bytes:
     device_docs, config_docs, rows = [], [], []
     for a in arts:
         if sorted(a.key) != axes:
-            raise ValueError(f"{a.filename}: key axes {sorted(a.key)} differ from {axes} in one shard")
+            raise BundleError(f"has key axes {sorted(a.key)}, not the {axes} of the other artifacts in its shard", file=a.filename, field="key")
         d, c = a.device.to_json(), a.config.to_json()
         di = devices.setdefault(codec.canonical(d), len(devices))
         if di == len(device_docs):
@@ -272,7 +273,8 @@ class Contents:
 def read(label: str, manifest_bytes: bytes, read_member: Callable[[str], bytes | None]) -> Contents:
     """Read a whole bundle, every artifact validated; `label` prefixes each file name in errors (a
     directory with its slash, or `wheel!package/_flytune/`) and `read_member(name)` gives a file's
-    bytes, None when absent. Coverage and toolchain are core.verification's to judge."""
+    bytes, None when absent, or raises a FlytuneError (recorded, that kernel skipped). Coverage and
+    toolchain are core.verification's to judge."""
     try:
         manifest = Manifest.from_bytes(manifest_bytes, file=label + MANIFEST)
     except FlytuneError as e:
@@ -280,13 +282,17 @@ def read(label: str, manifest_bytes: bytes, read_member: Callable[[str], bytes |
     got = Contents(manifest, sizes={MANIFEST: len(manifest_bytes)})
     for kernel, info in sorted(manifest.kernels.items()):
         where = label + info.shard
-        shard = read_member(info.shard)
+        try:  # a member that cannot be read (over its cap, not a regular file, corrupt) is a finding
+            shard = read_member(info.shard)
+            prov_blob = None if shard is None else read_member(info.provenance)
+        except FlytuneError as e:
+            got.errors.append(e)
+            continue
         if shard is None:
             got.errors.append(BundleError("is named by the manifest but absent", file=where,
                                           field=f"kernels.{kernel}.shard"))
             continue
         got.sizes[info.shard] = len(shard)
-        prov_blob = read_member(info.provenance)
         try:
             prov = {}
             if prov_blob is None:

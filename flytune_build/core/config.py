@@ -4,10 +4,12 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from . import options
 from .codec import Fields, canonical
 from .errors import DeclarationError
+from .options import DEFAULTS
 
-COMPILER_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+COMPILER_OPTIONS = options.NAMES  # the attribute order below: num_warps, num_stages, num_ctas, maxnreg
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -19,8 +21,9 @@ class Config:
 
     __slots__ = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "_launch", "_canonical")
 
-    def __init__(self, kwargs: Mapping[str, Any] | None = None, num_warps: int = 4, num_stages: int = 3,
-                 num_ctas: int = 1, maxnreg: int | None = None):
+    def __init__(self, kwargs: Mapping[str, Any] | None = None, num_warps: int = DEFAULTS["num_warps"],
+                 num_stages: int = DEFAULTS["num_stages"], num_ctas: int = DEFAULTS["num_ctas"],
+                 maxnreg: int | None = DEFAULTS["maxnreg"]):
         kwargs = dict(kwargs or {})
         f = Fields("<config>", DeclarationError)
         for name, value in kwargs.items():
@@ -28,11 +31,9 @@ class Config:
             if name in COMPILER_OPTIONS:
                 f.fail(f"kwargs.{name}", "is a compiler option: pass it as a keyword, not a kernel kwarg")
             f.scalar(value, f"kwargs.{name}")
-        f.integer(num_warps, "num_warps", 1, 64)
-        f.integer(num_stages, "num_stages", 0, 16)
-        f.integer(num_ctas, "num_ctas", 1, 16)
-        f.integer(maxnreg, "maxnreg", 1, 1024, nullable=True)
-        self._set(kwargs, num_warps, num_stages, num_ctas, maxnreg)
+        opts = options.check({"num_warps": num_warps, "num_stages": num_stages, "num_ctas": num_ctas,
+                              "maxnreg": maxnreg}, f)
+        self._set(kwargs, *opts)
 
     def _set(self, kwargs, num_warps, num_stages, num_ctas, maxnreg):
         setattr_ = object.__setattr__
@@ -70,16 +71,21 @@ class Config:
 
     @classmethod
     def coerce(cls, config: Any) -> "Config":
-        """Accept our Config, a `triton.Config` (duck-typed, no import) or a JSON dict."""
+        """Accept our Config, a `triton.Config` (duck-typed, no import) or a JSON dict.
+
+        Of a `triton.Config` only the data is kept: its `pre_hook` is code, which the runtime keeps
+        beside the declared config and re-attaches (`runtime.hooks`); an `ir_override` is refused."""
         if isinstance(config, Config):
             return config
         if isinstance(config, Mapping):
             return cls.from_json(dict(config), Fields("<config>", DeclarationError))
         if hasattr(config, "kwargs") and hasattr(config, "num_warps"):
-            if getattr(config, "pre_hook", None) is not None:
-                raise DeclarationError("a config with a pre_hook cannot be stored as data", field="configs")
+            if getattr(config, "ir_override", None) is not None:
+                raise DeclarationError("sets ir_override, a file of compiled IR that an artifact cannot carry",
+                                       field="configs")
             return cls(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages,
-                       num_ctas=getattr(config, "num_ctas", 1), maxnreg=getattr(config, "maxnreg", None))
+                       num_ctas=getattr(config, "num_ctas", DEFAULTS["num_ctas"]),
+                       maxnreg=getattr(config, "maxnreg", DEFAULTS["maxnreg"]))
         raise DeclarationError(f"must be a flytune_build.Config, a triton.Config or a dict, not "
                                f"{type(config).__name__}", field="configs")
 
@@ -121,11 +127,7 @@ def check_json(value: Any, f: Fields, path: str = "config") -> tuple[dict, tuple
         if name in COMPILER_OPTIONS:
             f.fail(f"{path}.kwargs.{name}", "is a compiler option and belongs beside `kwargs`")
         f.scalar(v, f"{path}.kwargs.{name}")
-    get = value.get
-    return kw, (f.integer(get("num_warps", 4), f"{path}.num_warps", 1, 64),
-                f.integer(get("num_stages", 3), f"{path}.num_stages", 0, 16),
-                f.integer(get("num_ctas", 1), f"{path}.num_ctas", 1, 16),
-                f.integer(get("maxnreg"), f"{path}.maxnreg", 1, 1024, nullable=True))
+    return kw, options.check(value, f, path)
 
 
 def space_hash(configs) -> str:

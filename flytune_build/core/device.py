@@ -73,7 +73,7 @@ def parse_spec(spec: str, *, source: str = "FLYTUNE_DEVICE") -> DeviceIdentity:
         f.fail("", f"must be `interpreter` or `<backend>:<arch>:<units>:<name>` "
                    f"(e.g. `cuda:sm_90:132:NVIDIA H200`), not {spec!r}")
     backend, arch, units, name = parts
-    if not units.isdigit():
-        f.fail("units", f"must be a whole number, not {units!r}")
+    if not (units.isascii() and units.isdigit()):  # str.isdigit accepts '١' and '²'; int() then fails or differs
+        f.fail("units", f"must be a whole number in ASCII digits, not {units!r}")
     return DeviceIdentity.from_json({"backend": backend, "arch": arch, "name": name, "units": int(units)},
                                     Fields(source, DeviceError), "")

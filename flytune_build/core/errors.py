@@ -58,12 +58,24 @@ class ArtifactExecutionError(FlytuneError, RuntimeError):
     """An accepted artifact failed to compile or launch; never retried with a default."""
 
 
+class TierMissError(FlytuneError, RuntimeError):
+    """FLYTUNE_AUTOTUNE=strict: a call no tuned config serves would fall back to the heuristic or a search."""
+
+
 class SettingsError(FlytuneError, ValueError):
     """An environment variable flytune reads holds an invalid value."""
 
 
 class ScratchError(FlytuneError):
     """The scratch cache file is unreadable or not a scratch cache."""
+
+
+class InputError(FlytuneError):
+    """A path or argument given to a command is not what the command needs."""
+
+
+class TuneError(FlytuneError, RuntimeError):
+    """A tuning run could not go on (no worker started, a result from the wrong device)."""
 
 
 class BuildFailure(FlytuneError):

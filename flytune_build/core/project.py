@@ -1,16 +1,21 @@
-"""`[tool.flytune]` in pyproject.toml: parsed and validated whole, errors name the dotted key."""
+"""`[tool.flytune]` in pyproject.toml: its rules declared once, as data (`TOOL_FLYTUNE`), from which
+both the parser here and the JSON Schema validate-pyproject reads (`flytune_build.core.schema`) come.
+Errors name the dotted key."""
 from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .artifact import KERNEL_NAME
 from .codec import Fields
+from .device import ARCH, NAME
 from .errors import ProjectError
-from .target import Target, parse_targets
+from .fsutil import read_regular
+from .schema.rules import Array, Boolean, Choice, Either, Integer, Key, Object, Parsed, Scalar, Table, Text
+from .target import DEFAULT_ACCEPT, LEVELS, Target, parse_targets
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,11 +23,94 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = "tool.flytune"
-KEYS = ("package", "sources", "targets", "coverage", "triton", "strict", "tune")
-TUNE_KEYS = ("plan", "entries", "output", "warmup", "rep")
 PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-SETUP = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+SETUP = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")  # module:attr, or module:attr.fn
 MAX_PYPROJECT_BYTES = 4 << 20
+WARMUP, REP = 25, 100  # ms per candidate, when `tune` does not say
+
+
+def _any_case(*words: str) -> str:
+    return "(?:" + "|".join("".join(f"[{c}{c.upper()}]" for c in w) for w in words) + ")"
+
+
+def _specifier_pattern() -> str:
+    """A PEP 440 specifier set exactly as `packaging.specifiers.SpecifierSet` reads one, spelled in
+    what both `re` and JSON Schema read (no flags, no possessive quantifiers): comma-separated
+    clauses, empty ones ignored. tests/test_schema.py holds the two to agreeing."""
+    sep = "[-_.]?"
+    pre = f"(?:{sep}{_any_case('alpha', 'beta', 'preview', 'pre', 'a', 'b', 'c', 'rc')}{sep}[0-9]*)?"
+    post = f"(?:-[0-9]+|{sep}{_any_case('post', 'rev', 'r')}{sep}[0-9]*)?"
+    dev = f"(?:{sep}{_any_case('dev')}{sep}[0-9]*)?"
+    local = r"(?:\+[a-zA-Z0-9]+(?:[-_.][a-zA-Z0-9]+)*)?"
+    version = r"\s*[vV]?(?:[0-9]+!)?[0-9]+"
+    clause = "|".join((
+        r"===\s*[^\s;),]+",
+        rf"(?:==|!=){version}(?:\.[0-9]+)*(?:\.\*|{pre}{post}{dev}{local})",
+        rf"~={version}(?:\.[0-9]+)+{pre}{post}{dev}",
+        rf"(?:<=|>=|<|>){version}(?:\.[0-9]+)*{pre}{post}{dev}",
+    ))
+    return rf"\s*(?:(?:{clause})\s*)?(?:,\s*(?:(?:{clause})\s*)?)*"
+
+
+SPECIFIER = _specifier_pattern()
+
+
+def _targets(value: Any, f: Fields, path: str) -> tuple[Target, ...]:
+    targets = parse_targets(value, f, path)
+    if not targets:
+        f.fail(path, "must name at least one target")
+    return targets
+
+
+PATH = Text(max_len=1024, min_len=1, forbid=(
+    (r"\x00", "must not hold a NUL character"),
+    (r"^(?:[/\\]|[A-Za-z]:)", "must be relative to the project root, not absolute ({value!r})"),
+    (r"(?:^|[/\\])\.\.(?![^/\\])", "must stay under the project root: `..` is not allowed ({value!r})"),
+), description="A path relative to the project root.")
+KERNEL = Text(KERNEL_NAME.pattern, "a dotted kernel name", 200)
+ARCH_RULE = Text(ARCH.pattern, "an arch such as sm_90, gfx942 or interpreter")
+# Targets are parsed by `target.parse_targets` (the manifest reads them too); this mirrors its rules
+# for the schema. JSON Schema cannot say "no two targets with the same arch/units/name": uniqueItems
+# refuses only identical entries.
+TARGET = Either(ARCH_RULE, Table({
+    "arch": Key(ARCH_RULE, required=True),
+    "name": Key(Text(NAME.pattern, "printable ASCII, 1-128 characters", description="Product name to match.")),
+    "units": Key(Integer(0, 100_000, description="SM or CU count to match.")),
+    "accept": Key(Array(Choice(LEVELS), 1, "must name at least one match level",
+                        description="Match levels served at run time."), default=list(DEFAULT_ACCEPT)),
+}))
+ENTRY = Table({
+    "kernel": Key(KERNEL, required=True),
+    "setup": Key(Text(SETUP.pattern, "`module:function`",
+                      description="function(**shape) returns a zero-argument callable to time."), required=True),
+    "shapes": Key(Array(Object(Scalar()), 1, "must list at least one shape"), required=True),
+    "autotuner": Key(Text(SETUP.pattern, "`module:attribute` (or `module:attribute.fn`)",
+                          description="A @triton.autotune kernel to capture, if not a flytune one.")),
+})
+TUNE = Table({
+    "plan": Key(replace(PATH, description="A TOML file of `[[entries]]`.")),
+    "entries": Key(Array(ENTRY, description="The tuning plan, inline.")),
+    "output": Key(replace(PATH, description="Where `flytune tune` writes ({arch}, {backend} expand); "
+                                            "default: the first source.")),
+    "warmup": Key(Integer(1, 10_000, description="Warm-up budget per candidate, ms."), default=WARMUP),
+    "rep": Key(Integer(1, 100_000, description="Timing budget per candidate, ms."), default=REP),
+}, exactly_one=("plan", "entries"), description="How `flytune tune` runs.")
+TOOL_FLYTUNE = Table({
+    "package": Key(Text(PACKAGE.pattern, "a dotted Python package name", description=(
+        "Package the bundle goes into (<package>/_flytune/); inferred when there is one."))),
+    "sources": Key(Array(PATH, 1, "must name at least one directory or glob",
+                         description="Artifact directories or globs, relative to the project root."), required=True),
+    "targets": Key(Parsed(_targets, {**Array(TARGET, 1).schema(), "uniqueItems": True},
+                          description="Device targets: \"sm_90\" or { arch, name?, units?, accept? }."),
+                   required=True),
+    "coverage": Key(Either(Choice(("all", "none"), '"all", "none" or a list of kernel names'), Array(KERNEL),
+                           description="Kernels that must have an artifact for every target."), default="all"),
+    "triton": Key(Text(SPECIFIER, 'a PEP 440 version specifier such as ">=3.4,<4"',
+                       description="PEP 440 specifier: the Triton versions the artifacts are valid for.")),
+    "strict": Key(Boolean(description="false: bad artifacts are dropped with a warning."), default=True),
+    "tune": Key(TUNE),
+}, description="flytune-build: pre-tuned kernel configs bundled into the wheel.")
+PLAN = Table({"entries": Key(Array(ENTRY), required=True)})
 
 
 @dataclass(frozen=True)
@@ -31,6 +119,10 @@ class TuneEntry:
     setup: str               # "module:function"; function(**shape) returns a zero-argument callable
     shapes: tuple[dict, ...]
     autotuner: str | None = None  # "module:attr" of a @triton.autotune kernel to capture, if not ours
+
+    @classmethod
+    def from_checked(cls, entry: dict) -> "TuneEntry":
+        return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"])
 
 
 @dataclass(frozen=True)
@@ -45,8 +137,8 @@ class Project:
     tune_entries: tuple[TuneEntry, ...] = ()
     tune_plan: str | None = None
     tune_output: str | None = None
-    tune_warmup: int = 25
-    tune_rep: int = 100
+    tune_warmup: int = WARMUP
+    tune_rep: int = REP
     name: str | None = None            # the distribution name, from [project]
     present: bool = field(default=True)
 
@@ -57,12 +149,7 @@ class Project:
 
 def read_pyproject(root: str | Path) -> dict:
     path = Path(root) / "pyproject.toml"
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ProjectError(f"cannot be read: {e.strerror}", file=path) from None
-    if len(data) > MAX_PYPROJECT_BYTES:
-        raise ProjectError(f"is over the {MAX_PYPROJECT_BYTES}-byte cap", file=path)
+    data = read_regular(path, ProjectError, MAX_PYPROJECT_BYTES)  # a FIFO named pyproject.toml never hangs
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -86,109 +173,27 @@ def load(root: str | Path) -> Project | None:
 
 def parse(table: Any, *, root: Path, file: object = None, name: str | None = None) -> Project:
     f = Fields(file, ProjectError, ROOT)
-    p = f.path
-    f.table(table, ROOT, ("sources", "targets"), KEYS)
-    package = table.get("package")
-    if package is not None:
-        f.string(package, p("package"), PACKAGE, "a dotted Python package name")
-    else:
-        package = infer_package(root, f)
-    sources = tuple(f.array(table["sources"], p("sources"), lambda v, path: _source(v, path, f)))
-    if not sources:
-        f.fail(p("sources"), "must name at least one directory or glob")
-    targets = parse_targets(table["targets"], f, p("targets"))
-    if not targets:
-        f.fail(p("targets"), "must name at least one target")
-    coverage = table.get("coverage", "all")
-    if isinstance(coverage, str):
-        if coverage not in ("all", "none"):
-            f.fail(p("coverage"), f"must be \"all\", \"none\" or a list of kernel names, not {coverage!r}")
-    else:
-        coverage = tuple(f.array(coverage, p("coverage"), lambda v, path: f.string(
-            v, path, KERNEL_NAME, "a dotted kernel name", 200)))
-    triton = table.get("triton")
-    if triton is not None:
-        f.string(triton, p("triton"))
-        _specifier(triton, f, p("triton"))
-    strict = f.boolean(table.get("strict", True), p("strict"))
-    entries, plan, output, warmup, rep = (), None, None, 25, 100
-    if "tune" in table:
-        entries, plan, output, warmup, rep = _tune(table["tune"], root, f)
-    return Project(root, package, sources, targets, coverage, triton, strict, entries, plan, output, warmup, rep,
-                   name)
-
-
-def _source(value: Any, path: str, f: Fields) -> str:
-    f.string(value, path, max_len=1024)
-    if not value or "\x00" in value:
-        f.fail(path, "must be a non-empty relative path")
-    if value.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", value):
-        f.fail(path, f"must be relative to the project root, not absolute ({value!r})")
-    if ".." in re.split(r"[\\/]", value):
-        f.fail(path, f"must stay under the project root: `..` is not allowed ({value!r})")
-    return value
-
-
-def _specifier(text: str, f: Fields, path: str):
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    try:
-        return SpecifierSet(text)
-    except InvalidSpecifier:
-        f.fail(path, f"must be a PEP 440 version specifier such as \">=3.4,<4\", not {text!r}")
-
-
-def _tune(value: Any, root: Path, f: Fields):
-    p = f.path
-    f.table(value, p("tune"), (), TUNE_KEYS)
-    if ("plan" in value) == ("entries" in value):
-        f.fail(p("tune"), "must have exactly one of `plan` (a TOML file) or `entries`")
-    output = value.get("output")
-    if output is not None:
-        _source(output, p("tune", "output"), f)
-    warmup = f.integer(value.get("warmup", 25), p("tune", "warmup"), 1, 10_000)
-    rep = f.integer(value.get("rep", 100), p("tune", "rep"), 1, 100_000)
-    if "plan" in value:
-        plan = _source(value["plan"], p("tune", "plan"), f)
-        return (), plan, output, warmup, rep
-    return _entries(value["entries"], f, p("tune", "entries")), None, output, warmup, rep
+    v = TOOL_FLYTUNE.check(table, ROOT, f)
+    package = v["package"] if v["package"] is not None else infer_package(root, f)
+    coverage = v["coverage"] if isinstance(v["coverage"], str) else tuple(v["coverage"])
+    tune = v["tune"] or TUNE.defaults()
+    entries = tuple(map(TuneEntry.from_checked, tune["entries"] or ()))
+    return Project(root, package, tuple(v["sources"]), v["targets"], coverage, v["triton"], v["strict"], entries,
+                   tune["plan"], tune["output"], tune["warmup"], tune["rep"], name)
 
 
 def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
     """The entries of a plan file (read only when tuning: a build never needs it)."""
     plan_file = Path(root) / plan
+    data = read_regular(plan_file, ProjectError, MAX_PYPROJECT_BYTES)
     try:
-        doc = tomllib.loads(plan_file.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProjectError(f"cannot be read: {e}", file=plan_file) from None
+        doc = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ProjectError(f"is not valid UTF-8 (byte {e.start})", file=plan_file) from None
     except tomllib.TOMLDecodeError as e:
         raise ProjectError(f"is not valid TOML: {e}", file=plan_file) from None
-    pf = Fields(plan_file, ProjectError)
-    pf.table(doc, "", ("entries",))
-    return _entries(doc["entries"], pf, "entries")
-
-
-def _entries(values: Any, f: Fields, path: str) -> tuple[TuneEntry, ...]:
-    def entry(v, at):
-        f.table(v, at, ("kernel", "setup", "shapes"), ("autotuner",))
-        kernel = f.string(v["kernel"], f"{at}.kernel", KERNEL_NAME, "a dotted kernel name", 200)
-        setup = f.string(v["setup"], f"{at}.setup", SETUP, "`module:function`")
-
-        def shape(s, sp):
-            f.mapping(s, sp)
-            for k, val in s.items():
-                f.scalar(val, f"{sp}.{k}")
-            return dict(s)
-
-        shapes = tuple(f.array(v["shapes"], f"{at}.shapes", shape))
-        if not shapes:
-            f.fail(f"{at}.shapes", "must list at least one shape")
-        autotuner = v.get("autotuner")
-        if autotuner is not None:
-            f.string(autotuner, f"{at}.autotuner", SETUP, "`module:attribute`")
-        return TuneEntry(kernel, setup, shapes, autotuner)
-
-    return tuple(f.array(values, path, entry))
+    doc = PLAN.check(doc, "", Fields(plan_file, ProjectError))
+    return tuple(map(TuneEntry.from_checked, doc["entries"]))
 
 
 def infer_package(root: Path, f: Fields) -> str:

@@ -34,6 +34,9 @@ class Settings:
     flydsl_dir: str | None = None   # FLYDSL_AUTOTUNE_CONFIG_DIR: FlyDSL's own offline-config directory
     source_date_epoch: int | None = None  # SOURCE_DATE_EPOCH: the timestamp of every wheel member
     ci: bool = False                # CI: set on shared runners, which never pick winners
+    # CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES: the GPUs this process may use; `flytune tune
+    # --executor local` pins one per worker from them
+    visible_devices: tuple[tuple[str, str], ...] = ()
 
 
 def read(env=None) -> Settings:
@@ -63,6 +66,7 @@ def read(env=None) -> Settings:
         # a build is never refused over its timestamp: anything but digits means "no epoch given"
         source_date_epoch=int(epoch) if epoch.isascii() and epoch.isdigit() else None,
         ci=bool(env.get("CI")),
+        visible_devices=tuple((v, env[v]) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if v in env),
     )
 
 

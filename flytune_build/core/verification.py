@@ -67,14 +67,15 @@ class Findings:
 
 
 def check(artifacts: list[Artifact], where: Where, declared: Declaration | None = None, *,
-          with_toolchain: bool = True) -> Findings:
-    """Key axes, conflicts, then (with a declaration) the toolchain and, over the artifacts still
-    kept, coverage. A verifier that only warns of drift runs `toolchain` itself."""
-    found = key_axes(artifacts, where).merge(conflicts(artifacts, where))
+          with_toolchain: bool = True, kernels: Iterable[str] = ()) -> Findings:
+    """Key axes, conflicts, bundle file names, then (with a declaration) the toolchain and, over the
+    artifacts still kept, coverage of them and of `kernels` (the project's tuning plan). A verifier
+    that only warns of drift runs `toolchain` itself."""
+    found = key_axes(artifacts, where).merge(conflicts(artifacts, where)).merge(file_names(artifacts, where))
     if declared is not None:
         if with_toolchain:
             found.merge(toolchain(artifacts, where, declared))
-        found.merge(coverage(found.kept(artifacts), declared))
+        found.merge(coverage(found.kept(artifacts), declared, kernels))
     return found
 
 
@@ -99,21 +100,61 @@ def key_axes(artifacts: list[Artifact], where: Where) -> Findings:
     return found
 
 
+_EXACT = frozenset((str, int))  # key value types whose JSON and Python equality agree
+
+
+def runtime_identity(a: Artifact) -> str:
+    """The identity as the runtime's index tells artifacts apart: key values compared as Python
+    compares them (256 and 256.0 are one key, as are 1 and True), so two artifacts the runtime cannot
+    tell apart are one identity even where their content addresses differ. It is the content address
+    of the artifact with such values written as integers (most keys hold none: their own address)."""
+    if set(map(type, a.key.values())) <= _EXACT:
+        return a.address
+    key = {k: int(v) if type(v) is bool or (type(v) is float and v.is_integer()) else v for k, v in a.key.items()}
+    return type(a)(a.kernel, key, a.device, a.config).address
+
+
 def conflicts(artifacts: list[Artifact], where: Where) -> Findings:
-    """One config per identity: two configs reject both; an exact duplicate is kept once, noted."""
+    """One config per identity (the runtime's): two configs reject both; a duplicate is kept once, noted."""
     found = Findings()
     seen: dict[str, Artifact] = {}
+    plain = {type(v) for a in artifacts for v in a.key.values()} <= _EXACT  # no float or bool: the address
     for a in artifacts:
-        first = seen.setdefault(a.address, a)
+        first = seen.setdefault(a.address if plain else runtime_identity(a), a)
         if first is a:
             continue
+        same = "same identity" if first.address == a.address else \
+            f"the same identity to the runtime (key {dict(first.key)} and {dict(a.key)} are equal in Python)"
         if first.config != a.config:
-            found.reject(ArtifactError(f"conflicts with {where(first)}: same identity (kernel, key, device), "
+            found.reject(ArtifactError(f"conflicts with {where(first)}: {same} (kernel, key, device), "
                                        f"different config ({first.config} vs {a.config})",
                                        file=where(a), field="config"), a, first)
         else:
             found.rejected.add(id(a))
             found.warnings.append(f"{where(a)} duplicates {where(first)}; kept once")
+    return found
+
+
+def file_names(artifacts: list[Artifact], where: Where) -> Findings:
+    """Each kernel's bundle files (core.bundle's shard and provenance names) are its own: none is the
+    manifest or another kernel's file, nor differs from one only in case (one file on a
+    case-insensitive file system: macOS, Windows). A kernel that would collide is rejected, named."""
+    from . import bundle
+
+    found = Findings()
+    owner = {bundle.MANIFEST.casefold(): (None, bundle.MANIFEST)}
+    for kernel in sorted({a.kernel for a in artifacts}):
+        for name in (bundle.shard_name(kernel), bundle.provenance_name(kernel)):
+            other, other_name = owner.setdefault(name.casefold(), (kernel, name))
+            if other == kernel:
+                continue
+            arts = [a for a in artifacts if a.kernel == kernel]
+            what = "the bundle's manifest" if other is None else f"{other_name}, a file of kernel {other}"
+            how = "is" if name == other_name else "differs only in case from"
+            found.reject(ArtifactError(f"names kernel {kernel!r}, whose bundle file {name} {how} {what}: the bundle "
+                                       f"could not hold both (rename the kernel)", file=where(arts[0]), field="kernel"),
+                         *arts)
+            break
     return found
 
 
@@ -156,17 +197,21 @@ def in_range(version: str, spec: str) -> bool:
         return False
 
 
-def coverage(artifacts: list[Artifact], declared: Declaration) -> Findings:
-    """Every covered kernel has an artifact for every declared target."""
+def coverage(artifacts: list[Artifact], declared: Declaration, planned: Iterable[str] = ()) -> Findings:
+    """Every covered kernel has an artifact for every declared target. With `coverage = "all"` the
+    covered kernels are those of the artifacts and the `planned` ones (the tuning plan's), so a planned
+    kernel with no artifact at all is a gap too."""
     found = Findings()
     if declared.coverage == "none":
         return found
-    if not artifacts:
+    planned = set(planned)
+    if not artifacts and not planned:
         found.errors.append(declared.error("is not met: the sources hold no artifact for any declared target "
                                            "(set coverage = \"none\" to build without tuned configs)",
                                            file=declared.file, field=declared.coverage_field))
         return found
-    kernels = sorted({a.kernel for a in artifacts}) if declared.coverage == "all" else list(declared.coverage)
+    kernels = (sorted({a.kernel for a in artifacts} | planned) if declared.coverage == "all"
+               else list(declared.coverage))
     for kernel in kernels:
         for i, t in enumerate(declared.targets):
             if not any(a.kernel == kernel and t.covers(a.device) for a in artifacts):

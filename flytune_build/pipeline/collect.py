@@ -2,85 +2,47 @@
 from __future__ import annotations
 
 import gc
-import glob
 import os
 from pathlib import Path
 
+from ..core import fsutil
 from ..core.artifact import Artifact
 from ..core.errors import FlytuneError, ProjectError
+from .reader import load
 from .state import BuildState
 
-_GLOB_CHARS = set("*?[")
 
-
-def source_files(root: Path, sources, *, file=None) -> list[tuple[str, str]]:
-    """(path, posix path relative to root) of every `*.json` the sources name, sorted by the
-    relative path; a source or symlink reaching outside the root is an error."""
-    root = root.resolve()
-    top = str(root) + os.sep
+def source_files(root: Path, sources, *, file=None, problems: list | None = None) -> list[tuple[str, str]]:
+    """(real path, posix path relative to root) of every `*.json` the sources reach, sorted by the
+    relative path; the walk is core.fsutil.find's: contained, loop-free, bounded. Each problem (a
+    source that does not exist or runs past the bounds, a symlink escaping the root, a FIFO) is
+    appended to `problems` and only what it concerns is left out; with no list, the first is raised."""
     out: dict[str, str] = {}
     for i, src in enumerate(sources):
-        field = f"tool.flytune.sources[{i}]"
-        if _GLOB_CHARS & set(src):
-            bases = [Path(p) for p in sorted(glob.glob(str(root / src), recursive=True))]
-        else:
-            base = root / src
-            if not base.exists() and not base.is_symlink():
-                raise ProjectError(f"names {src!r}, which does not exist under {root}", file=file, field=field)
-            bases = [base]
-        for base in bases:
-            linked = _linked(base, root)
-            if base.is_dir():
-                paths = _walk(str(base), linked)
-            elif base.name.endswith(".json"):
-                paths = [(str(base), linked)]
-            else:
-                continue
-            for p, link in paths:
-                real = os.path.realpath(p) if link else p
-                if link and not real.startswith(top):
-                    raise ProjectError(f"reaches {p}, which resolves outside the project root to {real} "
-                                       f"(a symlink escaping the root is not allowed)", file=file, field=field)
-                out.setdefault(real, p[len(top):].replace(os.sep, "/"))
+        try:
+            found = fsutil.find(root, src, suffix=".json", error=ProjectError, file=file,
+                                field=f"tool.flytune.sources[{i}]")
+        except FlytuneError as e:
+            if problems is None:
+                raise
+            problems.append(e)
+            continue
+        if found.problems and problems is None:
+            raise found.problems[0]
+        if problems is not None:
+            problems += found.problems
+        for real, rel in found.files.items():
+            out.setdefault(real, rel)
     return sorted(out.items(), key=lambda t: t[1])
-
-
-def _linked(path: Path, root: Path) -> bool:
-    """Whether any component between the root and `path` is a symlink (then its real path is checked)."""
-    rel = path.relative_to(root)
-    cur = root
-    for part in rel.parts:
-        cur = cur / part
-        if cur.is_symlink():
-            return True
-    return False
-
-
-def _walk(base: str, linked: bool) -> list[tuple[str, bool]]:
-    """Every `*.json` under `base`, each with whether a symlink lies on its way (one scandir per folder)."""
-    found, stack = [], [(base, linked)]
-    while stack:
-        folder, link = stack.pop()
-        with os.scandir(folder) as it:
-            for entry in it:
-                is_link = link or entry.is_symlink()
-                if entry.is_dir():
-                    stack.append((entry.path, is_link))
-                elif entry.name.endswith(".json") and entry.is_file():
-                    found.append((entry.path, is_link))
-        if len(found) > 1_000_000:
-            break
-    return found
 
 
 def collect(state: BuildState) -> BuildState:
     proj = state.project
     pyproject = proj.root / "pyproject.toml"
-    try:
-        files = source_files(proj.root, proj.sources, file=pyproject)
-    except FlytuneError as e:
+    problems: list[FlytuneError] = []
+    files = source_files(proj.root, proj.sources, file=pyproject, problems=problems)
+    for e in problems:  # each leaves out only the source or file it names
         state.reject(e)
-        return state
     if not files:
         state.warnings.append("the declared sources hold no artifact")
     for (path, rel), loaded in zip(files, load_all([p for p, _ in files])):
@@ -104,7 +66,7 @@ def _load_chunk(paths: list[str]) -> list[Artifact | FlytuneError]:
     devices: dict = {}  # one object per distinct device, so results pickle small
     for p in paths:
         try:
-            a = Artifact.load(p, canonical=True)
+            a = load(p)
         except FlytuneError as e:
             out.append(e)
             continue

@@ -6,8 +6,12 @@ import io
 import tarfile
 from pathlib import Path
 
-from ..core.fsutil import atomic_write
+from ..core.errors import ProjectError
+from ..core.fsutil import atomic_write, read_regular
+from ..core.project import MAX_PYPROJECT_BYTES
 from .wheel import timestamp
+
+MAX_SOURCE_BYTES = MAX_PYPROJECT_BYTES  # pyproject.toml and the plan; an artifact is capped lower when read
 
 
 def rewrite(sdist: Path, extra: dict[str, Path]) -> None:
@@ -27,8 +31,8 @@ def rewrite(sdist: Path, extra: dict[str, Path]) -> None:
             members[m.name] = (tf.extractfile(m).read(), 0o755 if m.mode & 0o100 else 0o644)
     for rel, path in extra.items():
         name = f"{top}/{rel}"
-        if name not in members:
-            members[name] = (path.read_bytes(), 0o644)
+        if name not in members:  # a regular file, capped: a FIFO swapped in since collection fails, never hangs
+            members[name] = (read_regular(path, ProjectError, MAX_SOURCE_BYTES), 0o644)
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as out:
         dirs = sorted({"/".join(n.split("/")[:i]) for n in members for i in range(1, n.count("/") + 1)})

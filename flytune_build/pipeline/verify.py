@@ -1,19 +1,45 @@
 """Verify at package time, with no GPU: key axes, conflicts, toolchain drift, coverage.
 
 The rules are core.verification's, shared with `flytune verify`; schema, canonical form and content
-address are checked as each file is collected.
+address are checked as each file is collected. Coverage knows the kernels the project plans to tune
+(`[tool.flytune.tune]` entries or its plan file), so a planned kernel with no artifact is a gap.
 """
 from __future__ import annotations
 
-from ..core import verification
+from ..core import fsutil, verification
+from ..core import project as project_mod
+from ..core.errors import FlytuneError, ProjectError
 from .state import BuildState
 
 
 def verify(state: BuildState) -> BuildState:
     """Reject what breaks a rule, keep the rest; each error names the file relative to the project root."""
     found = verification.check(state.artifacts, lambda a: str(state.origin.get(id(a), a.filename)),
-                               verification.Declaration.of_project(state.project))
+                               verification.Declaration.of_project(state.project), kernels=planned(state))
     state.rejected += found.errors
     state.warnings += found.warnings
     state.artifacts = found.kept(state.artifacts)
     return state
+
+
+def planned(state: BuildState) -> tuple[str, ...]:
+    """The kernels of the project's tuning plan. A plan file the source tree lacks (an sdist that left
+    it out) is a warning; one that is there and invalid is an error."""
+    proj = state.project
+    if not proj.tune_plan:
+        return tuple(e.kernel for e in proj.tune_entries)
+    try:  # the plan must be a regular file under the root: a link to /proc/self/environ is never read
+        plan = fsutil.contained(proj.root, proj.tune_plan, error=ProjectError, file=proj.root / "pyproject.toml",
+                                field="tool.flytune.tune.plan")
+    except FlytuneError as e:
+        state.reject(e)
+        return ()
+    if plan is None:
+        state.warnings.append(f"the tuning plan {proj.tune_plan} is not in the source tree: coverage checks "
+                              f"only the kernels that have artifacts")
+        return ()
+    try:
+        return tuple(e.kernel for e in project_mod.load_plan(proj.root, proj.tune_plan))
+    except FlytuneError as e:
+        state.reject(e)
+        return ()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import configparser
+import csv
 import hashlib
 import io
 import stat
@@ -32,7 +33,9 @@ def record_hash(data: bytes) -> str:
 
 
 def add_entry_point(text: str, group: str, name: str, value: str) -> str:
-    parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
+    # no section is configparser's DEFAULT: a group named `DEFAULT` would be copied into every group
+    # ("\n" can be no section's name: headers are read one line at a time)
+    parser = configparser.ConfigParser(interpolation=None, delimiters=("=",), default_section="\n")
     parser.optionxform = str
     parser.read_string(text)
     if not parser.has_section(group):
@@ -72,16 +75,23 @@ def rewrite(wheel: Path, files: dict[str, bytes], entry_point: tuple[str, str, s
     write(wheel, members, dist_info)
 
 
+def record_bytes(rows) -> bytes:
+    """RECORD as installers read it: CSV, so a path holding a comma or a quote is quoted."""
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(rows)
+    return text.getvalue().encode("utf-8")
+
+
 def write(wheel: Path, members: dict[str, tuple[bytes, bool]], dist_info: str) -> None:
     record = f"{dist_info}/RECORD"
     order = sorted(n for n in members if not n.startswith(dist_info + "/")) + \
         sorted(n for n in members if n.startswith(dist_info + "/"))
-    lines = [f"{n},{record_hash(members[n][0])},{len(members[n][0])}" for n in order] + [f"{record},,"]
+    rows = [(n, record_hash(members[n][0]), len(members[n][0])) for n in order] + [(record, "", "")]
     date = timestamp()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as out:
         for name in order + [record]:
-            data, executable = members[name] if name != record else (("\n".join(lines) + "\n").encode(), False)
+            data, executable = members[name] if name != record else (record_bytes(rows), False)
             info = zipfile.ZipInfo(name, date_time=date)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = ((0o100755 if executable else 0o100644) & 0xFFFF) << 16

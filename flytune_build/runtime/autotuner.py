@@ -1,15 +1,18 @@
 """`flytune_build.autotune`: Triton's decorator API with tiers scratch -> offline -> heuristic -> search.
 
 The hot path (`Autotuned.run`) is: build the key tuple from positions fixed at decoration time, one
-dict lookup, launch. Everything else happens once per distinct key, in `_decide`: the tiers, then
-the decision is counted (`decision`), printed when asked and told to `events.on_decision` subscribers.
-The search itself is `search`; what a winner depends on and how it was found, `identity`.
+dict lookup, launch (and, for a kernel whose configs carry pre_hooks, the launched config's hook:
+`hooks`). Everything else happens once per distinct key, in `_decide`: the tiers (with
+FLYTUNE_AUTOTUNE=strict, a key neither scratch nor offline serves raises `TierMissError`), then the
+decision is counted (`decision`), printed when asked and told to `events.on_decision` subscribers
+(`events.announce`). The search itself is `search`; what a winner depends on and how it was found,
+`identity`; what a config may bind, `binding`. Kernels register in `registry`, beside adopted
+`@triton.autotune` kernels.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
-import sys
 from typing import Any, Callable, Sequence
 
 from ..core import key as keys
@@ -17,75 +20,105 @@ from ..core import settings
 from ..core.artifact import KERNEL_NAME, Artifact
 from ..core.codec import Fields, did_you_mean
 from ..core.config import Config, space_hash
-from ..core.errors import ArtifactError, ArtifactExecutionError, DeclarationError, FlytuneError
-from . import device, events, identity, search, warning
-from .decision import TIERS, Decision, Stats
+from ..core.errors import ArtifactError, DeclarationError, FlytuneError
+from . import device, events, hooks, identity, registry, search, specialization, warning
+from .binding import Binding
+from .decision import TIERS, Decision, Stats, failure, miss
 from .offline import TIER
 from .scratch import ScratchCache
 
 __all__ = ["autotune", "Autotuned", "Decision", "TIERS", "kernel", "kernels", "stats", "reset_stats"]
 
-_KERNELS: dict[str, "Autotuned"] = {}
+WARMUP, REP = 25, 100  # ms of warm-up and timing per candidate when the decorator does not say (Triton's)
 
 
-def autotune(configs: Sequence[Any], key: Sequence[Any], *, default: Callable[[dict], Any] | None = None,
-             prune_configs_by: dict | None = None, reset_to_zero: Sequence[str] | None = None,
-             restore_value: Sequence[str] | None = None, warmup: int = 25, rep: int = 100,
-             do_bench: Callable[[Callable[[], Any]], float] | None = None, name: str | None = None,
+def autotune(configs: Sequence[Any], key: Sequence[Any], prune_configs_by: dict | None = None,
+             reset_to_zero: Sequence[str] | None = None, restore_value: Sequence[str] | None = None,
+             pre_hook: Callable | None = None, post_hook: Callable | None = None, warmup: float | None = None,
+             rep: float | None = None, use_cuda_graph: bool = False, do_bench: Callable | None = None,
+             cache_results: bool = False, *, default: Callable[[dict], Any] | None = None, name: str | None = None,
              validate: Callable[..., Any] | None = None):
     """Decorate a `@triton.jit` function; call it as `kernel[grid](*args, **kwargs)` like Triton.
 
-    `default(bound_args) -> config` is the zero-search heuristic tier; `name` (default
-    `<module>.<function>`) is the kernel name in artifacts; `validate(bound_args, out_args)` is an
+    Triton's arguments come first, in Triton's order and with Triton's meaning (docs/reference.md says
+    what each does here). Then flytune's: `default(bound_args) -> config` is the zero-search heuristic
+    tier; `name` (default `<module>.<function>`) is the kernel name in artifacts; `validate(key)` is an
     optional reference check used by `flytune verify --execute`.
     """
     def decorator(fn):
         return Autotuned(fn, configs, key, default=default, prune_configs_by=prune_configs_by,
                          reset_to_zero=reset_to_zero, restore_value=restore_value, warmup=warmup, rep=rep,
-                         do_bench=do_bench, name=name, validate=validate)
+                         do_bench=do_bench, name=name, validate=validate, pre_hook=pre_hook, post_hook=post_hook,
+                         use_cuda_graph=use_cuda_graph, cache_results=cache_results)
     return decorator
 
 
 class Autotuned:
     """A kernel under `@autotune`: `kernel[grid](*args)` launches the config its key's tier chose."""
 
-    def __init__(self, fn, configs, key, *, default, prune_configs_by, reset_to_zero, restore_value, warmup,
-                 rep, do_bench, name, validate):
+    def __init__(self, fn, configs, key, *, default=None, prune_configs_by=None, reset_to_zero=None,
+                 restore_value=None, warmup=None, rep=None, do_bench=None, name=None, validate=None, pre_hook=None,
+                 post_hook=None, use_cuda_graph=False, cache_results=False):
         self.fn = fn
         self._launch = fn.run
         self.base_fn = base = _unwrap(fn)
         self.arg_names = list(getattr(fn, "arg_names", None) or inspect.signature(base).parameters)
         self.name = name or f"{base.__module__}.{base.__name__}"
         Fields(self.name, DeclarationError).string(self.name, "name", KERNEL_NAME, "a dotted Python name", 200)
-        self.configs = [Config.coerce(c) for c in configs]
-        if not self.configs:
-            raise DeclarationError("must hold at least one config", file=self.name, field="configs")
+        self.declared = list(configs) or [Config()]  # as in Triton, no configs means one default config
+        self.configs = [Config.coerce(c) for c in self.declared]  # the data; pre_hooks stay in `hooks`
         self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
         self.axes = keys.parse_axes(key, self.arg_names, self.name)
         self.axis_names = tuple(a.name for a in self.axes)
         self._key = keys.getter([self.arg_names.index(a) for a in self.axis_names])
         self.reset_to_zero = _parameters(reset_to_zero, self.arg_names, self.name, "reset_to_zero")
         self.restore_value = _parameters(restore_value, self.arg_names, self.name, "restore_value")
+        self.hooks = hooks.ConfigHooks(self.arg_names, self.declared, self.configs)
+        self.binding = Binding(self.name, tuple(self.arg_names), self.axis_names, self.tuned_kwargs,
+                               self.hooks.declared)
         for c in self.configs:
             self.check_binds(c, set(), "configs")
-        self.default, self.validate, self.do_bench = default, validate, do_bench
+        self.default, self.validate = default, validate
         self.prune_configs_by = prune_configs_by or {}
-        self.warmup, self.rep = warmup, rep
-        self.space_hash = space_hash(self.configs)
         self.interpreted = type(fn).__module__.endswith("interpreter")
+        self.warmup, self.rep = WARMUP if warmup is None else warmup, REP if rep is None else rep
+        self.do_bench = hooks.timer(do_bench, use_cuda_graph, self.rep, self.interpreted)
+        self.search_hooks = (pre_hook, post_hook)
+        self.cache_results = cache_results  # Triton's disk cache: the scratch tier keeps every winner anyway
+        self.space_hash = space_hash(self.configs)
         self._memo: dict[tuple, Decision] = {}
+        self._hooked = bool(self.hooks)  # whether `run` must call the launched config's pre_hook
         self.run = self._hot_path()
         self._stats = Stats()
         self._index = None
         self._scratch = ScratchCache(self.name)
-        _KERNELS[self.name] = self
+        registry.register(self)
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
 
     def _hot_path(self):
-        """`run`, as a closure over what it needs: a hit is a tuple build, one dict lookup, the launch."""
+        """`run`, as a closure over what it needs: a hit is a tuple build, one dict lookup, the launch. A
+        kernel whose decisions carry config pre_hooks gets the closure that also calls the hook."""
         memo, key, launch, decide, keywords = self._memo, self._key, self._launch, self._decide, self._run_keywords
+        if self._hooked:
+            def hooked(*args, grid, **kwargs):
+                if kwargs:
+                    return keywords(args, kwargs, grid, kwargs.pop("warmup", False))
+                try:
+                    d = memo[key(args)]
+                except LookupError:
+                    d = decide(args, {}, grid)
+                d.calls += 1
+                try:
+                    if d.hook is not None:
+                        d.hook(args, {})
+                    return launch(*args, grid=grid, **d.launch)
+                except Exception as e:
+                    if d.tier == "offline":
+                        raise failure(d, e) from e
+                    raise
+            return hooked
 
         def run(*args, grid, **kwargs):
             if kwargs:
@@ -94,28 +127,32 @@ class Autotuned:
                 d = memo[key(args)]
             except LookupError:
                 d = decide(args, {}, grid)
+                if d.hook is not None:  # the first decision with a hook: the hooked closure serves from now on
+                    return self.run(*args, grid=grid)
             d.calls += 1
             try:
                 return launch(*args, grid=grid, **d.launch)
             except Exception as e:
                 if d.tier == "offline":
-                    raise _accepted_failure(d, e) from e
+                    raise failure(d, e) from e
                 raise
         return run
 
     def _run_keywords(self, args, kwargs, grid, warmup):
         args = _positional(self.arg_names, args, kwargs)
         try:
-            d = self._memo[self._key(args)]
+            d = self._memo[_raw_key(self, args, kwargs)]
         except LookupError:
             d = self._decide(args, kwargs, grid)
         d.calls += 1
         try:
+            if d.hook is not None:  # a warm-up too: a hook may set what the compile specialises on
+                d.hook(args, kwargs)
             launch = {**d.launch, "warmup": True} if warmup else d.launch
             return self._launch(*args, grid=grid, **kwargs, **launch)
         except Exception as e:
             if d.tier == "offline":
-                raise _accepted_failure(d, e) from e
+                raise failure(d, e) from e
             raise
 
     def _decide(self, args, kwargs, grid) -> Decision:
@@ -132,18 +169,24 @@ class Autotuned:
         mode = settings.current().autotune
         if mode == "search":  # FLYTUNE_AUTOTUNE=1 and `flytune tune`: every new key is searched, its winner emitted
             d = self._from_search(args, kwargs, bound, key, grid, emit=True)
-        else:  # the tier order; with search off, the first config stands in for the search
+        else:  # the tier order; with search off, the first config stands in for the search; strict: must hit
             d = (self._from_scratch(bound, key) or self._from_offline(bound, key, index)
-                 or self._from_default(bound, key)
+                 or self._strict(key, mode) or self._from_default(bound, key)
                  or (self._first_config(key) if mode == "off" else
                      self._from_search(args, kwargs, bound, key, grid, emit=False)))
+        if d.hook is None and self.hooks:
+            d.hook = self.hooks.bind(d.config)
+        if d.hook is not None and not self._hooked:
+            self._hooked = True
+            self.run = self._hot_path()
         self._memo[raw] = d
         self._stats.decisions.append(d)
-        if settings.current().print_autotuning:
-            lvl = f" level={d.level}" if d.level else ""
-            print(f"[flytune] {self.name} key={key} tier={d.first_tier}{lvl} config={d.config}", file=sys.stderr)
-        events.emit(self.name, d)
+        events.announce(self.name, d)
         return d
+
+    def _strict(self, key, mode) -> None:
+        if mode == "strict":
+            raise miss(self.name, key, device.current(), "the heuristic" if self.default else "a search")
 
     def offline_index(self):
         """This kernel's offline index for the running device, built on first use."""
@@ -160,8 +203,9 @@ class Autotuned:
         try:
             config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
                                       Fields(self._scratch.path, ArtifactError))
+            self.check_binds(config, set(bound), "config")
         except FlytuneError as e:
-            warning.once(("scratch-entry", self.name), f"{e}; scratch entry ignored")
+            warning.once(("scratch-entry", self.name), f"{self._scratch.path}: {e}; scratch entry ignored")
             return None
         return Decision(config, "scratch", key)
 
@@ -183,9 +227,10 @@ class Autotuned:
     def _from_default(self, bound, key) -> Decision | None:
         if self.default is None:
             return None
-        config = Config.coerce(self.default(bound))
+        returned = self.default(bound)
+        config = Config.coerce(returned)
         self.check_binds(config, set(bound), "default")
-        return Decision(config, "heuristic", key)
+        return Decision(config, "heuristic", key, hook=self.hooks.bind(config, returned))
 
     def _first_config(self, key) -> Decision:
         self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config", stacklevel=6)
@@ -196,32 +241,22 @@ class Autotuned:
         self._stats.searched(found.seconds)
         winner = found.winner
         self._scratch.put(self.scratch_key(bound, key), {"config": winner.config.to_json(), "time_ms": winner.time_ms})
+        spec = specialization.record(self.name, self.fn, args, kwargs, winner.config)  # for `flytune warmup`
         artifact = Artifact(self.name, key, device.current(), winner.config,
-                            identity.provenance(found.candidates, self.space_hash, found.ranking))
+                            identity.provenance(found.candidates, self.space_hash, found.ranking, spec,
+                                                measurement=found.measurement, selection=found.selection))
         out_dir = settings.current().emit_dir
         if emit and out_dir:
             artifact.save(out_dir)
         return Decision(winner.config, "scratch", key, first_tier="search", search=found, artifact=artifact)
 
     def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
-        """Raise unless `config` binds only tuned, uncalled, non-key parameters with the declared types;
-        for an artifact (`file` given, an ArtifactError) it must also set every tuned parameter."""
-        f = Fields(file or self.name, ArtifactError if file else DeclarationError)
-        for name, value in config.kwargs.items():
-            path = f"{what}.kwargs.{name}"
-            if name not in self.arg_names:
-                f.fail(path, f"binds to no parameter of kernel {self.name}")
-            if name in self.axis_names:
-                f.fail(path, "overrides a key parameter")
-            if name in caller:
-                f.fail(path, "overrides an argument the caller passed")
-            want = self.tuned_kwargs.get(name)
-            if want is not None and type(value) is not want and not (want is float and type(value) is int):
-                f.fail(path, f"must be {want.__name__} like the declared configs, not {type(value).__name__}")
-        if file is not None:
-            unset = set(self.tuned_kwargs) - set(config.kwargs)
-            if unset:
-                f.fail(f"{what}.kwargs", f"does not set {', '.join(sorted(unset))}")
+        """Raise unless `config` may be launched for a call passing `caller` (`binding.Binding.check`)."""
+        self.binding.check(config, caller, what, file)
+
+    def check_key(self, key, file) -> None:
+        """Raise an ArtifactError unless an artifact's key has exactly the declared axes."""
+        self.binding.check_key(key, file)
 
     def _fallback(self, reason: str, stacklevel: int = 5):
         self._stats.fallback(reason)
@@ -242,15 +277,15 @@ class Autotuned:
 
     def decision(self, *args, **kwargs) -> Decision | None:
         """How a call with these arguments was served (None before its first call)."""
-        try:
-            return self._memo.get(self._key(_positional(self.arg_names, args, kwargs)))
-        except LookupError:
-            return None
+        kwargs = dict(kwargs)
+        return self._memo.get(_raw_key(self, _positional(self.arg_names, args, kwargs), kwargs))
 
     @contextlib.contextmanager
     def forcing(self, config):
         """A context in which every call launches `config`, bypassing every tier (verify --execute)."""
-        forced = Decision(Config.coerce(config), "forced", {})
+        data = Config.coerce(config)
+        forced = Decision(data, "forced", {}, hook=self.hooks.bind(data, config))
+        self._hooked = self._hooked or forced.hook is not None
         saved, self._memo = self._memo, _Always(forced)
         self.run = self._hot_path()
         try:
@@ -288,6 +323,19 @@ def _positional(arg_names, args: tuple, kwargs: dict) -> tuple:
     return tuple(args)
 
 
+def _raw_key(k: Autotuned, args: tuple, kwargs: dict) -> tuple | None:
+    """A call's memo key (each key parameter's dtype or value), the same whichever way it is passed, as
+    `_decide` stores it; None when a key parameter is missing (deciding then says which)."""
+    try:
+        return k._key(args)
+    except IndexError:  # a key parameter came by keyword after one that did not
+        bound = {**dict(zip(k.arg_names, args)), **kwargs}
+        try:
+            return tuple(getattr(bound[a], "dtype", bound[a]) for a in k.axis_names)
+        except KeyError:
+            return None
+
+
 def _unwrap(fn):
     """The Python function under Triton's wrappers (JITFunction, Heuristics, ...)."""
     while not inspect.isfunction(fn):
@@ -304,30 +352,26 @@ def _parameters(names, arg_names, kernel: str, what: str) -> tuple[str, ...]:
     return out
 
 
-def _accepted_failure(d: Decision, e: Exception) -> ArtifactExecutionError:
-    return ArtifactExecutionError(f"failed to compile or launch with the accepted artifact {d.origin} "
-                                  f"({d.config}): {type(e).__name__}: {e}", file=d.origin, field="config")
-
-
 def kernel(name: str) -> Autotuned | None:
-    """The decorated kernel named `name` in this process, or None."""
-    return _KERNELS.get(name)
+    """The `@autotune` kernel named `name` in this process, or None (`registry.kernel` finds adopted ones too)."""
+    k = registry.kernel(name)
+    return k if isinstance(k, Autotuned) else None
 
 
 def kernels() -> dict[str, Autotuned]:
-    """Every decorated kernel in this process, by name."""
-    return dict(sorted(_KERNELS.items()))
+    """Every `@autotune` kernel in this process, by name."""
+    return {name: k for name, k in registry.kernels().items() if isinstance(k, Autotuned)}
 
 
 def stats() -> dict:
-    """Per-kernel counters: calls per tier, searches, seconds searching, fallbacks with reasons."""
-    return {name: k.stats() for name, k in kernels().items()}
+    """Per-kernel counters, adopted `@triton.autotune` kernels included: calls per tier, searches, seconds
+    searching, fallbacks with reasons."""
+    return registry.stats()
 
 
 def reset_stats() -> None:
     """Reset every kernel's decisions and counters, rediscover bundles and the device (tests)."""
-    for k in _KERNELS.values():
-        k.reset()
+    registry.reset()
     settings.reload()
     TIER.reset()
     device.reset()

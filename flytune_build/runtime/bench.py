@@ -1,26 +1,32 @@
-"""Timing candidates: device events on a GPU, wall clock under the interpreter, or a synthetic rank.
+"""How a search times its candidates: CUDA graphs or device events on a GPU, this process's CPU time
+under the interpreter, the kernel's own `do_bench`, or a synthetic rank.
 
-A search times every candidate, then re-times the near-ties interleaved and breaks a remaining tie by
-the declared config order, so repeated tunes agree.
+A search picks its `Measurement` once, before timing anything, and every time it takes comes from it,
+so all candidates of one search are comparable. On a GPU a quick first estimate decides: a kernel
+faster than GRAPH_BELOW_MS is timed in CUDA graphs (`triton.testing.do_bench_cudagraph`: many launches
+replayed back to back, no launch gaps, warm L2), since a few-microsecond kernel timed one launch at a
+time measures mostly launch noise and the events' resolution; anything slower is timed launch by
+launch with device events and an L2 flush before each (`triton.testing.do_bench`). The choice and the
+budgets are recorded in each artifact's `provenance.measurement`. Under the interpreter a kernel
+runs on this process's threads: its CPU time is the work, while the wall clock of a shared CPU also
+counts every other process's (on a loaded 2-core machine, twice the time from one call to the next).
+How the winner is chosen from the times is `selection`.
 """
 from __future__ import annotations
 
 import hashlib
 import math
-import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..core import codec, settings
 from ..core.config import Config
-from ..core.errors import SearchError
 
-SCREEN_BAND = 0.10    # after a short screening pass, candidates within 10% of the best are re-timed
-NOISE_BAND = 0.03     # after re-timing, candidates within 3% of the best are a tie
-TIE_ROUNDS = 3       # each re-timing round uses 1/TIE_ROUNDS of the full budget
-MAX_RETIMED = 3      # at most this many finalists are re-timed
-SCREEN_FRACTION = 10  # the screening pass uses 1/10 of the warmup and rep budget
+SCREEN_FRACTION = 10    # screening times each candidate on 1/10 of the warmup and rep budget, in all
+SCREEN_PASSES = 3       # in three interleaved passes, keeping each candidate's least time
+GRAPH_BELOW_MS = 0.05   # a kernel whose quick estimate is under 50 us is timed in CUDA graphs
+GRAPH_REPLAYS = 10      # do_bench_cudagraph replays its graph 10 times: its `rep` is a tenth of its time
 
 
 @dataclass
@@ -47,51 +53,114 @@ def synthetic_ms(kernel: str, key: dict, config: Config) -> float:
     return 1.0 + int.from_bytes(digest[:6], "big") / float(1 << 48)
 
 
-def cpu_bench(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
-    """Median wall-clock ms of `fn` (the interpreter runs on the CPU: no events to time with)."""
+def cpu_bench(fn: Callable[[], object], warmup: float = 25, rep: float = 100) -> float:
+    """The least CPU time of this process, in ms, over at least two calls of `fn` within `rep` ms of
+    it (the interpreter: no device events to time with). The least, not the median: interruptions only
+    ever add time."""
     fn()
     times = []
     budget = rep / 1000.0
-    start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < budget and len(times) < 100):
-        t = time.perf_counter()
+    start = time.process_time()
+    while len(times) < 2 or (time.process_time() - start < budget and len(times) < 100):
+        t = time.process_time()
         fn()
-        times.append((time.perf_counter() - t) * 1000.0)
-    return statistics.median(times)
+        times.append((time.process_time() - t) * 1000.0)
+    return min(times)
 
 
-def gpu_bench(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
+def gpu_bench(fn: Callable[[], object], warmup: float = 25, rep: float = 100) -> float:
+    """Median ms of `fn` launched one at a time between device events, L2 flushed before each."""
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def default_bench(interpreted: bool) -> Callable[..., float]:
-    return cpu_bench if interpreted else gpu_bench
+def graph_bench(fn: Callable[[], object], rep: float) -> float:
+    """Median ms of `fn` in a CUDA graph of back-to-back launches (about `rep` ms per replay)."""
+    from triton.testing import do_bench_cudagraph
+
+    return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
-def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate], float]) -> Candidate:
-    """The winner: fastest, with near-ties re-timed interleaved and broken by declared order.
+def quick_ms(fn: Callable[[], object]) -> float:
+    """A first estimate: ms per launch of five back-to-back launches (launch overhead included)."""
+    from triton import runtime
 
-    The first times may come from a short screening pass: everything within SCREEN_BAND of the best is
-    re-timed `TIE_ROUNDS` times, interleaved so drift hits every candidate alike, and judged on those.
-    """
-    ok = [c for c in candidates if math.isfinite(c.time_ms)]
-    if not ok:
-        errors = "; ".join(f"{c.config}: {c.error or 'failed'}" for c in candidates)
-        raise SearchError(f"every candidate failed: {errors}", field="configs")
-    best = min(c.time_ms for c in ok)
-    band = sorted((c for c in ok if c.time_ms <= best * (1 + SCREEN_BAND)), key=lambda c: c.time_ms)
-    finalists = {id(c) for c in band[:MAX_RETIMED]}
-    band = [c for c in ok if id(c) in finalists]  # back in declared order
-    if len(band) > 1:
-        samples = {id(c): [] for c in band}
-        for r in range(TIE_ROUNDS):
-            order = band[r % len(band):] + band[:r % len(band)]
-            for c in order:
-                samples[id(c)].append(retime(c))
-        for c in band:
-            c.time_ms = statistics.median(samples[id(c)])
-        best = min(c.time_ms for c in band)
-        band = [c for c in band if c.time_ms <= best * (1 + NOISE_BAND)]
-    return band[0]  # `candidates` is in declared order: the earliest of a tie wins
+    di = runtime.driver.active.get_device_interface()
+    fn()
+    di.synchronize()
+    start, end = di.Event(enable_timing=True), di.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    di.synchronize()
+    return start.elapsed_time(end) / 5
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One search's timer and budget (the kernel's `warmup` and `rep`, in ms); `bench(n)` times on 1/n of it."""
+    timer: str                        # one of core.choice.TIMERS
+    warmup_ms: float
+    rep_ms: float
+    estimate_ms: float | None = None  # the quick first estimate that chose the timer (GPU)
+    note: str | None = None
+    user: Callable | None = field(default=None, compare=False)  # the kernel's own do_bench
+
+    @property
+    def screen_passes(self) -> int:
+        return 1 if self.timer == "user" else SCREEN_PASSES  # the kernel's own do_bench sets its own budget
+
+    @property
+    def l2_flush(self) -> bool:
+        return self.timer == "cuda-events"  # do_bench flushes L2 before each launch; a graph replays warm
+
+    def bench(self, fraction: float) -> Callable[[Callable[[], object]], float]:
+        """A timer of one call on 1/fraction of the budget."""
+        warmup, rep = max(self.warmup_ms / fraction, 1.0), max(self.rep_ms / fraction, 1.0)
+        if self.timer == "user":
+            def user(fn):
+                t = self.user(fn)
+                return float(t[0] if isinstance(t, (list, tuple)) else t)
+            return user
+        if self.timer == "cuda-graph":
+            return lambda fn: graph_bench(fn, rep / GRAPH_REPLAYS)
+        if self.timer == "cuda-events":
+            return lambda fn: gpu_bench(fn, warmup, rep)
+        return lambda fn: cpu_bench(fn, warmup, rep)
+
+    def to_json(self) -> dict:
+        """`provenance.measurement`."""
+        if self.timer == "synthetic":
+            return {"timer": self.timer}
+        out = {"timer": self.timer, "l2_flush": self.l2_flush, "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms,
+               "screen_fraction": SCREEN_FRACTION, "screen_passes": self.screen_passes}
+        if self.timer in ("cuda-graph", "cuda-events"):
+            out["graph_below_ms"] = GRAPH_BELOW_MS
+        if self.estimate_ms is not None:
+            out["estimate_ms"] = float(f"{self.estimate_ms:.6g}")
+        if self.note:
+            out["note"] = self.note[:500]
+        return out
+
+
+def on_gpu(warmup: float, rep: float, calls: Sequence[Callable[[], object]]) -> Measurement:
+    """The GPU timer for these candidate calls: CUDA graphs when the fastest one's quick estimate is under
+    GRAPH_BELOW_MS and a graph of it can be captured, device events otherwise."""
+    estimates = []
+    for call in calls:
+        try:
+            estimates.append((quick_ms(call), call))
+        except Exception:  # noqa: BLE001 - this candidate fails; screening records why
+            pass
+    if not estimates:
+        return Measurement("cuda-events", warmup, rep, note="no candidate launched for the first estimate")
+    best, call = min(estimates, key=lambda e: e[0])
+    if best >= GRAPH_BELOW_MS:
+        return Measurement("cuda-events", warmup, rep, best)
+    try:
+        graph_bench(call, 0.1)
+    except Exception as e:  # noqa: BLE001 - no graphs here: every candidate is timed launch by launch
+        return Measurement("cuda-events", warmup, rep, best, f"CUDA graphs unavailable: {type(e).__name__}: {e}")
+    return Measurement("cuda-graph", warmup, rep, best)

@@ -2,14 +2,20 @@
 
 A decision is made once per distinct key; the hot path only bumps its `calls`. Calls per tier are
 rendered from the decisions: a decision's first call counts for the tier that chose it (a searched
-key's first call is "search"), every later call for the tier that serves it ("scratch").
+key's first call is "search"), every later call for the tier that serves it ("scratch"). Calls an
+adopted `@triton.autotune` kernel serves from Triton's own cache, which are not known per key, are
+counted per tier in `Stats.served`.
+
+`failure` and `miss` are the two errors a decision can end in: an accepted artifact that fails to
+launch (never retried with a default), and FLYTUNE_AUTOTUNE=strict with no tuned config for a call.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.config import Config
+from ..core.errors import ArtifactExecutionError, TierMissError
 
 if TYPE_CHECKING:
     from ..core.artifact import Artifact
@@ -30,6 +36,7 @@ class Decision:
     calls: int = 0
     search: SearchResult | None = None  # what the search that chose it found
     artifact: Artifact | None = None    # the searched winner as an artifact, with provenance
+    hook: Callable[[tuple, dict], None] | None = None  # the config's pre_hook (`hooks.ConfigHooks.bind`)
     launch: dict = field(init=False)
 
     def __post_init__(self):
@@ -44,6 +51,7 @@ class Stats:
     searches: int = 0
     search_seconds: float = 0.0
     fallbacks: dict[str, int] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))  # calls known per tier only
 
     def fallback(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
@@ -54,7 +62,7 @@ class Stats:
 
     def render(self) -> dict:
         """Calls per tier, offline calls per match level, searches, seconds searching, fallback reasons."""
-        calls = dict.fromkeys(TIERS, 0)
+        calls = dict(self.served)
         levels: dict[str, int] = {}
         for d in self.decisions:
             if d.calls:
@@ -64,3 +72,15 @@ class Stats:
                     levels[d.level] = levels.get(d.level, 0) + d.calls
         return {"calls": calls, "offline_levels": levels, "searches": self.searches,
                 "search_seconds": self.search_seconds, "fallbacks": dict(self.fallbacks)}
+
+
+def failure(d: Decision, e: Exception) -> ArtifactExecutionError:
+    """An accepted artifact failed to compile or launch: the error names it."""
+    return ArtifactExecutionError(f"failed to compile or launch with the accepted artifact {d.origin} "
+                                  f"({d.config}): {type(e).__name__}: {e}", file=d.origin, field="config")
+
+
+def miss(kernel: str, key: Any, device: Any, fallback: str) -> TierMissError:
+    """FLYTUNE_AUTOTUNE=strict: no tuned config serves `key` on `device`; `fallback` names what would have."""
+    return TierMissError(f"has no tuned config for key {key} on device {device}: FLYTUNE_AUTOTUNE=strict forbids "
+                         f"falling back to {fallback}", file=f"kernel {kernel}", field="key")

@@ -22,7 +22,10 @@ and when a search chose, also `artifact` (the winner as an `Artifact`, with prov
 """
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Callable
+
+from ..core import settings
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -56,6 +59,15 @@ def on_decision(callback: Callable[[dict], object]) -> Subscription:
     sub = Subscription(callback)
     _subscriptions.append(sub)
     return sub
+
+
+def announce(kernel: str, d: "Decision") -> None:
+    """One decision made: printed with FLYTUNE_PRINT_AUTOTUNING=1, then told to every subscriber (the
+    autotuner and adopted kernels call this once per key)."""
+    if settings.current().print_autotuning:
+        level = f" level={d.level}" if d.level else ""
+        print(f"[flytune] {kernel} key={d.key} tier={d.first_tier}{level} config={d.config}", file=sys.stderr)
+    emit(kernel, d)
 
 
 def emit(kernel: str, d: "Decision") -> None:

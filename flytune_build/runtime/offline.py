@@ -13,10 +13,10 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..core import bundle, settings
+from ..core import bundle, codec, fsutil, settings
 from ..core.artifact import Artifact
 from ..core.device import DeviceIdentity
-from ..core.errors import FlytuneError
+from ..core.errors import ArtifactError, BundleError, FlytuneError
 from ..core.target import DEFAULT_ACCEPT, LEVELS, match_level
 from . import warning
 
@@ -125,6 +125,7 @@ class OfflineTier:
                 groups.append(((order, LEVELS.index(level)), len(groups), keys, entries))
         for _, _, keys, entries in sorted(groups, key=lambda g: g[:2], reverse=True):
             idx.entries.update(zip(keys, entries))  # worst first: the best rank is written last
+        idx.problems = summarise(idx.problems)
         return idx
 
     def _shard_groups(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
@@ -185,9 +186,7 @@ class OfflineTier:
             return None
         path = src.root / info.shard
         try:
-            return bundle.parse_shard(info, path.read_bytes(), file=path)
-        except OSError as e:
-            idx.problems.append(f"{path}: cannot be read: {e.strerror}")
+            return bundle.parse_shard(info, fsutil.read_regular(path, BundleError, bundle.MAX_SHARD_BYTES), file=path)
         except FlytuneError as e:
             idx.problems.append(f"{e} (shard refused)")
         return None
@@ -204,8 +203,9 @@ class OfflineTier:
             for path in files:
                 if not path.name.startswith(kernel + "-"):
                     continue
-                try:
-                    art = Artifact.load(path)
+                try:  # a regular file, capped: a FIFO or a link to /dev/zero named like an artifact is refused
+                    art = Artifact.from_bytes(fsutil.read_regular(path, ArtifactError, codec.MAX_DOCUMENT_BYTES),
+                                              file=path)
                 except FlytuneError as e:
                     idx.problems.append(str(e))
                     continue
@@ -224,6 +224,16 @@ class OfflineTier:
                 continue
             accept = next((t.accept for t in src.manifest.targets if t.covers(dev)), ())
             yield doc, dev, accept, src.label, None
+
+
+SHOWN = 3  # problems named in full; the rest are counted (10,000 bad files are one warning, not 10,000)
+
+
+def summarise(problems: list[str]) -> list[str]:
+    """At most one line per problem for a few; for more, one line with the count and the first few."""
+    if len(problems) <= SHOWN:
+        return problems
+    return [f"{len(problems)} artifact files or entries ignored; the first {SHOWN}: " + "; ".join(problems[:SHOWN])]
 
 
 def _served_level(dev: DeviceIdentity, running: DeviceIdentity, accept, idx: Index) -> str | None:
@@ -246,7 +256,7 @@ def _name(doc: dict) -> str:
 
 
 def _axes_error(got: Any, axes: tuple[str, ...], name: str) -> FlytuneError:
-    return FlytuneError(f"has key axes {sorted(got)}, but the kernel declares {sorted(axes)}", file=name, field="key")
+    return ArtifactError(f"has key axes {sorted(got)}, but the kernel declares {sorted(axes)}", file=name, field="key")
 
 
 def _device_of(d: Any, name: str) -> DeviceIdentity:
@@ -292,13 +302,21 @@ def bundle_entry_points() -> list[tuple[str, Any]]:
     """(distribution name, entry point) for `importlib.metadata.entry_points(group="flytune.bundles")`,
     without parsing the metadata and entry points
     of every installed distribution: a distribution's file is parsed only when it names the group.
-    As there, a distribution shadowed by one of the same name earlier on sys.path is skipped."""
+    As there, a distribution shadowed by one of the same name earlier on sys.path is skipped, with one
+    exception: an `<name>.egg-info` directory that declares no bundle (what a build or an editable
+    install leaves in the project root, on sys.path when a program runs from there) is not an
+    installation and does not hide the installed distribution's bundle."""
     from importlib.metadata import PackageNotFoundError, distribution, distributions
 
     header = f"[{bundle.ENTRY_POINT_GROUP}]"
     out, seen = [], set()
     for dist in distributions():
-        text = dist.read_text("entry_points.txt")
+        try:  # one distribution's unreadable metadata (invalid UTF-8, a line without `=`) skips it alone
+            text = dist.read_text("entry_points.txt")
+        except (ValueError, OSError) as e:
+            warning.once(("entry-points", str(e)), f"an installed distribution's entry_points.txt cannot be read "
+                         f"({type(e).__name__}: {e}); it is skipped")
+            continue
         if not text or header not in text:
             continue
         meta = _metadata_text(dist)
@@ -312,10 +330,21 @@ def bundle_entry_points() -> list[tuple[str, Any]]:
             first = distribution(name)
         except (PackageNotFoundError, ValueError):
             first = dist
-        if first.read_text("entry_points.txt") != text or _metadata_text(first) != meta:
-            dist = first  # the copy earlier on sys.path is the installed one
-        out.extend((name, ep) for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP)
+        try:
+            first_text = first.read_text("entry_points.txt")
+            if (first_text != text or _metadata_text(first) != meta) and not _build_leftover(first, first_text):
+                dist = first  # the copy earlier on sys.path is the installed one
+            out.extend((name, ep) for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP)
+        except (ValueError, TypeError, OSError) as e:  # a line without `=` is a TypeError in importlib.metadata
+            warning.once(("entry-points", name), f"distribution {name}: entry_points.txt cannot be parsed "
+                         f"({type(e).__name__}: {e}); its bundle is ignored")
     return out
+
+
+def _build_leftover(dist, entry_points: str | None) -> bool:
+    """An egg-info directory (PKG-INFO, no METADATA) that declares no bundle: setuptools' by-product."""
+    return (f"[{bundle.ENTRY_POINT_GROUP}]" not in (entry_points or "") and dist.read_text("METADATA") is None
+            and dist.read_text("PKG-INFO") is not None)
 
 
 def _metadata_text(dist) -> str:
@@ -342,7 +371,8 @@ def locate(ep, dist_name: str | None = None) -> _Source | None:
         manifest = root / bundle.MANIFEST
         if manifest.is_file():
             try:
-                return _Source(label, root, bundle.Manifest.from_bytes(manifest.read_bytes(), file=manifest))
+                data = fsutil.read_regular(manifest, BundleError, bundle.MAX_MANIFEST_BYTES)
+                return _Source(label, root, bundle.Manifest.from_bytes(data, file=manifest))
             except OSError as e:
                 warning.once(("manifest", str(manifest)), f"{manifest}: cannot be read: {e.strerror}; bundle ignored")
             except FlytuneError as e:

@@ -3,20 +3,24 @@
 One JSON file per kernel under FLYTUNE_CACHE_DIR (default: the platform's user cache dir). Writers
 merge under a file lock and replace the file atomically, so concurrent processes lose nothing and a
 killed writer leaves the previous file intact. A corrupt file is ignored with one warning and replaced.
+Reads are of regular files only, capped; writes are best effort: a cache that cannot be written is one
+warning, and the winner stays in memory (a kernel call never fails for its cache).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
-from ..core import codec, settings
+from ..core import codec, fsutil, settings
 from ..core.errors import FlytuneError, ScratchError
 from ..core.fsutil import atomic_write
 from . import warning
 
 FORMAT_VERSION = 1
 MAX_BYTES = 64 << 20
+LOCK_TIMEOUT = 10.0  # seconds: a stopped lock holder delays one write this long, then the write is skipped
 
 
 def cache_dir() -> Path:
@@ -44,12 +48,12 @@ class ScratchCache:
 
     def _read(self) -> dict[str, Any]:
         path = self.path
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             return {}
-        except OSError as e:
-            warning.once(("scratch", str(path)), f"{path}: cannot be read ({e.strerror}); scratch cache ignored")
+        try:  # a regular file, capped: a FIFO does not hang the call, a link to /dev/zero is not read
+            data = fsutil.read_regular(path, ScratchError, MAX_BYTES)
+        except ScratchError as e:
+            warning.once(("scratch", str(path)), f"{e}; scratch cache ignored")
             return {}
         try:
             doc = codec.loads(data, file=path, error=ScratchError, max_bytes=MAX_BYTES)
@@ -67,14 +71,32 @@ class ScratchCache:
         return self._entries.get(key)
 
     def put(self, key: str, value: Any) -> None:
-        """Merge one winner into the file under a lock; atomic, so nothing is lost or half-written."""
+        """Merge one winner into the file under a lock; atomic, so nothing is lost or half-written.
+        Best effort: a cache that cannot be written (unwritable, a file in the way, read-only, full,
+        a lock held past LOCK_TIMEOUT, a lock path that is a symlink) is one warning, and the winner
+        is kept in memory for this process; the call that searched it never fails for it."""
+        try:
+            self._entries = self._write(key, value)
+        except (OSError, FlytuneError) as e:  # filelock's Timeout is an OSError
+            reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
+            warning.once(("scratch-write", str(self.path.parent)),
+                         f"flytune: the scratch cache {self.path.parent} cannot be written ({type(e).__name__}: "
+                         f"{reason}); searched winners are kept in memory for this process only")
+            if self._entries is None:
+                self._entries = {}
+            self._entries[key] = value
+
+    def _write(self, key: str, value: Any) -> dict[str, Any]:
         from filelock import FileLock
 
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock"):
+        lock = str(path) + ".lock"
+        if os.path.islink(lock):  # an older filelock opens it with O_TRUNC, truncating whatever it points to
+            raise ScratchError("is a symlink: refused as a lock file", file=lock)
+        with FileLock(lock, timeout=LOCK_TIMEOUT):
             entries = self._read()
             entries[key] = value
             atomic_write(path, codec.canonical({"format": FORMAT_VERSION, "kernel": self.kernel,
                                                 "entries": entries}))
-        self._entries = entries
+        return entries

@@ -5,10 +5,12 @@ Invariants (pinned by tests/test_runtime.py):
   them (`reset_to_zero` tensors zeroed, `restore_value` tensors copied back), and at the end both are
   copied back from the clones taken before the first candidate;
 - a candidate that fails to compile or launch times as infinity, its error kept for the provenance;
-  when every candidate fails, `bench.pick` raises a `SearchError` listing every error;
+  when every candidate fails, `selection.pick` raises a `SearchError` listing every error;
 - on a GPU every candidate compiles concurrently before any is timed;
 - with FLYTUNE_RANKING=synthetic each candidate still runs once (one that cannot launch never wins),
-  but the ranking is a deterministic hash, never a measurement.
+  but the ranking is a deterministic hash, never a measurement;
+- candidates are timed in declared order (the tie rule's order, `selection`), with one `bench.Measurement`
+  chosen before any is timed; inside `selection.keeping` the shipped winner is a finalist.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Callable, Sequence
 from ..core import settings
 from ..core.config import Config
 from ..core.errors import DeclarationError
-from . import bench, warning
+from . import bench, hooks, selection, warning
 from .bench import Candidate
 
 
@@ -34,26 +36,28 @@ class SearchResult:
     candidates: list[Candidate]
     seconds: float   # wall time of the search, precompiling included
     ranking: str     # measured | synthetic
+    measurement: dict | None = None   # provenance.measurement: how the times were taken
+    selection: dict | None = None     # provenance.selection: the band, the finalists, why the winner won
 
 
 def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> SearchResult:
     """Search the configs of `kernel` (an `Autotuned`) for this call; its inputs are left as they were."""
-    configs = prune(kernel, bound, kwargs)
+    configs = declared_order(prune(kernel, bound, kwargs), kernel.configs)
     rank = bench.ranking()
+    shipped = selection.shipped(kernel.name, key)
     with _inputs_kept(bound, kernel.reset_to_zero, kernel.restore_value) as fresh_inputs:
         start = time.perf_counter()
 
-        def launch(cfg: Config):
-            fresh_inputs()
-            kernel.fn.run(*args, grid=grid, warmup=False, **kwargs, **cfg.launch_kwargs())
-
+        launch = hooks.Launcher(kernel, args, kwargs, grid, fresh_inputs)  # Triton's hooks around each candidate
         if rank == "synthetic":
-            candidates, winner = _synthetic(kernel.name, key, configs, launch)
+            candidates, chosen, measure = _synthetic(kernel, key, configs, launch, shipped)
         else:
             if not kernel.interpreted:
                 _precompile(kernel, args, kwargs, grid, configs)
-            candidates, winner = _measured(kernel, configs, launch)
-    result = SearchResult(winner, candidates, time.perf_counter() - start, rank)
+            candidates, chosen, measure = _measured(kernel, configs, launch, shipped)
+    launch.settle(chosen.winner.config)
+    result = SearchResult(chosen.winner, candidates, time.perf_counter() - start, rank, measure.to_json(),
+                          chosen.record)
     if settings.current().print_autotuning:
         for c in candidates:
             t = f"{c.time_ms:.4f} ms" if math.isfinite(c.time_ms) else f"failed ({c.error})"
@@ -63,20 +67,27 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
 
 
 def prune(kernel, bound: dict, kwargs: dict) -> list[Config]:
-    """The candidates: the declared configs through `prune_configs_by` (Triton's `early_config_prune`,
-    then the `top_k` best by `perf_model`)."""
+    """The candidates: the declared configs through `prune_configs_by`, called as Triton calls it:
+    `early_config_prune(configs as declared, nargs, **kwargs)`, then the `top_k` best by
+    `perf_model(**nargs, **kwargs, **config.all_kwargs())`, nargs being the arguments passed by position."""
+    nargs = {name: v for name, v in bound.items() if name not in kwargs}
     configs = kernel.configs
     rules = kernel.prune_configs_by
     early = rules.get("early_config_prune")
     if early is not None:
-        configs = [Config.coerce(c) for c in early(configs, bound, **kwargs)]
+        configs = [Config.coerce(c) for c in early(list(getattr(kernel, "declared", configs)), nargs, **kwargs)]
         if not configs:
             raise DeclarationError("early_config_prune returned no config", file=kernel.name,
                                    field="prune_configs_by")
-    model, top_k = rules.get("perf_model"), rules.get("top_k")
-    if model is not None and top_k:
-        k = int(len(configs) * top_k) if isinstance(top_k, float) else int(top_k)
-        configs = sorted(configs, key=lambda c: model(**bound, **kwargs, **c.launch_kwargs()))[:max(k, 1)]
+    model, top_k = rules.get("perf_model"), rules.get("top_k", 1.0)
+    if model is not None:
+        if isinstance(top_k, float) and top_k <= 1.0:  # a fraction of all the declared configs, as in Triton
+            top_k = int(len(kernel.configs) * top_k)
+        elif not isinstance(top_k, int) or isinstance(top_k, bool):
+            raise DeclarationError(f"must be a float <= 1.0 or an int, not {top_k!r}", file=kernel.name,
+                                   field="prune_configs_by.top_k")
+        if len(configs) > top_k:
+            configs = sorted(configs, key=lambda c: model(**nargs, **kwargs, **hooks.all_kwargs(c)))[:max(top_k, 1)]
     return configs
 
 
@@ -97,18 +108,52 @@ def _inputs_kept(bound: dict, reset_to_zero: Sequence[str], restore_value: Seque
             bound[n].copy_(t)
 
 
-def _synthetic(name: str, key: dict, configs: list[Config], launch: Callable[[Config], None]):
+def declared_order(configs: list[Config], declared: Sequence[Config]) -> list[Config]:
+    """`configs` in the kernel's declared order (a config `early_config_prune` made up goes last)."""
+    position: dict[Config, int] = {}
+    for i, c in enumerate(declared):
+        position.setdefault(c, i)
+    return sorted(configs, key=lambda c: position.get(c, len(position)))
+
+
+def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Config], None], shipped):
     def rank(cfg: Config) -> float:
         launch(cfg)  # run all the same: a config that cannot launch must not win
-        return bench.synthetic_ms(name, key, cfg)
+        return bench.synthetic_ms(kernel.name, key, cfg)
     candidates = _timed(configs, rank)
-    return candidates, bench.pick(candidates, lambda c: bench.synthetic_ms(name, key, c.config))
+    chosen = selection.pick(candidates, lambda c, _: bench.synthetic_ms(kernel.name, key, c.config),
+                            selection.SYNTHETIC, shipped)
+    return candidates, chosen, bench.Measurement("synthetic", kernel.warmup, kernel.rep)
 
 
-def _measured(kernel, configs: list[Config], launch: Callable[[Config], None]):
-    screen, retime = _timer(kernel, bench.SCREEN_FRACTION), _timer(kernel, bench.TIE_ROUNDS)
+def _measured(kernel, configs: list[Config], launch: Callable[[Config], None], shipped):
+    measure = _measurement(kernel, configs, launch)
+    screen = measure.bench(bench.SCREEN_FRACTION * measure.screen_passes)
     candidates = _timed(configs, lambda cfg: screen(lambda: launch(cfg)))
-    return candidates, bench.pick(candidates, lambda c: retime(lambda: launch(c.config)))
+    for _ in range(measure.screen_passes - 1):  # interleaved passes, the least kept: a burst of load hits one
+        _again(candidates, lambda c: screen(lambda: launch(c.config)))
+    chosen = selection.pick(candidates, lambda c, fraction: measure.bench(fraction)(lambda: launch(c.config)),
+                            selection.rule_for(measure.timer), shipped)
+    return candidates, chosen, measure
+
+
+def _measurement(kernel, configs: list[Config], launch: Callable[[Config], None]) -> bench.Measurement:
+    """The kernel's own `do_bench`; CPU time under the interpreter; on a GPU, by a first estimate."""
+    if kernel.do_bench is not None:
+        return bench.Measurement("user", kernel.warmup, kernel.rep, user=kernel.do_bench)
+    if kernel.interpreted:
+        return bench.Measurement("cpu-time", kernel.warmup, kernel.rep)
+    return bench.on_gpu(kernel.warmup, kernel.rep, [lambda cfg=cfg: launch(cfg) for cfg in configs])
+
+
+def _again(candidates: list[Candidate], time_ms: Callable[[Candidate], float]) -> None:
+    """Time each candidate that has not failed once more, keeping its least time."""
+    for c in candidates:
+        if math.isfinite(c.time_ms):
+            try:
+                c.time_ms = min(c.time_ms, time_ms(c))
+            except Exception as e:  # a failing candidate times as infinity
+                c.time_ms, c.error = math.inf, f"{type(e).__name__}: {e}"
 
 
 def _timed(configs: list[Config], time_ms: Callable[[Config], float]) -> list[Candidate]:
@@ -121,18 +166,6 @@ def _timed(configs: list[Config], time_ms: Callable[[Config], float]) -> list[Ca
             c.error = f"{type(e).__name__}: {e}"
         out.append(c)
     return out
-
-
-def _timer(kernel, fraction: int = 1) -> Callable[[Callable[[], object]], float]:
-    """The user's `do_bench`, else the default timer with 1/fraction of the warmup and rep budget."""
-    if kernel.do_bench is not None:
-        def user(fn):
-            t = kernel.do_bench(fn)
-            return float(t[0] if isinstance(t, (list, tuple)) else t)
-        return user
-    fn = bench.default_bench(kernel.interpreted)
-    warmup, rep = max(kernel.warmup // fraction, 1), max(kernel.rep // fraction, 1)
-    return lambda call: fn(call, warmup, rep)
 
 
 def _precompile(kernel, args, kwargs, grid, configs):
@@ -148,6 +181,9 @@ def _precompile(kernel, args, kwargs, grid, configs):
             with AsyncCompileMode(pool, ignore_errors=True):
                 for cfg in configs:
                     try:
+                        hook = kernel.hooks.bind(cfg)  # a pre_hook may set what the compile specialises on
+                        if hook is not None:
+                            hook(args, kwargs)
                         kernel.fn.warmup(*args, grid=grid, **kwargs, **cfg.launch_kwargs())
                     except Exception:
                         pass  # the timed pass reports the failure

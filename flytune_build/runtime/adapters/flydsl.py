@@ -94,7 +94,7 @@ def from_flydsl(path: str | Path, *, name: str | None = None) -> Artifact:
                                       "num_warps, num_stages, num_ctas, maxnreg)")
     num_warps = body.pop("num_warps", 4)
     config = Config.from_json({"kwargs": body, "num_warps": num_warps}, f)
-    return Artifact(kernel, key, device, config, {"ranking": "imported"})
+    return Artifact(kernel, key, device, config, {"ranking": "imported", "source": f"flydsl:{path.name}"[:1024]})
 
 
 def export(artifacts, out_dir: str | Path) -> tuple[list[Path], list[str]]:

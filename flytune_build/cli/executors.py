@@ -1,0 +1,267 @@
+"""Where fleet workers run: local processes (one per GPU), or Ray actors across a cluster.
+
+An executor starts a worker in a numbered slot, gives it one job at a time and reports what happened
+as events, tuples whose second item is the slot:
+
+    ("hello", slot, device spec, host, pid)      the worker is up and measured its device
+    ("start-failed", slot, reason)               it could not start (no device, a broken install)
+    ("done", slot, job id, device spec, results) see `worker.execute`
+    ("failed", slot, job id, reason, fatal)      the job raised; fatal: the worker must be replaced
+    ("died", slot, reason)                       the worker is gone (a crash, a signal, an exit)
+
+`kill(slot)` ends a slot's worker and drops its events; `start(slot)` starts a fresh one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..core import settings
+from ..core.errors import FlytuneError
+from ..core.project import Project
+from . import worker
+from .job import Job
+
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding flytune_build
+
+
+class Unavailable(FlytuneError):
+    """The executor cannot run here (Ray is missing, no GPU is visible, too many workers asked for)."""
+
+
+def gpu_ids() -> tuple[str, list[str]]:
+    """(the variable that pins a GPU, the ids a worker may be pinned to), from torch's count and the
+    GPUs this process was given."""
+    import torch
+
+    n = torch.cuda.device_count()
+    var = "HIP_VISIBLE_DEVICES" if getattr(torch.version, "hip", None) else "CUDA_VISIBLE_DEVICES"
+    given = dict(settings.current().visible_devices).get(var)
+    ids = [i.strip() for i in given.split(",") if i.strip()] if given else [str(i) for i in range(n)]
+    return var, ids[:n]
+
+
+def local(project: Project, ranking: str | None, workers: int | None, log_dir: Path,
+          jobs: int) -> LocalExecutor:
+    """One process per visible GPU, each pinned to its GPU; CPU processes under the interpreter."""
+    if settings.current().interpret:
+        n = workers or max(1, min(os.cpu_count() or 1, jobs))
+        return LocalExecutor(project, ranking, n, lambda slot: {}, log_dir)
+    var, ids = gpu_ids()
+    if not ids:
+        raise Unavailable("no GPU is visible (set TRITON_INTERPRET=1 to tune for the interpreter)")
+    if workers and workers > len(ids):
+        raise Unavailable(f"--workers {workers}: only {len(ids)} GPU(s) are visible ({var}={','.join(ids)})")
+    return LocalExecutor(project, ranking, workers or len(ids), lambda slot: {var: ids[slot]}, log_dir)
+
+
+class LocalExecutor:
+    """Worker processes on this machine (`python -m flytune_build.cli.worker`), one pipe each."""
+
+    kind = "local"
+
+    def __init__(self, project: Project, ranking: str | None, slots: int,
+                 env_for_slot: Callable[[int], dict], log_dir: Path):
+        self.project, self.ranking, self.slots = project, ranking, slots
+        self.env_for_slot, self.log_dir = env_for_slot, Path(log_dir)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.log_start: dict[int, int] = {}   # where the slot's current worker began its log
+        self.selector = selectors.DefaultSelector()
+
+    def name(self, slot: int) -> str:
+        return f"local:{slot}"
+
+    def log(self, slot: int) -> Path:
+        return self.log_dir / f"worker-{slot}.log"
+
+    def start(self, slot: int) -> None:
+        env = {**os.environ, **self.env_for_slot(slot)}
+        env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                              if p and p != PACKAGE_ROOT])
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log(slot), "ab") as log:  # spawned from this thread: PDEATHSIG follows it
+            self.log_start[slot] = log.seek(0, os.SEEK_END)
+            proc = subprocess.Popen([sys.executable, "-m", "flytune_build.cli.worker", "--parent", str(os.getpid())],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, bufsize=0)
+        self.procs[slot] = proc
+        self.selector.register(proc.stdout, selectors.EVENT_READ, slot)
+        self._send(slot, ["setup", str(self.project.root), self.ranking, self.name(slot)])
+
+    def submit(self, slot: int, job: Job) -> None:
+        e = job.entry
+        self._send(slot, ["job", job.id, e.kernel, e.setup, e.autotuner, job.shape])
+
+    def _send(self, slot, message):
+        try:
+            worker.send(self.procs[slot].stdin, message)
+        except (BrokenPipeError, ValueError):
+            pass  # it died: its pipe's end of file says so on the next poll
+
+    def poll(self, timeout: float) -> list[tuple]:
+        events = []
+        for key, _ in self.selector.select(max(timeout, 0)):
+            slot = key.data
+            message = worker.receive(key.fileobj)
+            if message is None:
+                events.append(("died", slot, self._reap(slot)))
+            else:
+                events.append((message[0], slot, *message[1:]))
+        return events
+
+    def _reap(self, slot: int) -> str:
+        proc = self._forget(slot)
+        try:
+            rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # its pipe closed but it lingers: it is not coming back
+            proc.kill()
+            rc = proc.wait()
+        if rc < 0:
+            return f"killed its worker ({signal.Signals(-rc).name})"
+        last = self._last_words(slot)
+        return f"its worker exited with status {rc}" + (f" ({last})" if last else "")
+
+    def _last_words(self, slot: int) -> str:
+        """The last line this worker wrote to its log, unless it is one of its own job lines."""
+        try:
+            with open(self.log(slot), "rb") as fh:
+                fh.seek(max(fh.seek(0, os.SEEK_END) - 4096, self.log_start.get(slot, 0)))
+                lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        if not lines or lines[-1].startswith(f"[{self.name(slot)}]"):
+            return ""
+        return lines[-1] if len(lines[-1]) <= 200 else lines[-1][:197] + "..."
+
+    def _forget(self, slot: int) -> subprocess.Popen:
+        proc = self.procs.pop(slot)
+        self.selector.unregister(proc.stdout)
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        return proc
+
+    def kill(self, slot: int) -> None:
+        if slot in self.procs:
+            proc = self._forget(slot)
+            proc.kill()
+            proc.wait()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values()]
+
+    def close(self) -> None:
+        procs = [self._forget(slot) for slot in list(self.procs)]  # their stdin closes: each exits
+        deadline = time.monotonic() + 5  # or is killed (a job still running, after Ctrl-C)
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.selector.close()
+
+
+class RayExecutor:
+    """One Ray actor per worker: `num_gpus=1` each (Ray pins its GPU), `num_cpus=1` under the interpreter."""
+
+    kind = "ray"
+
+    def __init__(self, project: Project, ranking: str | None, workers: int | None, address: str | None):
+        try:
+            import ray
+        except ImportError:
+            raise Unavailable("--executor ray needs Ray, which is not installed "
+                              "(pip install 'flytune-build[ray]')") from None
+        self.ray, self.project, self.ranking = ray, project, ranking
+        env = settings.triton_env()  # TRITON_INTERPRET and the compiler's variables, on every node
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                     runtime_env={"env_vars": env} if env else None)
+        except Exception as e:
+            raise Unavailable(f"cannot start or reach the Ray cluster{f' at {address}' if address else ''}: "
+                              f"{worker.reason(e)}") from None
+        interpret = settings.current().interpret
+        resource = "CPU" if interpret else "GPU"
+        have = int(ray.cluster_resources().get(resource, 0))
+        if not have or (workers and workers > have):
+            ray.shutdown()
+            raise Unavailable(f"the Ray cluster has {have} {resource}(s)"
+                              + (f"; --workers {workers} asks for more" if have else ""))
+        self.slots = workers or have
+        # Ray's driver prints the raylet's notes (an actor that died, ...) on stdout, where only the
+        # summary belongs: while the fleet runs they go to stderr, beside our own account of them
+        self.stdout, sys.stdout = sys.stdout, sys.stderr
+        options = {"num_cpus": 1} if interpret else {"num_gpus": 1}
+        self.actor = ray.remote(max_restarts=0, **options)(worker.Resident)
+        self.actors: dict[int, object] = {}
+        self.pending: dict[object, tuple[int, str | None]] = {}   # ref -> (slot, job id; None: hello)
+
+    def name(self, slot: int) -> str:
+        return f"ray:{slot}"
+
+    def log(self, slot: int) -> Path | None:
+        return None
+
+    def start(self, slot: int) -> None:
+        actor = self.actor.remote(str(self.project.root), self.ranking, self.name(slot))
+        self.actors[slot] = actor
+        self.pending[actor.hello.remote()] = (slot, None)
+
+    def submit(self, slot: int, job: Job) -> None:
+        e = job.entry
+        self.pending[self.actors[slot].run.remote(job.id, e.kernel, e.setup, e.autotuner, job.shape)] = (slot, job.id)
+
+    def poll(self, timeout: float) -> list[tuple]:
+        if not self.pending:
+            return []
+        ray = self.ray
+        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=max(timeout, 0))
+        if ready:
+            ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
+        events = []
+        for ref in ready:
+            slot, jid = self.pending.pop(ref)
+            try:
+                message = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                self.kill(slot)
+                events.append(("died", slot, f"killed its Ray actor ({_first_line(e)})"))
+                continue
+            except Exception as e:
+                message = ["start-failed", worker.reason(e)] if jid is None else ["failed", jid, worker.reason(e), True]
+            events.append((message[0], slot, *message[1:]))
+        return events
+
+    def kill(self, slot: int) -> None:
+        actor = self.actors.pop(slot, None)
+        for ref in [r for r, (s, _) in self.pending.items() if s == slot]:
+            del self.pending[ref]
+        if actor is not None:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                pass  # already gone
+
+    def pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        for slot in list(self.actors):
+            self.kill(slot)
+        self.ray.shutdown()
+        sys.stdout = self.stdout
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,452 @@
+"""`flytune tune --executor local|ray`: one tuning plan over many GPUs and machines.
+
+The driver starts every worker and learns the device each one measured, before any job. The plan
+becomes jobs, one per (plan entry, shape) for each distinct device, each written under the output
+template's directory for its device (a template that would mix two devices is refused). A job goes
+to whichever worker of its device is free; its artifacts are published atomically, with the resume
+state, the moment it finishes, so a driver killed at any point resumes without redoing a finished job.
+
+A job that kills its worker (a crash, a signal, a broken GPU context) or runs past `--job-timeout`
+fails alone: its worker is replaced and the job retried once, then reported failed. A job whose setup
+or call raises fails at once (it would raise again). Either way the rest of the plan completes and
+the run exits 1, the summary naming each failed job and why.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core import table
+from ..core.artifact import Artifact
+from ..core.device import DeviceIdentity, parse_spec
+from ..core.errors import DeviceError, FlytuneError, TuneError
+from ..core.project import Project, TuneEntry
+from . import executors, placement
+from .job import Job, no_search_note, shape_text
+from .progress import FleetProgress
+from .publisher import Publisher
+from .resume import read_state
+
+START_TIMEOUT = 300.0   # seconds a worker may take to import, start and report its device
+ATTEMPTS = 2            # a job that kills its worker runs at most this often
+# A worker is handed its next job before it finishes the current one while its device's jobs are
+# short (on average under SHORT_JOB seconds): the round trip to the driver, and the driver's
+# publishing, then overlap the work. Long jobs go one at a time, so that none waits behind another
+# while a worker is idle.
+PREFETCH, SHORT_JOB = 2, 0.5
+
+
+class Refused(FlytuneError):
+    """The fleet will not run as asked (workers on devices the output template does not separate)."""
+
+
+@dataclass
+class Options:
+    executor: str = "local"          # local | ray
+    workers: int | None = None       # default: one per visible GPU (local), per GPU in the cluster (ray)
+    address: str | None = None       # ray: the cluster to join (default: start a local one)
+    job_timeout: float | None = None
+    resume: bool = True
+    progress: bool = True
+    ranking: str | None = None
+    output: str | None = None        # the output template (default: tool.flytune.tune.output)
+    start_timeout: float = START_TIMEOUT
+
+
+@dataclass
+class Outcome:
+    """How one job ended, per artifact it produced (a job with none has one outcome)."""
+    job: Job
+    status: str                      # tuned | resumed | no-search | duplicate | failed
+    worker: str = "-"
+    host: str = "-"
+    key: dict | None = None
+    winner: str = "-"
+    time_ms: float = math.nan
+    margin: float | None = None
+    reason: str | None = None
+
+
+@dataclass
+class Slot:
+    index: int
+    name: str
+    state: str = "starting"          # starting | idle | busy | retired
+    device: DeviceIdentity | None = None
+    host: str = "-"
+    jobs: list[Job] = field(default_factory=list)   # the job it runs, then the one handed ahead
+    since: float = 0.0                               # when it started the first of `jobs`
+    start_failures: int = 0
+    reason: str | None = None        # why it was retired
+
+
+@dataclass
+class Report:
+    outcomes: list[Outcome]
+    directories: dict[str, Path]     # device spec -> output directory
+    slots: list[Slot]
+    executor: str
+    startup_s: float                 # until every worker reported its device
+    jobs_s: float                    # from then until the last job ended (the workers still up)
+    elapsed_s: float                 # all of it, the workers' shutdown included
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+
+class Fleet:
+    """One run of a plan over an executor's workers; `run()` returns the report."""
+
+    def __init__(self, project: Project, entries: tuple[TuneEntry, ...], options: Options, executor,
+                 out=sys.stderr):
+        self.project, self.entries, self.options, self.executor, self.out = project, entries, options, executor, out
+        self.slots = [Slot(i, executor.name(i)) for i in range(executor.slots)]
+        self.jobs: list[Job] = []
+        self.queues: dict[str, deque[Job]] = {}
+        self.outcomes: dict[str, list[Outcome]] = {}
+        self.attempts: dict[str, list[str]] = {}
+        self.directories: dict[str, Path] = {}
+        self.done: dict[str, dict] = {}
+        self.published: dict[Path, Job] = {}
+        self.seconds: dict[str, float] = {}     # device spec -> a running mean of its jobs' duration
+        self.progress: FleetProgress | None = None
+        self.publisher: Publisher | None = None
+
+    def run(self) -> Report:
+        begin = time.perf_counter()
+        startup = jobs = math.nan
+        try:
+            self._start_all()
+            startup = time.perf_counter() - begin
+            self._plan()
+            self._drive()
+            jobs = time.perf_counter() - begin - startup
+        finally:
+            self.executor.close()
+            if self.publisher is not None:
+                self.publisher.close()
+                self._publish_failures()
+            if self.progress is not None:
+                self.progress.close()
+        outcomes = [o for j in self.jobs for o in self.outcomes.get(j.id, ())]
+        return Report(outcomes, self.directories, self.slots, self.executor.kind, startup, jobs,
+                      time.perf_counter() - begin)
+
+    # -- workers -------------------------------------------------------------------------------
+    def _start(self, slot: Slot) -> None:
+        slot.state, slot.jobs, slot.since = "starting", [], time.monotonic()
+        self.executor.start(slot.index)
+
+    def _start_all(self) -> None:
+        for slot in self.slots:
+            self._start(slot)
+        while any(s.state == "starting" for s in self.slots):
+            self._step()
+        if not any(s.state == "idle" for s in self.slots):
+            raise TuneError("no worker started: " + "; ".join(f"{s.name}: {s.reason}" for s in self.slots))
+
+    def _retire(self, slot: Slot, reason: str) -> None:
+        self.executor.kill(slot.index)
+        slot.state, slot.reason, slot.jobs = "retired", reason, []
+        self._note(f"flytune: worker {slot.name} retired: {reason}")
+
+    def _start_failed(self, slot: Slot, reason: str) -> None:
+        self.executor.kill(slot.index)
+        slot.start_failures += 1
+        if slot.start_failures >= ATTEMPTS:
+            self._retire(slot, f"could not start: {reason}")
+        else:
+            self._start(slot)
+
+    _on_start_failed = _start_failed
+
+    def _on_hello(self, slot: Slot, spec: str, host: str, pid: int) -> None:
+        dev = parse_spec(spec, source=f"worker {slot.name}")
+        if self.directories and spec not in self.directories:
+            self._retire(slot, f"came back on {spec}, a device this run does not tune for")
+            return
+        slot.device, slot.host, slot.state, slot.start_failures = dev, host, "idle", 0
+
+    # -- the plan --------------------------------------------------------------------------------
+    def _plan(self) -> None:
+        devices = {s.device for s in self.slots if s.state == "idle"}
+        template = self.options.output or str(self.project.tune_dir)
+        try:
+            directories = placement.check_separates(template, devices)
+        except FlytuneError as e:
+            raise Refused(e.rule) from None
+        finished = 0
+        for dev, directory in directories.items():
+            spec = dev.spec()
+            directory.mkdir(parents=True, exist_ok=True)
+            self.directories[spec] = directory
+            self.done[spec] = read_state(directory) if self.options.resume else {}
+            jobs, self.queues[spec], resumed = lay_out(self.entries, spec, self.done[spec])
+            self.jobs += jobs
+            self.outcomes.update(resumed)
+            finished += len(resumed)
+        self.progress = FleetProgress(len(self.jobs), finished, enabled=self.options.progress, out=self.out)
+        self.publisher = Publisher({self.directories[spec]: dict(done) for spec, done in self.done.items()})
+
+    def _drive(self) -> None:
+        while True:
+            self._dispatch()
+            if not any(s.state in ("busy", "starting") for s in self.slots):
+                self._orphan()
+                if not any(self.queues.values()):
+                    return
+            self._step()
+
+    def _dispatch(self) -> None:
+        """A job for every idle worker first; then, while jobs are short, one ahead for the busy ones."""
+        for depth in (1, PREFETCH):
+            for slot in self.slots:
+                if slot.state not in ("idle", "busy") or (depth > 1 and not self._short(slot.device.spec())):
+                    continue
+                queue = self.queues.get(slot.device.spec())
+                while queue and len(slot.jobs) < depth:
+                    job = queue.popleft()
+                    if not slot.jobs:
+                        slot.since = time.monotonic()
+                        self.progress.working(slot.name, job.label())
+                    slot.jobs.append(job)
+                    slot.state = "busy"
+                    self.executor.submit(slot.index, job)
+
+    def _short(self, spec: str) -> bool:
+        return self.seconds.get(spec, SHORT_JOB) < SHORT_JOB
+
+    def _finish(self, slot: Slot) -> Job:
+        """The slot's running job ended; the one handed ahead (if any) starts now."""
+        job, now = slot.jobs.pop(0), time.monotonic()
+        spec = job.device
+        self.seconds[spec] = 0.8 * self.seconds.get(spec, now - slot.since) + 0.2 * (now - slot.since)
+        slot.since = now
+        if slot.jobs:
+            self.progress.working(slot.name, slot.jobs[0].label())
+        else:
+            slot.state = "idle"
+            self.progress.working(slot.name, None)
+        return job
+
+    def _orphan(self) -> None:
+        """Fail the jobs of a device no live worker is left for."""
+        for spec, queue in self.queues.items():
+            if queue and not any(s.state != "retired" and s.device and s.device.spec() == spec for s in self.slots):
+                why = "; ".join(s.reason for s in self.slots if s.reason and s.device and s.device.spec() == spec)
+                while queue:
+                    self._fail(queue.popleft(), None, f"no worker left for {spec} ({why})")
+
+    def _step(self) -> None:
+        """Wait for the next events (or the next deadline) and handle them."""
+        now = time.monotonic()
+        deadlines = [s.since + self._limit(s) for s in self.slots if self._limit(s) is not None]
+        wait = min([0.5] + [d - now for d in deadlines])
+        for event in self.executor.poll(max(wait, 0.0)):
+            kind, slot = event[0], self.slots[event[1]]
+            getattr(self, "_on_" + kind.replace("-", "_"))(slot, *event[2:])
+        self._publish_failures()
+        now = time.monotonic()
+        for slot in self.slots:
+            limit = self._limit(slot)
+            if limit is not None and now - slot.since > limit:
+                if slot.state == "starting":
+                    self._start_failed(slot, f"did not report its device within {limit:g} s")
+                else:
+                    self._lost(slot, f"ran past --job-timeout {limit:g} s")
+
+    def _limit(self, slot: Slot) -> float | None:
+        if slot.state == "starting":
+            return self.options.start_timeout
+        return self.options.job_timeout if slot.state == "busy" else None
+
+    # -- events (and `_on_hello` above) -------------------------------------------------------------
+    def _on_died(self, slot, reason):
+        if slot.state == "starting":
+            self._start_failed(slot, reason)
+        elif slot.state == "busy":
+            self._lost(slot, reason)
+        elif slot.state == "idle":
+            self._start(slot)
+
+    def _on_failed(self, slot, jid, reason, fatal):
+        if not slot.jobs or slot.jobs[0].id != jid:
+            return
+        if fatal:
+            self._lost(slot, f"{reason} (and left its GPU context broken)")
+            return
+        self._fail(self._finish(slot), slot, reason)
+
+    def _on_done(self, slot, jid, spec, results):
+        if not slot.jobs or slot.jobs[0].id != jid:
+            return
+        job = self._finish(slot)
+        if spec != job.device:
+            self._fail(job, slot, f"its worker measured on {spec}, not on {job.device}")
+            return
+        try:
+            outcomes = self._publish(job, slot, results)
+        except FlytuneError as e:
+            self._fail(job, slot, f"returned an invalid artifact: {e}")
+            return
+        self.outcomes[job.id] = outcomes
+        statuses = ", ".join(sorted({o.status for o in outcomes}))
+        self.progress.finished(f"{statuses} {job.label()} on {slot.name}@{slot.host}")
+
+    def _lost(self, slot: Slot, reason: str) -> None:
+        """The slot's worker is gone mid-job (or must go): replace it, retry its job once; a job
+        handed ahead never started, and goes back as it was."""
+        job, ahead = slot.jobs[0], slot.jobs[1:]
+        self.executor.kill(slot.index)
+        self.progress.working(slot.name, None)
+        self._start(slot)
+        self.queues[job.device].extendleft(reversed(ahead))
+        tries = self.attempts.setdefault(job.id, [])
+        tries.append(reason)
+        if len(tries) < ATTEMPTS:
+            self.queues[job.device].appendleft(job)
+            self._note(f"flytune: {job.label()} on {slot.name}@{slot.host}: {reason}; retrying on a fresh worker")
+        else:
+            same = len(set(tries)) == 1
+            self._fail(job, slot, f"{reason} (both attempts)" if same else "; then ".join(tries))
+
+    def _fail(self, job: Job, slot: Slot | None, reason: str) -> None:
+        worker, host = (slot.name, slot.host) if slot else ("-", "-")
+        self.outcomes[job.id] = [Outcome(job, "failed", worker, host, reason=reason)]
+        self.progress.finished(f"FAILED {job.label()} on {worker}@{host}: {reason}", failed=True)
+
+    def _publish_failures(self) -> None:
+        for job, reason in self.publisher.take_failures() if self.publisher else ():
+            if job is None:
+                self._note(f"flytune: warning: {reason}")
+            else:
+                self.outcomes[job.id] = [Outcome(job, "failed", reason=reason)]
+                self._note(f"flytune: {job.label()}: {reason}")
+
+    def _publish(self, job: Job, slot: Slot, results) -> list[Outcome]:
+        """Hand the job's artifacts to the publisher, which writes them, then records the job done."""
+        directory, outcomes, files, record = self.directories[job.device], [], [], None
+        for name, text, winner, time_ms, margin in results:
+            data = text.encode()
+            art = Artifact.from_bytes(data, file=name)  # checks the name is its content address
+            if art.device.spec() != job.device:
+                raise DeviceError(f"is for {art.device.spec()}, not {job.device}", file=name, field="device")
+            path = directory / name
+            first = self.published.setdefault(path, job)
+            if first is not job:  # a key another job of this run tuned: the first one's artifact stays
+                outcomes.append(Outcome(job, "duplicate", slot.name, slot.host, dict(art.key), winner, time_ms,
+                                        margin, f"same artifact as {first.label()}"))
+            else:
+                files.append((path, data))
+                outcomes.append(Outcome(job, "tuned", slot.name, slot.host, dict(art.key), winner, time_ms, margin))
+            record = {"winner": winner, "time_ms": time_ms, "margin": margin}
+        if record is None:
+            self._note(f"flytune: warning: {no_search_note(job.entry, job.shape)}")
+            return [Outcome(job, "no-search", slot.name, slot.host)]
+        self.publisher.publish(job, directory, files, record)
+        return outcomes
+
+    def _note(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.note(text)
+        else:
+            print(text, file=self.out, flush=True)
+
+
+def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict):
+    """The plan's jobs for one device: (all of them, those to run, {job id: outcome} of those done)."""
+    jobs, pending, resumed = [], deque(), {}
+    for entry in entries:
+        for shape in entry.shapes:
+            job = Job(entry, shape, spec)
+            jobs.append(job)
+            record = done.get(job.id)
+            if record is None:
+                pending.append(job)
+            else:
+                resumed[job.id] = [Outcome(job, "resumed", winner=record["winner"], time_ms=record["time_ms"],
+                                           margin=record.get("margin"))]
+    return jobs, pending, resumed
+
+
+def add_options(parser) -> None:
+    """`flytune tune`'s fleet options."""
+    g = parser.add_argument_group("fleet (many GPUs, crash-isolated jobs)")
+    g.add_argument("--executor", choices=("local", "ray"), default=None,
+                   help="local: one worker process per visible GPU; ray: one Ray actor per GPU of a cluster "
+                        "(default: tune in this process)")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="how many workers (default: one per GPU; under TRITON_INTERPRET=1, one per CPU)")
+    g.add_argument("--address", metavar="ADDR", help="ray: the cluster to join, as ray.init takes it "
+                                                     "(default: start a local one)")
+    g.add_argument("--job-timeout", type=float, metavar="SECONDS",
+                   help="a job running longer fails: its worker is replaced and the job retried once")
+
+
+def open_executor(options: Options, project: Project, jobs: int, log_dir: Path):
+    if options.workers is not None and options.workers < 1:
+        raise executors.Unavailable(f"--workers must be at least 1, not {options.workers}")
+    if options.executor == "ray":
+        return executors.RayExecutor(project, options.ranking, options.workers, options.address)
+    return executors.local(project, options.ranking, options.workers, log_dir, jobs)
+
+
+def summary(report: Report) -> str:
+    several = len(report.directories) > 1
+    rows = [("kernel", "shape") + (("device",) if several else ()) +
+            ("winner", "time (ms)", "margin", "status", "worker")]
+    for o in report.outcomes:
+        t = "-" if math.isnan(o.time_ms) else f"{o.time_ms:.4f}"
+        m = "-" if o.margin is None else f"{o.margin:+.1%}"
+        where = "-" if o.worker == "-" else f"{o.worker}@{o.host}"
+        rows.append((o.job.entry.kernel, shape_text(o.job.shape)) + ((o.job.device,) if several else ()) +
+                    (o.winner, t, m, o.status, where))
+    lines = [table.render(rows)]
+    for o in report.failed:
+        on = f" on {o.job.device}" if several else ""
+        lines.append(f"failed: {o.job.label()}{on}: {o.reason}")
+    return "\n".join(lines)
+
+
+def command(args, project: Project, entries: tuple[TuneEntry, ...]) -> int:
+    """`flytune tune --executor ...`: run, print the summary; 0 all done, 1 a job failed, 2 refused."""
+    if not args.executor:
+        print("flytune: error: --workers, --address and --job-timeout need --executor local or ray", file=sys.stderr)
+        return 2
+    if args.address and args.executor != "ray":
+        print("flytune: error: --address needs --executor ray", file=sys.stderr)
+        return 2
+    output = str(Path(args.output).resolve()) if args.output else None
+    options = Options(args.executor, args.workers, args.address, args.job_timeout, not args.no_resume,
+                      not args.no_progress, args.ranking, output)
+    log_dir = Path(tempfile.mkdtemp(prefix="flytune-fleet-"))
+    keep_logs = True  # unless the run went well: they say why a worker died
+    try:
+        try:
+            executor = open_executor(options, project, sum(len(e.shapes) for e in entries), log_dir)
+            report = Fleet(project, entries, options, executor).run()
+        except (executors.Unavailable, Refused) as e:
+            keep_logs = False
+            print(f"flytune: error: {e}", file=sys.stderr)
+            return 2
+        print(summary(report))
+        workers = sum(s.state != "retired" for s in report.slots)
+        print(f"flytune: {report.count('tuned')} tuned, {report.count('resumed')} resumed, "
+              f"{len(report.failed)} failed, in {report.elapsed_s:.1f} s on {workers} {report.executor} worker(s)")
+        keep_logs = bool(report.failed) and executor.kind == "local"
+        return 1 if report.failed else 0
+    finally:
+        if keep_logs and any(log_dir.iterdir()):
+            print(f"flytune: worker logs in {log_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)

@@ -1,0 +1,150 @@
+"""One job of a tuning plan: one plan entry at one shape, tuned for one device.
+
+`run` is the body of every tuning run, in process (`flytune tune`) and in a fleet worker alike: it
+builds the setup's call, runs it with search forced (inside `tuning`), and returns each winner the
+search of the entry's kernel chose, as an artifact with its provenance. It writes nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import codec, settings
+from ..core.artifact import Artifact
+from ..core.codec import Fields
+from ..core.errors import FlytuneError, ProjectError
+from ..core.project import TuneEntry
+
+
+@dataclass(frozen=True)
+class Job:
+    entry: TuneEntry
+    shape: dict
+    device: str          # the spec of the device it is tuned on (`DeviceIdentity.spec()`)
+
+    @property
+    def id(self) -> str:
+        return job_id(self.entry, self.shape, self.device)
+
+    def label(self) -> str:
+        return f"{self.entry.kernel} {shape_text(self.shape)}"
+
+
+@dataclass
+class Tuned:
+    """One search's winner."""
+    artifact: Artifact
+    winner: str
+    time_ms: float
+    margin: float | None     # the fastest other candidate's time / the winner's - 1
+
+
+def job_id(entry: TuneEntry, shape: dict, device: str) -> str:
+    """The job's name in `.flytune-tune-state`: the same for an in-process run and a fleet."""
+    return hashlib.sha256(codec.canonical([entry.kernel, entry.setup, shape, device])).hexdigest()[:24]
+
+
+def shape_text(shape: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+@contextlib.contextmanager
+def tuning(root: Path, ranking: str | None = None):
+    """A context in which jobs of the project at `root` run: search forced, no emit directory, the
+    project root importable. The settings and `sys.path` are as they were on exit."""
+    changes = {"autotune": "search", "emit_dir": None}
+    if ranking:
+        changes["ranking"] = ranking
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(root))
+    try:
+        with settings.override(**changes):
+            yield
+    finally:
+        sys.path[:] = saved_path
+
+
+def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
+    """Build `entry`'s call at `shape`, run it, and return the winners its kernel's searches chose
+    (none: the key was already tuned in this process, or the setup does not call the kernel)."""
+    from ..runtime.events import on_decision
+
+    pyproject = Path(root) / "pyproject.toml"
+    call = load_setup(entry.setup, pyproject)(**shape)
+    events: list[dict] = []
+    with on_decision(lambda ev: "artifact" in ev and events.append(ev)):  # searches only
+        if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
+            from ..runtime.adapters.triton_autotune import recording
+
+            with recording(load_setup(entry.autotuner, pyproject), entry.kernel) as got:
+                call()
+                sync()
+            events.extend(_captured(got))
+        else:
+            call()
+            sync()
+    return [Tuned(ev["artifact"], str(ev["winner"].config), ev["winner"].time_ms,
+                  _margin(ev["candidates"], ev["winner"]))
+            for ev in events if ev["kernel"] == entry.kernel]
+
+
+def no_search_note(entry: TuneEntry, shape: dict) -> str:
+    return (f"{entry.kernel} {shape}: no search ran (the key was already tuned in this run, "
+            f"or the setup does not call this kernel)")
+
+
+def load_setup(spec: str, file: Path):
+    """`module:attr`, or `module:attr.fn` (a dotted path: `kernel.fn` is the Autotuner under a
+    `@triton.heuristics` wrapper)."""
+    module, _, path = spec.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for attr in path.split("."):
+            obj = getattr(obj, attr)
+        return obj
+    except (ImportError, AttributeError) as e:
+        raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}", file=file, field="setup") from None
+
+
+def sync() -> None:
+    """Wait for the GPU, where torch is loaded and has a device: a launch fails here, not later."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def device_healthy() -> bool:
+    """False when the GPU context is broken (a fault is sticky: the process must be replaced)."""
+    try:
+        sync()
+    except Exception:
+        return False
+    return True
+
+
+def _margin(candidates, winner) -> float | None:
+    """The fastest other candidate's time / the winner's - 1 (negative when a tie went to an earlier
+    declared config that timed slower)."""
+    others = [c.time_ms for c in candidates if c is not winner and math.isfinite(c.time_ms)]
+    if not others or not math.isfinite(winner.time_ms) or winner.time_ms <= 0:
+        return None
+    return min(others) / winner.time_ms - 1
+
+
+def _captured(artifacts) -> list[dict]:
+    from ..core.config import Config
+    from ..runtime.bench import Candidate
+
+    out = []
+    for art in artifacts:
+        cands = [Candidate(Config.from_json(c["config"], Fields("provenance", FlytuneError)),
+                           c["time_ms"] if c["time_ms"] is not None else math.inf)
+                 for c in art.provenance.get("candidates", [])]
+        winner = next((c for c in cands if c.config == art.config), Candidate(art.config, math.nan))
+        out.append({"kernel": art.kernel, "artifact": art, "candidates": cands, "winner": winner, "seconds": 0.0})
+    return out

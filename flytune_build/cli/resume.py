@@ -1,0 +1,47 @@
+"""`<output>/.flytune-tune-state`: the jobs an output directory has finished, so a run resumes.
+
+`{"format": 1, "done": {job id: {"winner", "time_ms", "margin"}}}`, rewritten atomically after each
+job whose artifacts are already in place: a job the state names is never redone, and a run killed at
+any moment redoes at most the jobs it had not recorded.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..core import codec
+from ..core.codec import Fields
+from ..core.errors import ProjectError
+from ..core.fsutil import atomic_write, read_regular
+
+STATE_FILE = ".flytune-tune-state"
+MAX_STATE_BYTES = 64 << 20
+
+
+def read_state(directory: Path) -> dict:
+    """The finished jobs recorded in `directory`; none when there is no state file. A state file that
+    is there but unreadable or malformed (a FIFO, over the cap, not JSON, a record without its fields)
+    is a ProjectError naming the file and the field: delete it, or pass --no-resume."""
+    path = Path(directory) / STATE_FILE
+    if not os.path.lexists(path):
+        return {}
+    f = Fields(path, ProjectError)
+    try:
+        doc = codec.loads(read_regular(path, ProjectError, MAX_STATE_BYTES), file=path, error=ProjectError,
+                          max_bytes=MAX_STATE_BYTES)
+        f.table(doc, "", ("format", "done"))
+        if doc["format"] != 1 or isinstance(doc["format"], bool):
+            f.fail("format", f"is {doc['format']!r}; this flytune reads tune state format 1")
+        for job, record in f.mapping(doc["done"], "done").items():
+            f.table(record, f"done.{job}", ("winner", "time_ms"), ("margin",))
+            f.string(record["winner"], f"done.{job}.winner", max_len=4096)
+            f.number(record["time_ms"], f"done.{job}.time_ms", nullable=True)
+            f.number(record.get("margin"), f"done.{job}.margin", nullable=True)
+    except ProjectError as e:
+        raise ProjectError(f"{e.rule} (a malformed tune state: delete it, or pass --no-resume)", file=path,
+                           field=e.field) from None
+    return doc["done"]
+
+
+def write_state(directory: Path, done: dict) -> None:
+    atomic_write(Path(directory) / STATE_FILE, codec.canonical({"format": 1, "done": done}) + b"\n")

@@ -1,0 +1,27 @@
+"""`flytune warmup [DIST...]`: compile the installed bundles' configs for this device into Triton's caches.
+
+Run it where the kernels will run (a container build step with the GPU's toolchain, a service's start),
+so that a first call in any later process finds its kernel compiled. See `runtime.warmup`.
+"""
+from __future__ import annotations
+
+import json
+
+
+def add_command(command) -> None:
+    w = command("warmup", "compile the installed bundles' configs for this device into Triton's caches",
+                "0 warmed (skipped configs are noted), 1 a config failed to compile or a DIST has no bundle, "
+                "2 usage error")
+    w.add_argument("distributions", nargs="*", metavar="DIST",
+                   help="installed distributions to warm (default: every installed bundle)")
+    w.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="compile on N threads (default: one per CPU core)")
+    w.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def command(args) -> int:
+    from ..runtime.warmup import warmup
+
+    report = warmup(*args.distributions, workers=args.workers)
+    print(json.dumps({"format": 1, **report.to_json()}, indent=2, sort_keys=True) if args.json else report.render())
+    return 0 if report.ok else 1

@@ -1,0 +1,100 @@
+"""How a tuned winner was timed and chosen: an artifact's optional `provenance.measurement` and
+`provenance.selection` (written by `runtime.bench` and `runtime.selection`; artifacts made before them
+have neither). Data only; indices name entries of `provenance.candidates`:
+
+    "measurement": {"timer": "cuda-graph",        cuda-graph | cuda-events | cpu-time | user | synthetic
+                    "l2_flush": false,            L2 flushed before each timed launch
+                    "warmup_ms": 25, "rep_ms": 100,   the full budget of one timing
+                    "screen_fraction": 10,        screening used 1/10 of it,
+                    "screen_passes": 3,           in 3 interleaved passes (each candidate's least kept)
+                    "estimate_ms": 0.0041,        the quick first estimate that chose the timer (GPU)
+                    "graph_below_ms": 0.05, "note": "..."}
+    "selection":   {"rule": {"k": 2.0, "floor": 0.01, "cap": 0.03, "rounds": 5, "max_finalists": 6,
+                             "screen_band": 0.1, "prefer": "declared", "tie": "declared order"},
+                    "round_fraction": 4.0,        each round of each finalist used 1/4 of the budget
+                    "finalists": [{"index": 3, "median_ms": 0.0041, "dispersion_ms": 1e-05,
+                                   "rounds_ms": [...]}, ...],
+                    "fastest": 3, "band": 0.01, "band_ms": 0.00414, "winner": 2, "why": "...",
+                    "shipped": {"index": 2, "margin": 0.03, "gain": 0.004, "outcome": "kept"},
+                    "stability": {"runs": 3, "agreed": 3}}     `flytune tune --repeat`
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .codec import Fields
+
+TIMERS = ("cuda-graph", "cuda-events", "cpu-time", "user", "synthetic")
+OUTCOMES = ("kept", "replaced")
+MAX_INDEX = 4095   # provenance.candidates holds at most 4096 entries
+
+
+def check_measurement(value: Any, f: Fields, path: str = "provenance.measurement") -> dict:
+    """Raise unless `value` is a measurement record of the form above; returns it."""
+    f.table(value, path, ("timer",), ("l2_flush", "warmup_ms", "rep_ms", "screen_fraction", "screen_passes",
+                                      "estimate_ms", "graph_below_ms", "note"))
+    if value["timer"] not in TIMERS:
+        f.fail(f"{path}.timer", f"must be one of {', '.join(TIMERS)}, not {value['timer']!r}")
+    for name in ("warmup_ms", "rep_ms", "estimate_ms", "graph_below_ms"):
+        if name in value:
+            f.number(value[name], f"{path}.{name}", nullable=True)
+    if "l2_flush" in value:
+        f.boolean(value["l2_flush"], f"{path}.l2_flush")
+    for name in ("screen_fraction", "screen_passes"):
+        if name in value:
+            f.integer(value[name], f"{path}.{name}", minimum=1)
+    if "note" in value:
+        f.string(value["note"], f"{path}.note", max_len=512)
+    return value
+
+
+def check_selection(value: Any, f: Fields, path: str = "provenance.selection") -> dict:
+    """Raise unless `value` is a selection record of the form above; returns it."""
+    f.table(value, path, ("winner",), ("rule", "round_fraction", "finalists", "fastest", "band", "band_ms", "why",
+                                       "shipped", "stability"))
+    for name in ("winner", "fastest"):
+        if name in value:
+            f.integer(value[name], f"{path}.{name}", 0, MAX_INDEX)
+    for name in ("round_fraction", "band", "band_ms"):
+        if name in value:
+            f.number(value[name], f"{path}.{name}")
+    if "why" in value:
+        f.string(value["why"], f"{path}.why", max_len=512)
+    if "rule" in value:
+        rule = f.table(value["rule"], f"{path}.rule", (), ("k", "floor", "cap", "rounds", "max_finalists",
+                                                           "screen_band", "prefer", "tie"))
+        for name, v in rule.items():
+            if name in ("prefer", "tie"):
+                f.string(v, f"{path}.rule.{name}", max_len=64)
+            else:
+                f.number(v, f"{path}.rule.{name}")
+    if "finalists" in value:
+        f.array(value["finalists"], f"{path}.finalists", lambda v, p: _finalist(v, f, p), max_items=MAX_INDEX + 1)
+    if "shipped" in value:
+        _shipped(value["shipped"], f, f"{path}.shipped")
+    if "stability" in value:
+        s = f.table(value["stability"], f"{path}.stability", ("runs", "agreed"))
+        f.integer(s["runs"], f"{path}.stability.runs", minimum=1)
+        f.integer(s["agreed"], f"{path}.stability.agreed", 0, s["runs"])
+    return value
+
+
+def _finalist(v: Any, f: Fields, path: str) -> None:
+    f.table(v, path, ("index", "median_ms"), ("dispersion_ms", "rounds_ms"))
+    f.integer(v["index"], f"{path}.index", 0, MAX_INDEX)
+    f.number(v["median_ms"], f"{path}.median_ms")
+    if "dispersion_ms" in v:
+        f.number(v["dispersion_ms"], f"{path}.dispersion_ms")
+    if "rounds_ms" in v:
+        f.array(v["rounds_ms"], f"{path}.rounds_ms", lambda t, p: f.number(t, p), max_items=64)
+
+
+def _shipped(v: Any, f: Fields, path: str) -> None:
+    f.table(v, path, ("outcome",), ("index", "margin", "gain"))
+    if v["outcome"] not in OUTCOMES:
+        f.fail(f"{path}.outcome", f"must be one of {', '.join(OUTCOMES)}, not {v['outcome']!r}")
+    if "index" in v:
+        f.integer(v["index"], f"{path}.index", 0, MAX_INDEX, nullable=True)
+    for name in ("margin", "gain"):
+        if name in v:
+            f.number(v[name], f"{path}.{name}")

@@ -1,0 +1,91 @@
+"""The compiler options a config carries, in one table.
+
+`Config`, the config check of an artifact, the quick check of a candidate and the build's fast
+reader's grammar all read their names, ranges and defaults from `OPTIONS`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .codec import Fields
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    minimum: int
+    maximum: int
+    default: int | None
+    nullable: bool = False  # null means "the backend decides"
+
+    def accepts(self, value: Any) -> bool:
+        """The check without error paths, for the common valid case read thousands of times."""
+        if value is None:
+            return self.nullable
+        return type(value) is int and self.minimum <= value <= self.maximum
+
+    def check(self, value: Any, f: Fields, path: str) -> int | None:
+        return f.integer(value, path, self.minimum, self.maximum, nullable=self.nullable)
+
+    def pattern(self) -> str:
+        """A regex matching exactly this option's values as canonical JSON writes them."""
+        values = integer_pattern(self.minimum, self.maximum)
+        return f"null|{values}" if self.nullable else values
+
+
+OPTIONS = (
+    Option("num_warps", 1, 64, 4),
+    Option("num_stages", 0, 16, 3),
+    Option("num_ctas", 1, 16, 1),
+    Option("maxnreg", 1, 1024, None, nullable=True),
+)
+NAMES = tuple(o.name for o in OPTIONS)
+BY_NAME = {o.name: o for o in OPTIONS}
+DEFAULTS = {o.name: o.default for o in OPTIONS}
+
+
+def check(values: Mapping[str, Any], f: Fields, path: str = "") -> tuple:
+    """Every option's value (its default when absent), checked, in table order."""
+    out = []
+    for o in OPTIONS:  # every artifact read checks its config: the valid case builds no error path
+        value = values.get(o.name, o.default)
+        if not o.accepts(value):
+            o.check(value, f, f"{path}.{o.name}" if path else o.name)
+        out.append(value)
+    return tuple(out)
+
+
+def integer_pattern(lo: int, hi: int) -> str:
+    """A regex alternation matching exactly the decimal integers lo..hi, without leading zeros."""
+    if not 0 <= lo <= hi:
+        raise ValueError(f"need 0 <= lo <= hi, not {lo}..{hi}")
+    parts = []
+    while lo <= hi:  # one run per number of digits
+        top = min(hi, 10 ** len(str(lo)) - 1)
+        parts += _same_length(str(lo), str(top))
+        lo = top + 1
+    return "|".join(parts)
+
+
+def _same_length(lo: str, hi: str) -> list[str]:
+    """Alternatives matching lo..hi, two numerals of the same length."""
+    if lo == hi:
+        return [lo]
+    if lo[0] == hi[0]:
+        return [lo[0] + p for p in _same_length(lo[1:], hi[1:])]
+    rest = len(lo) - 1
+    tail = f"[0-9]{{{rest}}}" if rest > 1 else "[0-9]" * rest
+    out = []
+    first, last = int(lo[0]), int(hi[0])
+    if lo[1:] != "0" * rest:  # a partial run below the first full leading digit
+        out += _same_length(lo, lo[0] + "9" * rest)
+        first += 1
+    partial_top = hi[1:] != "9" * rest
+    if partial_top:
+        last -= 1
+    if first <= last:
+        out.append((str(first) if first == last else f"[{first}-{last}]") + tail)
+    if partial_top:
+        out += _same_length(hi[0] + "0" * rest, hi)
+    return out

@@ -1,0 +1,47 @@
+"""The bundle written into a package's source directory, for build backends flytune does not wrap.
+
+`<package dir>/_flytune/` gets exactly the files a wheel built by `flytune_build.backend` carries
+under `<package>/_flytune/` (manifest, shards, provenance files), byte for byte; any backend that
+ships package data (flit_core, pdm-backend, maturin, scikit-build-core, ...) then carries it. The
+directory is replaced whole, so a removed kernel leaves no stale shard, and a directory of that
+name that is not a flytune bundle is never touched.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..core import bundle
+from ..core.errors import BundleError
+from ..core.fsutil import atomic_write
+from .state import BuildState
+
+
+def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
+    """Replace `<package_dir>/_flytune/` with the assembled bundle; returns the files written."""
+    package_dir = Path(package_dir)
+    target = package_dir / bundle.DIRNAME
+    prefix = state.project.package.replace(".", "/") + f"/{bundle.DIRNAME}/"
+    if target.is_symlink() or (target.exists() and not (target / bundle.MANIFEST).is_file()
+                               and (not target.is_dir() or any(target.iterdir()))):
+        raise BundleError(f"exists and is not a flytune bundle (no {bundle.MANIFEST}): not replacing it",
+                          file=target)
+    package_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{bundle.DIRNAME}-", dir=package_dir))
+    try:
+        staging.chmod(0o755)  # mkdtemp's 0700 would follow the directory into place
+        for name, data in sorted(state.files.items()):
+            atomic_write(staging / name[len(prefix):], data)
+        old = None
+        if target.exists():
+            old = package_dir / f"{staging.name}-old"
+            os.replace(target, old)
+        os.replace(staging, target)
+        if old is not None:
+            shutil.rmtree(old)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return [target / name[len(prefix):] for name in sorted(state.files)]

@@ -1,0 +1,65 @@
+"""What a config may bind and which key an artifact may have, for one kernel: the rules the runtime
+applies to every artifact it serves and `flytune verify --deep` to every artifact it checks.
+
+A config binds only tuned parameters the caller did not pass and that are not key parameters, with
+the types the declared configs use; an artifact's config sets every tuned parameter, and when any
+declared config has a `pre_hook` it must be one of the declared configs (a hook is code: it is
+re-attached from the declaration, never read from an artifact).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.codec import Fields
+from ..core.config import Config
+from ..core.errors import ArtifactError, DeclarationError
+
+
+@dataclass(frozen=True)
+class Binding:
+    kernel: str
+    arg_names: tuple[str, ...]
+    axis_names: tuple[str, ...]     # the declared key parameters
+    tuned_kwargs: dict              # parameter -> type, from the declared configs
+    declared: frozenset = frozenset()  # the declared configs, when any has a pre_hook; else empty
+    open_axes: bool = False         # adopted kernels: other parameters may be axes too (their dtype, or null)
+
+    def check(self, config: Config, caller: set, what: str, file=None) -> None:
+        """Raise unless `config` binds only tuned, uncalled, non-key parameters with the declared types;
+        for an artifact (`file` given, an ArtifactError) it must also set every tuned parameter and,
+        where the declared configs carry pre_hooks, be one of them."""
+        f = Fields(file or self.kernel, ArtifactError if file else DeclarationError)
+        for name, value in config.kwargs.items():
+            path = f"{what}.kwargs.{name}"
+            if name not in self.arg_names:
+                f.fail(path, f"binds to no parameter of kernel {self.kernel}")
+            if name in self.axis_names:
+                f.fail(path, "overrides a key parameter")
+            if name in caller:
+                f.fail(path, "overrides an argument the caller passed")
+            want = self.tuned_kwargs.get(name)
+            if want is not None and type(value) is not want and not (want is float and type(value) is int):
+                f.fail(path, f"must be {want.__name__} like the declared configs, not {type(value).__name__}")
+        if file is not None:
+            unset = set(self.tuned_kwargs) - set(config.kwargs)
+            if unset:
+                f.fail(f"{what}.kwargs", f"does not set {', '.join(sorted(unset))}")
+            if self.declared and config not in self.declared:
+                f.fail(what, f"matches none of kernel {self.kernel}'s declared configs, which carry pre_hooks: "
+                             f"a config is never launched without its hook")
+
+    def check_key(self, key, file) -> None:
+        """Raise an ArtifactError unless an artifact's key has the axes this kernel keys on."""
+        got, declared = set(key), set(self.axis_names)
+        if not self.open_axes:
+            if got != declared:
+                raise ArtifactError(f"has key axes {sorted(got)}, but the decorator declares {sorted(declared)}",
+                                    file=file, field="key")
+            return
+        if not declared <= got:
+            raise ArtifactError(f"has key axes {sorted(got)}, which lack the decorator's key "
+                                f"{sorted(declared - got)}", file=file, field="key")
+        stray = sorted(got - set(self.arg_names))
+        if stray:
+            raise ArtifactError(f"has key axes {stray}, which are not parameters of kernel {self.kernel}",
+                                file=file, field="key")

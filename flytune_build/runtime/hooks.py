@@ -1,0 +1,119 @@
+"""Code a declaration attaches to a kernel, called the way Triton calls it.
+
+- A declared `triton.Config`'s `pre_hook(nargs)` runs before every launch of that config, in a search
+  and on every tier, with `nargs = {**arguments by name, **call kwargs, **config.all_kwargs()}`. A hook
+  is code, so it never enters an artifact: a served config gets the hook of the declared config with
+  the same data (`ConfigHooks.bind`), and `binding` refuses an artifact of a hooked kernel that is none
+  of its declared configs.
+- `autotune(pre_hook=..., post_hook=...)` run around each candidate of a search (`pre_hook(nargs)`
+  before, `post_hook(nargs, exception=...)` after), and `pre_hook(nargs, reset_only=True)` once the
+  winner is known; as in Triton, never around an ordinary launch.
+- `do_bench(kernel_call, quantiles)` has Triton's signature (a one-argument `do_bench(fn)` works too);
+  `use_cuda_graph=True` times with `triton.testing.do_bench_cudagraph` on a GPU.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+from ..core.config import Config
+
+QUANTILES = (0.5, 0.2, 0.8)  # what Triton's Autotuner asks a do_bench for: the median comes first
+
+
+def all_kwargs(config: Any) -> dict:
+    """`triton.Config.all_kwargs()`: the constexpr kwargs and every compiler option that is set."""
+    own = getattr(config, "all_kwargs", None)
+    if own is not None:
+        return own()
+    c = Config.coerce(config)
+    opts = {"num_warps": c.num_warps, "num_ctas": c.num_ctas, "num_stages": c.num_stages, "maxnreg": c.maxnreg}
+    return {**c.kwargs, **{k: v for k, v in opts.items() if v is not None}}
+
+
+class ConfigHooks:
+    """The pre_hooks of one kernel's declared configs, by the configs' data."""
+
+    __slots__ = ("arg_names", "by_config", "declared")
+
+    def __init__(self, arg_names: Sequence[str], declared: Sequence[Any], configs: Sequence[Config]):
+        self.arg_names = tuple(arg_names)
+        self.by_config: dict[Config, Any] = {}
+        for obj, config in zip(declared, configs):
+            if getattr(obj, "pre_hook", None) is not None:
+                self.by_config.setdefault(config, obj)
+        self.declared = frozenset(configs) if self.by_config else frozenset()  # what an artifact may be
+
+    def __bool__(self) -> bool:
+        return bool(self.by_config)
+
+    def bind(self, config: Config, source: Any = None) -> Callable[[tuple, dict], None] | None:
+        """`hook(args, kwargs)` calling the pre_hook for `config`: `source`'s own (a `triton.Config` a
+        heuristic returned), else the declared config's with the same data; None when there is none."""
+        if getattr(source, "pre_hook", None) is None:
+            source = self.by_config.get(config)
+        if source is None:
+            return None
+        names, pre_hook, launch = self.arg_names, source.pre_hook, all_kwargs(source)
+
+        def hook(args: tuple, kwargs: dict) -> None:
+            pre_hook({**dict(zip(names, args)), **kwargs, **launch})
+        return hook
+
+
+def timer(do_bench: Callable | None, use_cuda_graph: bool, rep: float, interpreted: bool) -> Callable | None:
+    """The kernel's own timer as `fn -> ms` (or a list, median first); None: flytune's timers."""
+    if do_bench is None:
+        if not use_cuda_graph or interpreted:  # no graphs on the CPU interpreter: its wall clock times
+            return None
+
+        def graphed(fn):
+            from triton.testing import do_bench_cudagraph
+
+            return do_bench_cudagraph(fn, rep=rep, quantiles=QUANTILES)
+        return graphed
+    if _takes_quantiles(do_bench):
+        return lambda fn: do_bench(fn, quantiles=QUANTILES)
+    return do_bench
+
+
+def _takes_quantiles(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin: assume Triton's signature
+        return True
+    return any(p.name == "quantiles" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+class Launcher:
+    """Launches one search candidate as Triton's `Autotuner._bench` does: the config's pre_hook, the
+    inputs made fresh (`reset_to_zero`, `restore_value`), the autotune `pre_hook`, the launch, the
+    `post_hook`; `settle(winner)` is Triton's closing `pre_hook(nargs, reset_only=True)`."""
+
+    def __init__(self, kernel, args: tuple, kwargs: dict, grid, fresh_inputs: Callable[[], None]):
+        self.kernel, self.args, self.kwargs, self.grid, self.fresh_inputs = kernel, args, kwargs, grid, fresh_inputs
+        self.pre_hook, self.post_hook = kernel.search_hooks
+
+    def nargs(self, config: Config) -> dict:
+        return {**dict(zip(self.kernel.arg_names, self.args)), **self.kwargs, **all_kwargs(config)}
+
+    def __call__(self, config: Config) -> None:
+        hook = self.kernel.hooks.bind(config)
+        if hook is not None:
+            hook(self.args, self.kwargs)
+        self.fresh_inputs()
+        nargs = self.nargs(config) if self.pre_hook or self.post_hook else None
+        if self.pre_hook is not None:
+            self.pre_hook(nargs)
+        try:
+            self.kernel.fn.run(*self.args, grid=self.grid, warmup=False, **self.kwargs, **config.launch_kwargs())
+        except Exception as e:
+            if self.post_hook is not None:
+                self.post_hook(nargs, exception=e)
+            raise
+        if self.post_hook is not None:
+            self.post_hook(nargs, exception=None)
+
+    def settle(self, winner: Config) -> None:
+        if self.pre_hook is not None:
+            self.pre_hook(self.nargs(winner), reset_only=True)

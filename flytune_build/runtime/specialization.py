@@ -1,0 +1,232 @@
+"""Triton's specialization of one launch, as data (`core.specialization`), and back into compile inputs.
+
+`capture` runs the kernel's own binder (the one `JITFunction.run` uses) on the winning launch's
+arguments; `compile_inputs` turns the recorded data into what `JITFunction.run` hands to
+`triton.compile` (signature, constexprs, attrs, options), so `cache_hash` is the key Triton itself
+computes. On a GPU `capture` proves it: the winner's compiled kernel, already in the JIT's cache, must
+have that key, else nothing is recorded. Under the interpreter Triton's generic specialization rules
+stand in for the backend's (they are the same for CUDA).
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Any
+
+from ..core import settings
+from ..core import specialization as spec_format
+from ..core.codec import Fields
+from ..core.config import COMPILER_OPTIONS, Config
+from ..core.errors import ArtifactError
+from . import warning
+
+_RUNTIME_OPTIONS = ("instrumentation_mode",)  # JITFunction.run sets it itself, whatever the caller passed
+
+
+class Mismatch(Exception):
+    """The recorded specialization does not fit the kernel as it is now (or cannot be recorded)."""
+
+
+def is_jit(obj: Any) -> bool:
+    """Whether `obj` is a `@triton.jit` function (compiled, or run by the interpreter)."""
+    return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and hasattr(obj, "arg_names")
+
+
+def import_path(jit) -> str:
+    """module:qualname of the Python function under `jit`."""
+    return f"{jit.fn.__module__}:{jit.fn.__qualname__}"
+
+
+def resolve(path: str, module_object) -> Any:
+    """The @triton.jit function that `module_object`'s attribute `qualname` is or wraps (one level: an
+    `@autotune` kernel), else raise Mismatch."""
+    obj = module_object
+    for part in spec_format.IMPORT_PATH.fullmatch(path)["qualname"].split("."):
+        obj = getattr(obj, part, None)
+    jit = obj if is_jit(obj) else getattr(obj, "fn", None)
+    if not is_jit(jit) or import_path(jit) != path:
+        raise Mismatch(f"{path} is not a @triton.jit function (or one under @autotune)")
+    return jit
+
+
+def capture(fn, args: tuple, kwargs: dict, config: Config) -> dict:
+    """The specialization Triton applies when `fn` (the launched @triton.jit function) runs with `args`,
+    `kwargs` and `config`; raise Mismatch when it cannot be recorded exactly."""
+    if not is_jit(fn):
+        raise Mismatch(f"the launched function is a {type(fn).__name__}, not a @triton.jit function")
+    path = import_path(fn)
+    if not spec_format.IMPORT_PATH.fullmatch(path):
+        raise Mismatch(f"{path} cannot be imported by name")
+    module = sys.modules.get(fn.fn.__module__)
+    if module is None or resolve(path, module) is not fn:
+        raise Mismatch(f"{path} does not name the launched function")
+    jit, backend, binder, compiled = _binder(fn)
+    bound, spec, extra = binder(*args, **kwargs, **config.launch_kwargs())
+    names, values = list(bound), list(bound.values())
+    types, codes = [s[0] for s in spec], [s[1] for s in spec]  # Triton's (type, attribute code) per parameter
+    doc = {"format": spec_format.FORMAT, "kernel": path,
+           "signature": {n: _json_type(t) for n, t in zip(names, types)},
+           "constexprs": {_path(names, p): _json_value(_at(values, p)) for p in _paths(types, _is_constexpr)},
+           "attrs": {_path(names, p): backend.parse_attr(_at(codes, p))
+                     for p in _paths(codes, lambda v: isinstance(v, str))},
+           "options": {}}
+    for name, value in extra.items():
+        if name not in COMPILER_OPTIONS and name not in _RUNTIME_OPTIONS:
+            doc["options"][name] = value
+    try:
+        spec_format.check(doc, Fields(path, ArtifactError))
+    except ArtifactError as e:
+        raise Mismatch(f"cannot be written as data: {e.field} {e.rule}") from None
+    if compiled is not None:  # a GPU: the winner is compiled; its key must be the one we would rebuild
+        if cache_hash(doc, jit, config, backend)[2] not in compiled():
+            raise Mismatch("the rebuilt specialization does not give the compiled kernel's cache key")
+    return doc
+
+
+def record(kernel: str, fn, args: tuple, kwargs: dict, config: Config) -> dict | None:
+    """`capture`, or None with one warning per kernel when artifacts are being made (`flytune tune`,
+    FLYTUNE_AUTOTUNE=1): a search never fails for want of it."""
+    try:
+        return capture(fn, args, kwargs, config)
+    except Exception as e:  # noqa: BLE001 - Mismatch, or a Triton that binds differently
+        if settings.current().autotune == "search":
+            reason = str(e) if isinstance(e, Mismatch) else f"{type(e).__name__}: {e}"
+            warning.once(("specialization", kernel), f"flytune: kernel {kernel}: its specialization is not "
+                         f"recorded ({reason}); `flytune warmup` will skip its artifacts", stacklevel=4)
+        return None
+
+
+def compile_inputs(doc: dict, jit, config: Config) -> tuple[dict, dict, dict, dict]:
+    """(signature, constexprs, attrs, option kwargs) as `JITFunction.run` passes them to `triton.compile`."""
+    names = list(jit.arg_names)
+    if sorted(doc["signature"]) != sorted(names):
+        raise Mismatch(f"recorded for parameters ({', '.join(doc['signature'])}), the kernel has "
+                       f"({', '.join(names)}): re-tune it")
+    signature = {n: _triton_type(doc["signature"][n]) for n in names}
+    constexprs = dict(sorted((_index(names, p), _triton_value(v)) for p, v in doc["constexprs"].items()))
+    attrs = dict(sorted((_index(names, p), [list(a) for a in v]) for p, v in doc["attrs"].items()))
+    wanted = set(_paths(list(signature.values()), _is_constexpr))
+    if set(constexprs) != wanted:
+        raise Mismatch("its constexprs do not match the constexpr entries of its signature")
+    for name, value in config.kwargs.items():  # a tuned constexpr must hold the config's value
+        if name not in names:
+            raise Mismatch(f"the config sets {name}, which is not a parameter of the kernel")
+        got = constexprs.get((names.index(name),), value)
+        if got != value or type(got) is not type(value):
+            raise Mismatch(f"its constexpr {name} is {got!r}, the config's is {value!r}")
+    options = {k: v for k, v in config.launch_kwargs().items() if k in COMPILER_OPTIONS}
+    options.update(doc["options"])
+    return signature, constexprs, attrs, options
+
+
+def cache_hash(doc: dict, jit, config: Config, backend) -> tuple[Any, Any, str]:
+    """(ASTSource, parsed options, the hash of Triton's cache key) for one recorded specialization."""
+    from triton import knobs
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler import ASTSource
+    from triton.runtime.cache import get_cache_key
+
+    signature, constexprs, attrs, options = compile_inputs(doc, jit, config)
+    options = dict(options)
+    options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug  # as JITFunction.run does
+    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    src = ASTSource(jit, signature, constexprs, attrs)
+    parsed = backend.parse_options(options)
+    key = get_cache_key(src, backend, parsed, get_cache_invalidating_env_vars())
+    return src, parsed, hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def compilable(fn):
+    """A `JITFunction` for `fn`: itself, or one made from the interpreter's function (for compiling
+    under TRITON_INTERPRET, which never compiles)."""
+    if type(fn).__name__ == "JITFunction":
+        return fn
+    made = _MADE.get(id(fn))
+    if made is None or made[0] is not fn:
+        from triton.runtime.jit import JITFunction
+
+        keep = {k: v for k, v in getattr(fn, "kwargs", {}).items()
+                if k in ("do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline")}
+        made = _MADE[id(fn)] = (fn, JITFunction(fn.fn, **keep))
+    return made[1]
+
+
+_MADE: dict[int, tuple] = {}
+
+
+def _binder(fn):
+    """(JITFunction, backend, binder, hashes of compiled kernels or None) for the running device."""
+    jit = compilable(fn)
+    if jit is fn:
+        from triton.runtime.driver import driver
+
+        kernel_cache, _, _, backend, binder = jit.device_caches[driver.active.get_current_device()]
+
+        def compiled():
+            return {getattr(k, "hash", None) or getattr(getattr(k, "kernel", None), "hash", None)
+                    for k in list(kernel_cache.values())}
+        return jit, backend, binder, compiled
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import create_function_from_signature
+
+    return jit, BaseBackend, create_function_from_signature(jit.signature, jit.params, BaseBackend), None
+
+
+def _is_constexpr(v) -> bool:
+    return v == "constexpr"
+
+
+def _paths(values: list, pred) -> list[tuple[int, ...]]:
+    """Index paths of the leaves of nested tuples for which `pred` holds (Triton's find_paths_if)."""
+    out = []
+
+    def walk(v, at):
+        if isinstance(v, (tuple, list)):
+            for i, x in enumerate(v):
+                walk(x, at + (i,))
+        elif pred(v):
+            out.append(at)
+    for i, v in enumerate(values):
+        walk(v, (i,))
+    return out
+
+
+def _at(values: list, path: tuple[int, ...]):
+    for i in path:
+        values = values[i]
+    return values
+
+
+def _path(names: list[str], path: tuple[int, ...]) -> str:
+    return spec_format.join_path(names[path[0]], path[1:])
+
+
+def _index(names: list[str], path: str) -> tuple[int, ...]:
+    name, rest = spec_format.split_path(path)
+    if name not in names:
+        raise Mismatch(f"names parameter {name}, which the kernel does not have")
+    return (names.index(name),) + rest
+
+
+def _json_type(t):
+    return [_json_type(x) for x in t] if isinstance(t, (tuple, list)) else t
+
+
+def _triton_type(t):
+    return tuple(_triton_type(x) for x in t) if isinstance(t, list) else t
+
+
+def _json_value(v):
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if type(v).__name__ == "dtype" and type(v).__module__.startswith("triton"):
+        return {"dtype": str(v)}
+    raise Mismatch(f"a constexpr of type {type(v).__name__} cannot be written as data")
+
+
+def _triton_value(v):
+    if isinstance(v, dict):
+        import triton.language as tl
+
+        return tl.dtype(v["dtype"])
+    return v

@@ -1,0 +1,149 @@
+"""`flytune import --format vllm|sglang`: fused-MoE config files, written exactly as vLLM's and SGLang's
+tuning scripts write them (json.dump(configs, f, indent=4)), become flytune artifacts."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+from flytune_build.cli import importers
+from flytune_build.core.artifact import load_dir
+from flytune_build.core.device import INTERPRETER, DeviceIdentity
+from flytune_build.core.errors import ArtifactError
+
+H200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+CONFIGS = {
+    "1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+          "num_stages": 3},
+    "64": {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32, "num_warps": 8,
+           "num_stages": 4},
+    "4096": {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16, "num_warps": 8,
+             "num_stages": 4},
+}
+
+
+def write(directory: Path, name: str, doc) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=4)
+        f.write("\n")
+    return path
+
+
+def flytune(*args):
+    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
+                          text=True, env=python_env())
+
+
+def test_vllm_file_becomes_one_artifact_per_batch_size(tmp_path):
+    path = write(tmp_path / "configs", "E=128,N=384,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+                 {"triton_version": "3.4.0", **CONFIGS})
+    r = flytune("import", "--format", "vllm", "--kernel", "mylib.fused_moe", "--output", tmp_path / "out", path)
+    assert r.returncode == 0, r.stderr
+    assert "imported 3 artifact(s) of mylib.fused_moe from 1 vllm file(s)" in r.stdout
+    arts = sorted(load_dir(tmp_path / "out", canonical=True), key=lambda a: a.key["M"])
+    assert [dict(a.key) for a in arts] == [
+        {"E": 128, "N": 384, "M": m, "dtype": "fp8_w8a8", "block_shape": "[128,128]"} for m in (1, 64, 4096)]
+    assert {a.device for a in arts} == {H200}
+    big = arts[-1].config
+    assert big.kwargs == {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16}
+    assert (big.num_warps, big.num_stages) == (8, 4)
+    assert dict(arts[0].provenance) == {"ranking": "imported", "triton": "3.4.0",
+                                        "source": f"vllm:{path.name}#1"}
+    assert flytune("verify", tmp_path / "out").returncode == 0
+
+
+def test_vllm_file_without_dtype_or_block_shape_has_null_axes(tmp_path):
+    path = write(tmp_path, "E=8,N=14336,device_name=NVIDIA_H100_80GB_HBM3.json", {"16": CONFIGS["64"]})
+    (art,) = importers.import_files([path], "vllm", "mylib.moe")
+    assert dict(art.key) == {"E": 8, "N": 14336, "M": 16, "dtype": None, "block_shape": None}
+    assert art.device == DeviceIdentity("cuda", "sm_90", "NVIDIA H100 80GB HBM3", 132)
+    assert dict(art.provenance) == {"ranking": "imported", "source": f"vllm:{path.name}#16"}
+
+
+def test_sglang_versioned_directory_spacing_per_channel_and_down_projection(tmp_path):
+    d = tmp_path / "configs" / "triton_3_4_0"
+    up = write(d, "E=256,N=256,device_name=NVIDIA_H20-3e,dtype=fp8_w8a8,block_shape=[128, 128].json", CONFIGS)
+    down = write(d, "E=256,N=256,device_name=NVIDIA_H20-3e,dtype=fp8_w8a8,block_shape=[128, 128]_down.json",
+                 {"1": CONFIGS["64"]})
+    chan = write(d, "E=8,N=7168,device_name=NVIDIA_H200,dtype=int8_w8a8,per_channel_quant=True.json",
+                 {"2": CONFIGS["1"]})
+    r = flytune("import", "--format", "sglang", "--kernel", "mylib.fused_moe", "--output", tmp_path / "out",
+                up, down, chan)
+    assert r.returncode == 0, r.stderr
+    arts = load_dir(tmp_path / "out", canonical=True)
+    keys = sorted((dict(a.key) for a in arts), key=lambda k: (k["E"], k["M"], k["down"]))
+    assert keys[0] == {"E": 8, "N": 7168, "M": 2, "dtype": "int8_w8a8", "block_shape": None,
+                       "per_channel_quant": True, "down": False}
+    assert {"E": 256, "N": 256, "M": 1, "dtype": "fp8_w8a8", "block_shape": "[128,128]",
+            "per_channel_quant": False, "down": True} in keys
+    assert len(arts) == 5 and {a.provenance["triton"] for a in arts} == {"3.4.0"}
+    h20 = next(a.device for a in arts if a.key["E"] == 256)
+    assert h20 == DeviceIdentity("cuda", "sm_90", "NVIDIA H20-3e", 78)
+    assert flytune("verify", tmp_path / "out").returncode == 0
+
+
+def test_unknown_device_names_the_file_and_is_served_by_an_explicit_device(tmp_path):
+    path = write(tmp_path, "E=16,N=1024,device_name=NVIDIA_GeForce_RTX_5090.json", {"32": CONFIGS["64"]})
+    r = flytune("import", "--format", "vllm", "--kernel", "mylib.moe", "--output", tmp_path / "out", path)
+    assert r.returncode == 1 and not (tmp_path / "out").exists()
+    assert f"{path}: Field `<file name>` names device_name=NVIDIA_GeForce_RTX_5090" in r.stderr
+    assert "--device" in r.stderr and "Traceback" not in r.stderr
+    r = flytune("import", "--format", "vllm", "--kernel", "mylib.moe", "--device", "interpreter",
+                "--output", tmp_path / "out", path)
+    assert r.returncode == 0, r.stderr
+    assert [a.device for a in load_dir(tmp_path / "out")] == [INTERPRETER]
+
+
+def test_rocm_options_are_dropped_at_their_default_and_num_stages_defaults_per_backend(tmp_path):
+    path = write(tmp_path, "E=8,N=14336,device_name=AMD_Instinct_MI300X.json",
+                 {"8": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1,
+                        "num_warps": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1}})
+    (art,) = importers.import_files([path], "vllm", "mylib.moe")
+    assert art.device == DeviceIdentity("hip", "gfx942", "AMD Instinct MI300X", 304)
+    assert art.config.kwargs == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1}
+    assert (art.config.num_warps, art.config.num_stages) == (2, 2)  # Triton's HIP default, as vLLM launches it
+
+
+MALFORMED = [  # (file name, document, field named, rule fragment)
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {"abc": CONFIGS["1"]}, "abc", "batch size M"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "num_warps": "4"}}, "64.num_warps",
+     "must be an integer"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "BLOCK_SIZE_M": [16]}}, "64.BLOCK_SIZE_M",
+     "JSON scalar"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": 16}, "64", "must be an object"),
+    ("E=8,N=64,device_name=AMD_Instinct_MI300X.json", {"64": {**CONFIGS["1"], "matrix_instr_nonkdim": 16}},
+     "64.matrix_instr_nonkdim", "ROCm compiler option"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", [1, 2], "<document>", "must be an object"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {}, "<document>", "holds no batch size"),
+    ("E=x,N=64,device_name=NVIDIA_H200.json", {"1": CONFIGS["1"]}, "<file name>", "E=x"),
+    ("N=64,device_name=NVIDIA_H200.json", {"1": CONFIGS["1"]}, "<file name>", "no E="),
+    ("E=8,N=64,device_name=NVIDIA_H200,block_shape=[128].json", {"1": CONFIGS["1"]}, "<file name>", "block_shape"),
+    ("E=8,N=64,device_name=NVIDIA_H200,use_cuda=True.json", {"1": CONFIGS["1"]}, "<file name>", "use_cuda"),
+    ("E=8,N=64,device_name=NVIDIA_H200_down.json", {"1": CONFIGS["1"]}, "<file name>", "--format sglang"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {"triton_version": 3, "1": CONFIGS["1"]}, "triton_version",
+     "must be a string"),
+]
+
+
+@pytest.mark.parametrize("name,doc,field,rule", MALFORMED, ids=range(len(MALFORMED)))
+def test_malformed_file_is_a_typed_error_naming_file_and_entry(tmp_path, name, doc, field, rule):
+    path = write(tmp_path, name, doc)
+    with pytest.raises(ArtifactError) as e:
+        importers.import_files([path], "vllm", "mylib.moe")
+    assert e.value.file == str(path) and e.value.field == field, e.value
+    assert rule in e.value.rule, e.value
+
+
+def test_import_is_all_or_nothing_and_conflicting_versions_are_refused(tmp_path):
+    name = "E=8,N=64,device_name=NVIDIA_H200.json"
+    a = write(tmp_path / "configs" / "triton_3_3_1", name, {"1": CONFIGS["1"]})
+    b = write(tmp_path / "configs" / "triton_3_4_0", name, {"1": CONFIGS["64"]})
+    r = flytune("import", "--format", "sglang", "--kernel", "mylib.moe", "--output", tmp_path / "out", a, b)
+    assert r.returncode == 1 and not (tmp_path / "out").exists()
+    assert f"{b}: Field `1` conflicts with {a} entry 1" in r.stderr
+    r = flytune("import", "--format", "vllm", "--output", tmp_path / "out", a)
+    assert r.returncode == 2 and "needs --kernel NAME" in r.stderr

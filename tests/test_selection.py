@@ -1,0 +1,305 @@
+"""Deterministic tuning: the tie band and its rule (synthetic samples), the shipped winner's hysteresis,
+`--repeat`, and real measured tunes of a kernel with exact ties (num_warps under the interpreter)."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+from flytune_build.cli import stability
+from flytune_build.cli.job import Tuned
+from flytune_build.cli.shipped import OutputWinners
+from flytune_build.core import codec
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER
+from flytune_build.core.errors import ArtifactError, SearchError
+from flytune_build.pipeline import reader
+from flytune_build.runtime import selection
+from flytune_build.runtime.bench import Candidate
+
+RULE = selection.MEASURED
+
+
+def cands(*times):
+    return [Candidate(Config({"BLOCK": 16 * (i + 1)}), t) for i, t in enumerate(times)]
+
+
+def scripted(rounds: dict[int, list[float]], log=None):
+    """A retime that returns, per candidate (by BLOCK), its next scripted round time."""
+    it = {b: iter(ts) for b, ts in rounds.items()}
+
+    def retime(c, fraction):
+        if log is not None:
+            log.append((c.config.kwargs["BLOCK"], fraction))
+        return next(it[c.config.kwargs["BLOCK"]])
+    return retime
+
+
+def block(selected):
+    return selected.winner.config.kwargs["BLOCK"]
+
+
+# -- the band, on synthetic samples ------------------------------------------------------------------------
+def test_exact_ties_go_to_the_earliest_declared_whichever_measured_fastest():
+    for first, second in (([1.000, 1.001, 0.999, 1.000, 1.002], [0.998, 1.000, 1.001, 0.999, 1.000]),
+                          ([0.998, 1.000, 1.001, 0.999, 1.000], [1.000, 1.001, 0.999, 1.000, 1.002])):
+        picked = selection.pick(cands(1.0, 1.0, 3.0), scripted({16: first, 32: second}))
+        assert block(picked) == 16
+        assert picked.record["winner"] == 0 and len(picked.record["finalists"]) == 2
+
+
+def test_a_candidate_faster_beyond_the_band_wins_though_declared_later():
+    picked = selection.pick(cands(1.0, 0.95), scripted({16: [1.0] * 5, 32: [0.95] * 5}))
+    assert block(picked) == 32 and picked.record["fastest"] == 1
+    assert picked.record["band"] == RULE.floor  # no dispersion: the floor
+    assert "the fastest, 5.3% ahead" in picked.record["why"]
+
+
+def test_the_band_widens_with_the_noise_and_stops_at_the_cap():
+    quiet = {16: [1.02] * 5, 32: [1.0] * 5}
+    noisy = {16: [1.02, 0.99, 1.05, 1.02, 1.00], 32: [1.0, 0.97, 1.03, 1.0, 0.98]}
+    assert block(selection.pick(cands(1.02, 1.0), scripted(quiet))) == 32      # 2% apart, beyond the 1% floor
+    picked = selection.pick(cands(1.02, 1.0), scripted(noisy))                 # 2% apart, within the noise
+    assert block(picked) == 16 and RULE.floor < picked.record["band"] <= RULE.cap
+    wild = {16: [1.10, 0.70, 1.50, 1.04, 0.90], 32: [1.0, 0.6, 1.4, 1.0, 0.8]}
+    assert selection.pick(cands(1.0, 1.0), scripted(wild)).record["band"] == RULE.cap
+
+
+def test_band_of_round_times():
+    b = selection.band({0: [2.0, 2.0, 2.0], 3: [1.0, 1.0, 1.0], 5: [1.005, 1.005, 1.005]}, RULE)
+    assert (b.fastest, b.members, b.width) == (3, (3, 5), RULE.floor)
+    assert b.limit_ms == pytest.approx(1.01)
+    assert selection.dispersion([1.0, 1.1, 0.9, 1.0, 5.0]) == pytest.approx(0.1 / selection.IQR_SIGMA)  # one wild round
+    assert selection.dispersion([11.9, 12.3, 14.5, 14.6, 14.6]) > 1.5  # two modes: a split the band must cover
+
+
+def test_finalists_are_the_screened_near_best_capped_and_re_timed_interleaved_on_a_shared_budget():
+    times = [1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 2.0]  # eight within 10%, one far
+    log = []
+    picked = selection.pick(cands(*times), scripted({16 * (i + 1): [t] * 5 for i, t in enumerate(times)}, log))
+    assert [f["index"] for f in picked.record["finalists"]] == [0, 1, 2, 3, 4, 5]  # the fastest six
+    assert [b for b, _ in log[:7]] == [16, 32, 48, 64, 80, 96, 32]  # the second round starts one later
+    assert {f for _, f in log} == {6 * RULE.rounds / selection.FINALIST_BUDGET}
+    assert block(picked) == 16
+    slower_first = cands(1.07, 1.06, 1.05, 1.04, 1.03, 1.02, 1.01, 1.0)  # near-equal: screening cannot order them
+    ok = list(range(8))
+    assert selection.finalists(slower_first, ok, RULE, None) == [0, 1, 2, 3, 4, 7]  # the fastest, then declared
+    assert selection.finalists(slower_first, ok, selection.SYNTHETIC, None) == [5, 6, 7]
+    assert selection.finalists(slower_first, ok, selection.SYNTHETIC, held=0) == [0, 5, 6, 7]
+
+
+def test_a_finalist_failing_when_re_timed_drops_out():
+    def retime(c, fraction):
+        if c.config.kwargs["BLOCK"] == 16:
+            raise RuntimeError("lost")
+        return 1.0
+    cs = cands(1.0, 1.0)
+    assert block(selection.pick(cs, retime)) == 32
+    assert cs[0].error == "RuntimeError: lost" and cs[0].time_ms == float("inf")
+    with pytest.raises(SearchError, match="every candidate failed"):
+        selection.pick(cands(float("inf")), retime)
+
+
+def test_a_synthetic_ranking_keeps_the_fixed_three_percent_band():
+    picked = selection.pick(cands(1.025, 1.0, 1.04), lambda c, _: c.time_ms, selection.SYNTHETIC)
+    assert block(picked) == 16 and picked.record["band"] == 0.03
+
+
+# -- hysteresis against the shipped winner -------------------------------------------------------------------
+def test_the_shipped_winner_is_kept_unless_beaten_by_more_than_the_margin():
+    shipped = selection.Shipped(Config({"BLOCK": 48}), 0.03)
+    rounds = {16: [1.0] * 5, 32: [2.0] * 5, 48: [1.02] * 5}  # the shipped one is not a screened finalist
+    picked = selection.pick(cands(1.0, 2.0, 1.2), scripted(rounds), shipped=shipped)
+    assert block(picked) == 48 and picked.outcome == "kept"
+    assert picked.record["shipped"] == {"index": 2, "margin": 0.03, "gain": 0.02, "outcome": "kept"}
+    assert picked.record["winner"] == 2 and "within the 3.0% margin" in picked.record["why"]
+    rounds[48] = [1.05] * 5
+    picked = selection.pick(cands(1.0, 2.0, 1.2), scripted(rounds), shipped=shipped)
+    assert block(picked) == 16 and picked.outcome == "replaced" and picked.record["shipped"]["gain"] == 0.05
+
+
+def test_a_shipped_winner_outside_the_candidates_is_replaced_with_a_note():
+    shipped = selection.Shipped(Config({"BLOCK": 999}), 0.03)
+    picked = selection.pick(cands(1.0, 1.5), scripted({16: [1.0] * 5}), shipped=shipped)
+    assert block(picked) == 16 and picked.outcome == "replaced"
+    assert "is not among this search's candidates" in picked.record["why"]
+
+
+def test_keeping_answers_inside_its_context_only():
+    assert selection.shipped("k", {"n": 1}) is None
+    found = selection.Shipped(Config({"BLOCK": 16}), 0.03)
+    with selection.keeping(lambda kernel, key: found if kernel == "k" else None):
+        assert selection.shipped("k", {"n": 1}) is found and selection.shipped("other", {}) is None
+    assert selection.shipped("k", {"n": 1}) is None
+
+
+def art(block_, provenance=None, n=100):
+    return Artifact("fixpkg.add", {"x": "float32", "n": n}, INTERPRETER, Config({"BLOCK": block_}),
+                    provenance if provenance is not None else {"triton": "3.6.0"})
+
+
+def test_shipped_reports_new_kept_replaced_and_rewrites_a_kept_artifact_only_for_a_new_toolchain(tmp_path,
+                                                                                                    monkeypatch):
+    monkeypatch.setenv("FLYTUNE_DEVICE", "interpreter")
+    art(32).save(tmp_path)
+    held = OutputWinners(tmp_path, 3.0)
+    assert held.lookup("fixpkg.add", {"x": "float32", "n": 100}) == selection.Shipped(Config({"BLOCK": 32}), 0.03)
+    assert held.lookup("fixpkg.add", {"x": "float32", "n": 7}) is None
+    assert held.change(art(32, {"triton": "3.6.0"})) == ("kept", False)
+    assert held.change(art(32, {"triton": "3.6.0", "selection": {"winner": 0, "shipped": {
+        "outcome": "kept", "gain": 0.012}}})) == ("kept (+1.2%)", False)
+    assert held.change(art(32, {"triton": "3.7.0"})) == ("kept", True)
+    assert held.change(art(64, {"selection": {"winner": 1, "shipped": {"outcome": "replaced", "gain": 0.042}}})) \
+        == ("replaced (+4.2%)", True)
+    assert held.change(art(64, n=7)) == ("new", True)
+
+
+# -- the provenance records ----------------------------------------------------------------------------------
+def test_selection_and_measurement_records_are_checked_and_read_fast(tmp_path):
+    picked = selection.pick(cands(1.0, 1.0, 3.0), scripted({16: [1.0] * 5, 32: [1.001] * 5}),
+                            shipped=selection.Shipped(Config({"BLOCK": 32}), 0.03))
+    prov = {"triton": "3.6.0", "ranking": "measured", "candidates": [c.to_json() for c in cands(1.0, 1.0, 3.0)],
+            "measurement": {"timer": "cuda-graph", "l2_flush": False, "warmup_ms": 25, "rep_ms": 100,
+                            "screen_fraction": 10, "estimate_ms": 0.0041, "graph_below_ms": 0.05},
+            "selection": {**picked.record, "stability": {"runs": 3, "agreed": 2}}}
+    data = art(32, prov).to_bytes()
+    assert reader.read_tuned(data) is not None  # the fast reader still takes what tune writes
+    assert reader.read(data, file="f.json", check_name=False).provenance == json.loads(data)["provenance"]
+    for path, bad in (("provenance.selection.winner", {"winner": -1}),
+                      ("provenance.selection.shipped.outcome", {"winner": 0, "shipped": {"outcome": "swapped"}}),
+                      ("provenance.selection.finalists[0].median_ms",
+                       {"winner": 0, "finalists": [{"index": 0, "median_ms": "fast"}]}),
+                      ("provenance.selection.stability.agreed", {"winner": 0, "stability": {"runs": 2, "agreed": 3}})):
+        doc = json.loads(art(32, {**prov, "selection": bad}).to_bytes())
+        with pytest.raises(ArtifactError) as e:
+            Artifact.from_json(doc)
+        assert e.value.field == path
+    doc = json.loads(art(32, {**prov, "measurement": {"timer": "stopwatch"}}).to_bytes())
+    with pytest.raises(ArtifactError, match="must be one of cuda-graph"):
+        reader.read(codec.canonical(doc) + b"\n", file="f.json", check_name=False)
+
+
+def test_majority_of_repetitions_with_stability_and_spread():
+    def tuned(b, times):
+        prov = {"candidates": [{"config": Config({"BLOCK": x}).to_json(), "time_ms": t} for x, t in times.items()],
+                "selection": {"winner": 0}}
+        return Tuned(art(b, prov), str(Config({"BLOCK": b})), times[b], None)
+    runs = [tuned(32, {16: 1.0, 32: 1.1}), tuned(16, {16: 1.0, 32: 1.0}), tuned(32, {16: 1.0, 32: 1.2})]
+    written, s = stability.majority(runs)
+    assert written.artifact.config == Config({"BLOCK": 32})
+    assert written.artifact.provenance["selection"]["stability"] == {"runs": 3, "agreed": 2}
+    assert (s.label, round(s.spread, 3), s.others) == ("2/3", 0.2, ((str(Config({"BLOCK": 16})), 1),))
+    _, tie = stability.majority([tuned(32, {16: 1.0, 32: 1.0}), tuned(16, {16: 1.0, 32: 1.0})])
+    assert tie.others == ((str(Config({"BLOCK": 32})), 1),)  # one each: the earliest declared is written
+
+
+# -- real measured tunes under the interpreter -----------------------------------------------------------
+KERNEL = '''
+import torch, triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+
+# num_warps changes nothing under the interpreter: each BLOCK's two configs are exact ties. The
+# preferred config is declared first: the tie rule picks it whenever it is in the band.
+@ft.autotune([Config({"BLOCK": b}, num_warps=w) for b in (64, 32, 16) for w in (1, 2)], ["x", "n"],
+             name="detpkg.add")
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+def add(n):
+    x, y, out = torch.ones(n), torch.ones(n), torch.empty(n)
+    return lambda: add_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+'''
+
+
+def project(root: Path) -> Path:
+    (root / "detpkg").mkdir(parents=True)
+    (root / "detpkg" / "__init__.py").write_text(KERNEL)
+    (root / "pyproject.toml").write_text(textwrap.dedent('''
+        [project]
+        name = "detpkg"
+        version = "1.0"
+
+        [tool.flytune]
+        sources = ["artifacts"]
+        targets = ["interpreter"]
+
+        [tool.flytune.tune]
+        output = "artifacts/{arch}"
+        entries = [{ kernel = "detpkg.add", setup = "detpkg:add", shapes = [{ n = 512 }, { n = 1024 }] }]
+        '''))
+    return root
+
+
+def tune(proj, out, tmp_path, *args):
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / f"cache-{out.name}")
+    env.pop("FLYTUNE_RANKING", None)  # measured: the test opts into search through `flytune tune` itself
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project", str(proj), "--output",
+                        str(out), "--allow-ci", "--no-progress", *args], capture_output=True, text=True, env=env,
+                       timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def winners(out: Path) -> dict[str, Config]:
+    return {p.name: Artifact.load(p).config for p in sorted(out.glob("*.json"))}
+
+
+def test_two_cold_measured_tunes_agree_and_a_re_tune_keeps_every_winner(tmp_path):
+    proj = project(tmp_path / "p")
+    first, second = tmp_path / "first", tmp_path / "second"
+    tune(proj, first, tmp_path)
+    tune(proj, second, tmp_path)  # another process, another scratch cache: cold
+    assert winners(first) == winners(second) and len(winners(first)) == 2
+    for name, config in winners(first).items():
+        prov = Artifact.load(first / name).provenance
+        assert prov["ranking"] == "measured" and prov["measurement"]["timer"] == "cpu-time"
+        chosen = prov["selection"]
+        assert config == Config({"BLOCK": 64}, num_warps=1), chosen  # the exact tie, broken by declared order
+        assert chosen["winner"] == 0 and chosen["rule"]["tie"] == "declared order"
+    before = {p.name: p.read_bytes() for p in first.glob("*.json")}
+    r = tune(proj, first, tmp_path, "--no-resume")
+    assert "0 new, 2 kept, 0 replaced" in r.stdout, r.stdout
+    assert {p.name: p.read_bytes() for p in first.glob("*.json")} == before  # kept: not a byte changed
+
+
+def test_repeat_reports_agreement_and_writes_the_majority(tmp_path):
+    proj = project(tmp_path / "p")
+    out = tmp_path / "out"
+    r = tune(proj, out, tmp_path, "--repeat", "2", "--ranking", "synthetic")
+    assert "agree" in r.stdout and r.stdout.count(" 2/2 ") == 2, r.stdout
+    assert "0 of 2 shape(s) chose different winners" in r.stdout
+    for p in out.glob("*.json"):
+        assert Artifact.load(p).provenance["selection"]["stability"] == {"runs": 2, "agreed": 2}
+
+
+# -- the measurement policy (the GPU timers stubbed: the decision is what is tested here) ----------------------
+def test_a_small_kernel_is_timed_in_cuda_graphs_a_large_one_launch_by_launch(monkeypatch):
+    from flytune_build.runtime import bench
+
+    monkeypatch.setattr(bench, "quick_ms", lambda fn: fn())
+    monkeypatch.setattr(bench, "graph_bench", lambda fn, rep: 0.01)
+    small = bench.on_gpu(25, 100, [lambda: 0.03, lambda: 0.004])
+    assert (small.timer, small.estimate_ms, small.l2_flush) == ("cuda-graph", 0.004, False)
+    def fails():
+        raise RuntimeError("out of resources")
+    large = bench.on_gpu(25, 100, [fails, lambda: 0.2])  # a candidate that cannot launch is left to screening
+    assert (large.timer, large.l2_flush) == ("cuda-events", True)
+    assert large.to_json() == {"timer": "cuda-events", "l2_flush": True, "warmup_ms": 25, "rep_ms": 100,
+                               "screen_fraction": bench.SCREEN_FRACTION, "screen_passes": bench.SCREEN_PASSES,
+                               "graph_below_ms": bench.GRAPH_BELOW_MS,
+                               "estimate_ms": 0.2}
+
+    def no_graphs(fn, rep):
+        raise RuntimeError("capture unsupported")
+    monkeypatch.setattr(bench, "graph_bench", no_graphs)
+    eager = bench.on_gpu(25, 100, [lambda: 0.004])
+    assert eager.timer == "cuda-events" and "CUDA graphs unavailable: RuntimeError" in eager.note
