@@ -57,6 +57,18 @@ def test_adopted_kernel_benchmarks_nothing_on_tuned_shapes(bundle_dir):
     assert calls == [] and k.best_config.kwargs == {"BLOCK": 64} and k.best_config.num_warps == 2
 
 
+def test_adopting_again_under_another_name_reports_the_kernel_once(bundle_dir):
+    import flytune_build as ft
+    from flytune_build.runtime import registry
+
+    k = make()
+    adapter.adopt(k, name="t.adopted")
+    adapter.adopt(k, name="t.renamed")
+    assert registry.kernel("t.adopted") is None and registry.kernel("t.renamed") is not None
+    call(k, 64)
+    assert "t.adopted" not in ft.stats() and "t.renamed" in ft.stats()
+
+
 def test_untuned_shapes_behave_as_before(bundle_dir):
     k = make()
     adapter.adopt(k, name="ext.add")

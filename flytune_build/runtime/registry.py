@@ -18,6 +18,12 @@ def register(kernel: Any) -> None:
     _kernels[kernel.name] = kernel
 
 
+def unregister(kernel: Any) -> None:
+    """Forget `kernel` under every name it is registered by (an adopted kernel renamed by a second `adopt`)."""
+    for name in [n for n, k in _kernels.items() if k is kernel]:
+        del _kernels[name]
+
+
 def kernel(name: str) -> Any | None:
     """The registered kernel named `name`, or None."""
     return _kernels.get(name)

@@ -64,7 +64,8 @@ class Adopted:
             tuner.flytune_adopted = adopted
         else:
             adopted.public, adopted.validate = public, validate
-            if name != adopted.name:
+            if name != adopted.name:  # one kernel, one name: the old name no longer reports it
+                registry.unregister(adopted)
                 adopted.name = name
                 adopted.binding = dataclasses.replace(adopted.binding, kernel=name)
         registry.register(adopted)
