@@ -8,9 +8,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
-from buildkit import ROOT, TOOL, artifact, child_install, child_venv, make_project, run_child
+from buildkit import TOOL, artifact, child_install, child_venv, make_project, run_child
 from conftest import python_env
+from test_build import flytune_wheel  # noqa: F401  (the session fixture: one flytune wheel per run)
 
 from flytune_build import pipeline
 
@@ -50,16 +50,6 @@ SERVE = """
     d = fixpkg.add_kernel.decision(x, y, None, 100)
     print(d.tier, d.config.kwargs["BLOCK"])
 """
-
-
-@pytest.fixture(scope="module")
-def flytune_wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("flytune-wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
-                        "-w", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    (whl,) = out.glob("flytune_build-*.whl")
-    return whl
 
 
 def project(root: Path, build_system: str, **kw) -> Path:
