@@ -384,3 +384,51 @@ def test_ray_executor_matches_a_sequential_run_and_survives_a_dying_actor(tmp_pa
     for p in (tmp_path / "seq").glob("*.json"):
         assert comparable(tmp_path / "ray" / p.name) == comparable(p)
         assert Artifact.load(tmp_path / "ray" / p.name).provenance["worker"] in ("ray:0", "ray:1")
+
+
+RAY_BATCH = '''
+import sys, time
+from pathlib import Path
+from flytune_build.cli.executors import RayExecutor
+from flytune_build.cli.job import Job
+from flytune_build.core import project
+from flytune_build.core.device import INTERPRETER
+
+proj = project.load(Path(sys.argv[1]))
+crash, add = sorted(proj.tune_entries, key=lambda e: e.kernel != "fleetpkg.exits")
+ex = RayExecutor(proj, "synthetic", 1, None)
+
+
+def batch(*entries):
+    """Start the actor, hand it the entries' jobs at once, and poll once after all have ended."""
+    ex.start(0)
+    events = []
+    while not events:
+        events = ex.poll(1.0)
+    assert [e[0] for e in events] == ["hello"], events
+    for e in entries:
+        ex.submit(0, Job(e, e.shapes[0], INTERPRETER.spec()))
+    time.sleep(12)
+    print("EVENTS", [e[0] for e in ex.poll(5.0)], ex.pending)
+
+
+try:
+    batch(crash, add)  # the job ahead fails with its actor: one death
+    batch(add, crash)  # the first job's result, then the death
+finally:
+    ex.close()
+'''
+
+
+def test_ray_executor_reports_a_batch_in_handout_order_and_a_death_once(tmp_path):
+    """Refs of one actor ready in one `ray.wait` batch are reported in the order they were handed out, and
+    an actor's death once: a job done before its actor died in the job ahead is kept, not retried."""
+    pytest.importorskip("ray", reason="Ray is in the test extra; without it --executor ray is not tested")
+    proj = make_project(tmp_path / "p", "\n".join([crash_entry("exits"), add_entry(100)]))
+    script = tmp_path / "batch.py"
+    script.write_text(RAY_BATCH)
+    r = subprocess.run([sys.executable, str(script), str(proj)], capture_output=True, text=True,
+                       env=env_for(tmp_path), timeout=TIMEOUT, cwd=proj)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("EVENTS")]  # the executor's stdout goes there
+    assert lines == ["EVENTS ['died'] {}", "EVENTS ['done', 'died'] {}"]

@@ -227,8 +227,13 @@ class RayExecutor:
         ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=max(timeout, 0))
         if ready:
             ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
+        # in the order they were handed out, not `ray.wait`'s: a job's result comes before the death
+        # of its actor in the job handed ahead, and a death drops that actor's later refs
+        ready = set(ready)
         events = []
-        for ref in ready:
+        for ref in [r for r in self.pending if r in ready]:
+            if ref not in self.pending:
+                continue  # its actor died on an earlier ref of this batch: reported once, with that one
             slot, jid = self.pending.pop(ref)
             try:
                 message = ray.get(ref)
