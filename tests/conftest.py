@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,14 @@ def python_env(**extra):
     env.update({k: str(v) for k, v in extra.items()})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
+
+
+@pytest.fixture(scope="session")
+def flytune_wheel(tmp_path_factory):
+    """flytune-build itself as a wheel, built once per session for the tests that install it."""
+    out = tmp_path_factory.mktemp("flytune-wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
+                        "-w", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (whl,) = out.glob("flytune_build-*.whl")
+    return whl

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from buildkit import TOOL, artifact, child_install, child_venv, make_project, run_child
 from conftest import python_env
-from test_build import flytune_wheel  # noqa: F401  (the session fixture: one flytune wheel per run)
 
 from flytune_build import pipeline
 

@@ -17,16 +17,6 @@ from flytune_build.core import bundle, codec
 from flytune_build.pipeline import BuildFailure
 
 
-@pytest.fixture(scope="session")
-def flytune_wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("flytune-wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
-                        "-w", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    (whl,) = out.glob("flytune_build-*.whl")
-    return whl
-
-
 def only_wheel(d: Path) -> Path:
     (w,) = d.glob("*.whl")
     return w

@@ -1,7 +1,6 @@
 """Hostile inputs, concurrency and corruption: typed errors only, nothing lost, nothing trusted blindly."""
 import ast
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -24,7 +24,7 @@ from flytune_build.core.artifact import Artifact, load_dir
 from flytune_build.core.config import Config
 from flytune_build.core.errors import ArtifactError, FlytuneError, FlytuneWarning
 from flytune_build.pipeline import directory, reader
-from flytune_build.runtime import events, specialization, warmup
+from flytune_build.runtime import events, specialization
 
 
 @triton.jit
