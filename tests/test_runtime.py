@@ -526,3 +526,20 @@ def test_index_prefers_the_first_source_then_the_best_level(tmp_path):
                    ("float16", 5): (tie[0].config.kwargs["BLOCK"], "arch_units", "dir")}
     assert idx.hit(("float16", 1)).artifact == art(1, 12, h200).filename  # named from its shard row
     assert idx.tuned("n", ("x", "n")) == [1, 2, 3, 4, 5] and len(idx) == 5
+
+
+def test_warnings_point_at_the_callers_line():
+    """Whichever path inside flytune_build and triton raised it, a warning names the launching line."""
+    import warnings
+
+    import triton
+    from kernels import _add
+
+    k = ft.autotune([triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})], ["n"], name="t.where")(_add)
+    x, y, out = tensors(N, torch.float32)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        k[grid(N)](x, y, out, N); line = sys._getframe().f_lineno  # noqa: E702
+    (w,) = [w for w in seen if issubclass(w.category, FlytuneWarning)]
+    assert "using the first config" in str(w.message)
+    assert (w.filename, w.lineno) == (__file__, line)

@@ -6,7 +6,7 @@ import sys
 import pytest
 import tomllib
 from buildkit import ROOT, child_install, child_venv, run_child
-from test_build import flytune_wheel, only_wheel  # noqa: F401  (session fixture)
+from test_build import only_wheel
 
 PLAN = tomllib.loads((ROOT / "sample_pkg" / "tune" / "interpreter.toml").read_text())["entries"]
 

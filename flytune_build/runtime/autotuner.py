@@ -233,7 +233,7 @@ class Autotuned:
         return Decision(config, "heuristic", key, hook=self.hooks.bind(config, returned))
 
     def _first_config(self, key) -> Decision:
-        self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config", stacklevel=6)
+        self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config")
         return Decision(self.configs[0], "heuristic", key)
 
     def _from_search(self, args, kwargs, bound, key, grid, emit) -> Decision:
@@ -258,9 +258,9 @@ class Autotuned:
         """Raise an ArtifactError unless an artifact's key has exactly the declared axes."""
         self.binding.check_key(key, file)
 
-    def _fallback(self, reason: str, stacklevel: int = 5):
+    def _fallback(self, reason: str):
         self._stats.fallback(reason)
-        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}", stacklevel=stacklevel)
+        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}")
 
     def toolchain(self) -> dict:
         """Versions, this kernel's source hash and the compiler environment (part of the scratch key)."""

@@ -92,7 +92,7 @@ def record(kernel: str, fn, args: tuple, kwargs: dict, config: Config) -> dict |
         if settings.current().autotune == "search":
             reason = str(e) if isinstance(e, Mismatch) else f"{type(e).__name__}: {e}"
             warning.once(("specialization", kernel), f"flytune: kernel {kernel}: its specialization is not "
-                         f"recorded ({reason}); `flytune warmup` will skip its artifacts", stacklevel=4)
+                         f"recorded ({reason}); `flytune warmup` will skip its artifacts")
         return None
 
 

@@ -1,20 +1,38 @@
-"""One warning per cause: the runtime must not flood a serving process."""
+"""One warning per cause: the runtime must not flood a serving process.
+
+A warning points at the caller's code: the first frame outside flytune_build and triton (a kernel
+launch goes through both), however deep inside them it was raised.
+"""
 from __future__ import annotations
 
+import sys
 import warnings
 
 from ..core.errors import FlytuneWarning
 
 _seen: set = set()
+_INSIDE = ("flytune_build", "triton")
 
 
-def once(cause, message: str, stacklevel: int = 3) -> bool:
+def once(cause, message: str) -> bool:
     if cause in _seen:
         return False
     _seen.add(cause)
-    warnings.warn(message, FlytuneWarning, stacklevel=stacklevel)
+    warnings.warn(message, FlytuneWarning, stacklevel=_caller_level())
     return True
 
 
 def reset() -> None:
     _seen.clear()
+
+
+def _caller_level() -> int:
+    """The `stacklevel` of the first frame outside flytune_build and triton, as `once` passes it."""
+    level, frame = 1, sys._getframe(1)  # level 1: `once` itself
+    while frame.f_back is not None and _inside(frame.f_globals.get("__name__") or ""):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _inside(module: str) -> bool:
+    return module.split(".", 1)[0] in _INSIDE

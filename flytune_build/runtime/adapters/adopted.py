@@ -184,7 +184,7 @@ class Adopted:
                     self.check_key(art.key, fname or art.filename)
                     self.check_binds(art.config, set(), "config", file=fname or art.filename)
                 except FlytuneError as e:
-                    self._fallback(f"artifact {fname or '?'} from {origin} rejected: {e.rule}", stacklevel=6)
+                    self._fallback(f"artifact {fname or '?'} from {origin} rejected: {e.rule}")
                     continue
                 yield (order, LEVELS.index(level)), art, level, origin
 
@@ -199,9 +199,9 @@ class Adopted:
         return triton.Config(dict(config.kwargs), num_warps=config.num_warps, num_stages=config.num_stages,
                              num_ctas=config.num_ctas, maxnreg=config.maxnreg)
 
-    def _fallback(self, reason: str, stacklevel: int = 5) -> None:  # 5: the caller of `adopt`
+    def _fallback(self, reason: str) -> None:
         self._stats.fallback(reason)
-        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}", stacklevel=stacklevel)
+        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}")
 
     # -- what every registered kernel offers (`runtime.registry`) ----------------------------------------
     def check_key(self, key, file) -> None:
