@@ -543,3 +543,15 @@ def test_warnings_point_at_the_callers_line():
     (w,) = [w for w in seen if issubclass(w.category, FlytuneWarning)]
     assert "using the first config" in str(w.message)
     assert (w.filename, w.lineno) == (__file__, line)
+
+
+def test_a_first_call_error_is_not_raised_during_the_memo_miss():
+    """A decision's error reads as itself: not "during handling of" the lookup that missed."""
+    from kernels import _add
+
+    k = ft.autotune([Config({"BLOCK": 32})], ["n"], name="t.unchained")(_add)
+    x, y, out = tensors(N, torch.float32)
+    for call in (lambda: k[grid(N)](x, y, out), lambda: k[grid(N)](x, y, out=out)):
+        with pytest.raises(DeclarationError, match="key parameter") as e:
+            call()
+        assert e.value.__context__ is None

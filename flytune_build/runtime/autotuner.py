@@ -108,6 +108,8 @@ class Autotuned:
                 try:
                     d = memo[key(args)]
                 except LookupError:
+                    d = None  # decided outside the handler: its errors are not "during handling of" the miss
+                if d is None:
                     d = decide(args, {}, grid)
                 d.calls += 1
                 try:
@@ -126,6 +128,8 @@ class Autotuned:
             try:
                 d = memo[key(args)]
             except LookupError:
+                d = None
+            if d is None:
                 d = decide(args, {}, grid)
                 if d.hook is not None:  # the first decision with a hook: the hooked closure serves from now on
                     return self.run(*args, grid=grid)
@@ -143,6 +147,8 @@ class Autotuned:
         try:
             d = self._memo[_raw_key(self, args, kwargs)]
         except LookupError:
+            d = None
+        if d is None:
             d = self._decide(args, kwargs, grid)
         d.calls += 1
         try:
