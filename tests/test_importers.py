@@ -108,6 +108,16 @@ def test_rocm_options_are_dropped_at_their_default_and_num_stages_defaults_per_b
     assert (art.config.num_warps, art.config.num_stages) == (2, 2)  # Triton's HIP default, as vLLM launches it
 
 
+def test_rocm_options_away_from_their_default_stay_among_the_kwargs(tmp_path):
+    body = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 8,
+            "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 1}
+    path = write(tmp_path, "E=8,N=14336,device_name=AMD_Instinct_MI300X.json", {"8": body})
+    (art,) = importers.import_files([path], "vllm", "mylib.moe")
+    assert art.config.kwargs == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1,
+                                 "waves_per_eu": 2, "matrix_instr_nonkdim": 16}  # kpack=1: the default, dropped
+    assert art.config.launch_kwargs() == {k: v for k, v in body.items() if k != "kpack"}  # as Triton launches it
+
+
 MALFORMED = [  # (file name, document, field named, rule fragment)
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"abc": CONFIGS["1"]}, "abc", "batch size M"),
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "num_warps": "4"}}, "64.num_warps",
@@ -115,8 +125,8 @@ MALFORMED = [  # (file name, document, field named, rule fragment)
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "BLOCK_SIZE_M": [16]}}, "64.BLOCK_SIZE_M",
      "JSON scalar"),
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": 16}, "64", "must be an object"),
-    ("E=8,N=64,device_name=AMD_Instinct_MI300X.json", {"64": {**CONFIGS["1"], "matrix_instr_nonkdim": 16}},
-     "64.matrix_instr_nonkdim", "ROCm compiler option"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "matrix_instr_nonkdim": 16}},
+     "64.matrix_instr_nonkdim", "compiler option of Triton's hip backend"),
     ("E=8,N=64,device_name=NVIDIA_H200.json", [1, 2], "<document>", "must be an object"),
     ("E=8,N=64,device_name=NVIDIA_H200.json", {}, "<document>", "holds no batch size"),
     ("E=x,N=64,device_name=NVIDIA_H200.json", {"1": CONFIGS["1"]}, "<file name>", "E=x"),

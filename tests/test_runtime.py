@@ -148,6 +148,8 @@ def test_match_levels_and_accepted_levels(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("config,reason", [
     ({"kwargs": {"BLOCK": 64, "UNROLL": 2}}, "binds to no parameter"),
+    ({"kwargs": {"BLOCK": 64, "kpack": 2}}, "a compiler option of Triton's hip backend, which none of the kernel's "
+                                            "declared configs sets"),
     ({"kwargs": {"BLOCK": 64, "n": 3}}, "overrides a key parameter"),
     ({"kwargs": {"BLOCK": "64"}}, "must be int like the declared configs"),
     ({"kwargs": {}}, "does not set BLOCK"),
@@ -555,3 +557,18 @@ def test_a_first_call_error_is_not_raised_during_the_memo_miss():
         with pytest.raises(DeclarationError, match="key parameter") as e:
             call()
         assert e.value.__context__ is None
+
+
+def test_a_backends_launch_keyword_in_the_declared_configs_is_tuned_and_served(tmp_path, monkeypatch):
+    """ROCm kernels tune `waves_per_eu` beside their block sizes: a declared config may set it (it binds
+    to no parameter: Triton's HIP backend takes it at launch, the interpreter ignores it), and an
+    artifact of such a kernel carries it and is served."""
+    from kernels import _add
+
+    declared = [Config({"BLOCK": 32, "waves_per_eu": 2}), Config({"BLOCK": 64, "waves_per_eu": 0})]
+    k = ft.autotune(declared, ["x", "n"], name="t.waves", default=lambda a: declared[0])(_add)
+    artifact_dir(tmp_path, monkeypatch, "t.waves", {"x": "float32", "n": N}, declared[1])
+    add(k)
+    assert calls(k)["offline"] == 1 and k.decision(*tensors(), N).config == declared[1]
+    with pytest.raises(DeclarationError, match="binds to no parameter"):
+        ft.autotune([Config({"BLOCK": 16, "wavse_per_eu": 2})], ["n"], name="t.typo")(_add)

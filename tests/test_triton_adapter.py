@@ -162,3 +162,30 @@ entries = [{ kernel = "extpkg.add", setup = "extpkg:setup", autotuner = "extpkg:
     arts = [Artifact.load(p) for p in sorted((proj / "artifacts").glob("*.json"))]
     assert sorted(a.key["n"] for a in arts) == [100, 200]
     assert all(a.key["x"] == "float32" and a.provenance["candidates"] for a in arts)
+
+
+def test_a_rocm_kernels_launch_keywords_are_recorded_and_seeded(tmp_path, monkeypatch):
+    """ROCm `@triton.autotune` kernels tune `waves_per_eu`, `matrix_instr_nonkdim`, `kpack` in the
+    configs' kwargs: recording keeps them in the artifact and `adopt` seeds the winner with them."""
+    rocm = [triton.Config({"BLOCK": b, "waves_per_eu": w, "matrix_instr_nonkdim": 16, "kpack": 2}, num_warps=4)
+            for b in (32, 64) for w in (0, 2)]
+
+    @triton.autotune(configs=rocm, key=["n"], do_bench=do_bench)
+    @triton.jit
+    def add(x, y, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+    calls.clear()
+    with adapter.recording(add, "ext.rocm") as captured:
+        call(add, 100)
+    (art,) = captured
+    assert art.config.kwargs == {"BLOCK": 32, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 2}
+    art.save(tmp_path / "arts")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "arts"))
+    autotuner.reset_stats()
+    assert adapter.adopt(add, name="ext.rocm") == 1
+    calls.clear()
+    call(add, 100)
+    assert calls == [] and add.best_config.all_kwargs()["kpack"] == 2

@@ -142,3 +142,24 @@ def test_table_aligns_columns_and_drops_trailing_space():
     text = table.render([["kernel", "sm_90", "axes"], ["a.long_name", 12, ""]], align="<>", indent="  ")
     assert text.splitlines() == ["  kernel       sm_90  axes", "  a.long_name     12"]
     assert table.render([]) == ""
+
+
+def test_another_backends_compiler_option_reads_the_same_in_build_directory_and_project(tmp_path):
+    """`waves_per_eu` (Triton's HIP launch keyword) in an H200 artifact: Triton's CUDA backend refuses it
+    at launch, so the build and `flytune verify` refuse it, naming the kwarg; on the interpreter it is kept."""
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.config import Config
+
+    proj = make_project(tmp_path / "p")
+    amd = Artifact("fixpkg.add", {"x": "float32", "n": 300}, H200, Config({"BLOCK": 64, "waves_per_eu": 2}),
+                   {"triton": "3.6.0", "ranking": "synthetic"})
+    amd.save(proj / "artifacts")
+    Artifact("fixpkg.add", {"x": "float32", "n": 300}, INTERPRETER, Config({"BLOCK": 64, "waves_per_eu": 2}),
+             {"triton": "3.6.0", "ranking": "synthetic"}).save(proj / "artifacts")
+    build = build_errors(proj)
+    assert said(build, "config.kwargs.waves_per_eu") == [
+        "is a compiler option of Triton's hip backend, which Triton's cuda backend refuses at launch "
+        "(a config tuned for another device?)"]
+    assert [e.file for e in build] == [f"artifacts/{amd.filename}"]
+    for where in (proj, proj / "artifacts"):
+        assert said(audit.verify(str(where)).errors, "config.kwargs.waves_per_eu") == said(build, "config.kwargs.waves_per_eu")

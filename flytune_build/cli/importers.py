@@ -18,8 +18,10 @@ must share them): `E`, `N`, `M` (integers), `dtype` (the file's dtype field, or 
 `block_shape` (`"[n,k]"`, or null); SGLang adds `per_channel_quant` and `down` (booleans). The
 device comes from `device_name` through KNOWN_DEVICES, or from `--device`. `num_warps` and
 `num_stages` become compiler options (absent: Triton's default for the device's backend, as the tools
-launch it); ROCm's `waves_per_eu`, `matrix_instr_nonkdim` and `kpack` have no place in artifact
-format 1 and are dropped only when they hold Triton's default; every other entry is a constexpr kwarg.
+launch it); ROCm's `waves_per_eu`, `matrix_instr_nonkdim` and `kpack` are dropped when they hold
+Triton's default and otherwise kept among the kwargs, where Triton's HIP backend takes them at launch
+(`core.options.BACKEND_KWARGS`; refused for a device of another backend); every other entry is a
+constexpr kwarg.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import re
 from pathlib import Path
 
 from ..core import codec
+from ..core import options as compiler_options
 from ..core.artifact import Artifact, read_capped
 from ..core.codec import Fields
 from ..core.config import Config
@@ -171,15 +174,17 @@ def config_of(body: dict, f: Fields, m: str, backend: str) -> Config:
         path = f"{m}.{name}"
         if name in OPTIONS:
             options[name] = f.integer(value, path, *OPTIONS[name])
-        elif name in ROCM_OPTIONS:
-            if value != ROCM_OPTIONS[name] or isinstance(value, bool):
-                f.fail(path, f"is a ROCm compiler option with no place in flytune's artifact format 1 (compiler "
-                             f"options: {', '.join(OPTIONS)}); only Triton's default ({ROCM_OPTIONS[name]}) "
-                             f"can be imported, and is dropped")
+        elif name in ROCM_OPTIONS and value == ROCM_OPTIONS[name] and not isinstance(value, bool):
+            continue  # Triton's default: the same launch without it
         elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             f.fail(path, "must be a kernel parameter name (a Python identifier)")
         else:
             kwargs[name] = f.scalar(value, path)
+    foreign = compiler_options.foreign_kwarg(kwargs, backend)
+    if foreign is not None:
+        f.fail(f"{m}.{foreign[0]}", f"is a compiler option of Triton's {' and '.join(foreign[1])} backend, which "
+                                    f"Triton's {backend} backend refuses at launch (pass the device the file was "
+                                    f"tuned on with --device)")
     options.setdefault("num_stages", DEFAULT_STAGES[backend])
     return Config(kwargs, **options)
 

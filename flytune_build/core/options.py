@@ -45,6 +45,34 @@ BY_NAME = {o.name: o for o in OPTIONS}
 DEFAULTS = {o.name: o.default for o in OPTIONS}
 
 
+# Compiler options a Triton backend takes as launch keywords, which tuned kernels carry in a config's
+# kwargs (`triton.Config({"BLOCK_M": 128, "waves_per_eu": 2})`, vLLM's ROCm JSON files): they bind to
+# no kernel parameter, and the backends not named refuse them at launch ("Keyword argument waves_per_eu
+# was specified but unrecognised"); the interpreter ignores them. Names and backends: Triton's
+# `HIPOptions` / `CUDAOptions`; the values are Triton's to check.
+BACKEND_KWARGS = {
+    "waves_per_eu": ("hip",),
+    "matrix_instr_nonkdim": ("hip",),
+    "kpack": ("hip",),
+    "schedule_hint": ("hip",),
+    "launch_pdl": ("cuda",),
+    "enable_fp_fusion": ("cuda", "hip"),
+    "launch_cooperative_grid": ("cuda", "hip"),
+}
+
+
+def foreign_kwarg(kwargs: Mapping[str, Any], backend: str) -> tuple[str, tuple[str, ...]] | None:
+    """The first kwarg that is another backend's compiler option, with the backends that take it; None
+    when every kwarg can launch on `backend` (the interpreter: any)."""
+    if backend == "interpreter":
+        return None
+    for name in kwargs:
+        backends = BACKEND_KWARGS.get(name)
+        if backends is not None and backend not in backends:
+            return name, backends
+    return None
+
+
 def check(values: Mapping[str, Any], f: Fields, path: str = "") -> tuple:
     """Every option's value (its default when absent), checked, in table order."""
     out = []

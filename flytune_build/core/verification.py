@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from . import options
 from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
 
 if TYPE_CHECKING:
@@ -68,10 +69,11 @@ class Findings:
 
 def check(artifacts: list[Artifact], where: Where, declared: Declaration | None = None, *,
           with_toolchain: bool = True, kernels: Iterable[str] = ()) -> Findings:
-    """Key axes, conflicts, bundle file names, then (with a declaration) the toolchain and, over the
+    """Key axes, conflicts, bundle file names, backend options, then (with a declaration) the toolchain and, over the
     artifacts still kept, coverage of them and of `kernels` (the project's tuning plan). A verifier
     that only warns of drift runs `toolchain` itself."""
     found = key_axes(artifacts, where).merge(conflicts(artifacts, where)).merge(file_names(artifacts, where))
+    found.merge(backend_options(artifacts, where))
     if declared is not None:
         if with_toolchain:
             found.merge(toolchain(artifacts, where, declared))
@@ -97,6 +99,20 @@ def key_axes(artifacts: list[Artifact], where: Where) -> Findings:
                 found.reject(ArtifactError(f"has key axes {list(a.key_axes())}, but kernel {kernel} uses "
                                            f"{list(main)} in {counts[main]} other artifact(s)",
                                            file=where(a), field="key"), a)
+    return found
+
+
+def backend_options(artifacts: list[Artifact], where: Where) -> Findings:
+    """No config carries another backend's compiler option (`options.BACKEND_KWARGS`): an MI300X's
+    `waves_per_eu` in an H200's artifact is refused by Triton at launch, so it is refused here."""
+    found = Findings()
+    for a in artifacts:
+        foreign = options.foreign_kwarg(a.config.kwargs, a.device.backend)
+        if foreign is not None:
+            name, backends = foreign
+            found.reject(ArtifactError(f"is a compiler option of Triton's {' and '.join(backends)} backend, which "
+                                       f"Triton's {a.device.backend} backend refuses at launch (a config tuned "
+                                       f"for another device?)", file=where(a), field=f"config.kwargs.{name}"), a)
     return found
 
 

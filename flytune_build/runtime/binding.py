@@ -2,7 +2,8 @@
 applies to every artifact it serves and `flytune verify --deep` to every artifact it checks.
 
 A config binds only tuned parameters the caller did not pass and that are not key parameters, with
-the types the declared configs use; an artifact's config sets every tuned parameter, and when any
+the types the declared configs use (or a backend's launch-keyword compiler option, `waves_per_eu`, where
+the declared configs set it); an artifact's config sets every tuned parameter, and when any
 declared config has a `pre_hook` it must be one of the declared configs (a hook is code: it is
 re-attached from the declaration, never read from an artifact).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core import options
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.errors import ArtifactError, DeclarationError
@@ -31,8 +33,10 @@ class Binding:
         f = Fields(file or self.kernel, ArtifactError if file else DeclarationError)
         for name, value in config.kwargs.items():
             path = f"{what}.kwargs.{name}"
-            if name not in self.arg_names:
-                f.fail(path, f"binds to no parameter of kernel {self.kernel}")
+            if name not in self.arg_names and not self._backend_option(name, file):
+                f.fail(path, f"binds to no parameter of kernel {self.kernel}" + (
+                    f" (a compiler option of Triton's {' and '.join(options.BACKEND_KWARGS[name])} backend, "
+                    f"which none of the kernel's declared configs sets)" if name in options.BACKEND_KWARGS else ""))
             if name in self.axis_names:
                 f.fail(path, "overrides a key parameter")
             if name in caller:
@@ -47,6 +51,11 @@ class Binding:
             if self.declared and config not in self.declared:
                 f.fail(what, f"matches none of kernel {self.kernel}'s declared configs, which carry pre_hooks: "
                              f"a config is never launched without its hook")
+
+    def _backend_option(self, name: str, file) -> bool:
+        """A backend's launch-keyword compiler option: a declared config may set it, an artifact only
+        where the declared configs do (Triton checks it against the device's backend at launch)."""
+        return name in options.BACKEND_KWARGS and (file is None or name in self.tuned_kwargs)
 
     def check_key(self, key, file) -> None:
         """Raise an ArtifactError unless an artifact's key has the axes this kernel keys on."""

@@ -5,7 +5,7 @@ launch goes through both), however deep inside them it was raised.
 """
 from __future__ import annotations
 
-import sys
+import inspect
 import warnings
 
 from ..core.errors import FlytuneWarning
@@ -28,7 +28,7 @@ def reset() -> None:
 
 def _caller_level() -> int:
     """The `stacklevel` of the first frame outside flytune_build and triton, as `once` passes it."""
-    level, frame = 1, sys._getframe(1)  # level 1: `once` itself
+    level, frame = 1, inspect.currentframe().f_back  # level 1: `once` itself
     while frame.f_back is not None and _inside(frame.f_globals.get("__name__") or ""):
         frame, level = frame.f_back, level + 1
     return level

@@ -88,10 +88,7 @@ def from_flydsl(path: str | Path, *, name: str | None = None) -> Artifact:
     dev = f.table(ident["device"], "identity.device", ("name", "arch", "compute_units"))
     device = DeviceIdentity.from_json({"backend": "hip", "arch": dev["arch"], "name": dev["name"],
                                        "units": dev["compute_units"]}, f, "identity.device")
-    body = dict(f.mapping(doc["config"], "config"))
-    if "waves_per_eu" in body:
-        f.fail("config.waves_per_eu", "has no place in flytune's artifact format 1 (compiler options: "
-                                      "num_warps, num_stages, num_ctas, maxnreg)")
+    body = dict(f.mapping(doc["config"], "config"))  # `waves_per_eu` stays among the kwargs, as Triton takes it
     num_warps = body.pop("num_warps", 4)
     config = Config.from_json({"kwargs": body, "num_warps": num_warps}, f)
     return Artifact(kernel, key, device, config, {"ranking": "imported", "source": f"flydsl:{path.name}"[:1024]})
