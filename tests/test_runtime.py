@@ -572,3 +572,22 @@ def test_a_backends_launch_keyword_in_the_declared_configs_is_tuned_and_served(t
     assert calls(k)["offline"] == 1 and k.decision(*tensors(), N).config == declared[1]
     with pytest.raises(DeclarationError, match="binds to no parameter"):
         ft.autotune([Config({"BLOCK": 16, "wavse_per_eu": 2})], ["n"], name="t.typo")(_add)
+
+
+def test_forcing_launches_its_config_and_a_reset_inside_it_is_kept():
+    """`forcing` (what `verify --execute` runs each artifact under) serves one config for every key, and
+    restores the decisions it set aside, unless the kernel was reset inside it."""
+    k = make_add("t.forcing", default=lambda a: Config({"BLOCK": 16}))
+    add(k)
+    assert k.decision(*tensors(), N).config == Config({"BLOCK": 16})
+    with k.forcing(Config({"BLOCK": 64})) as forced:
+        add(k)
+        add(k, n=50)
+        assert forced.calls == 2
+    assert k.decision(*tensors(), N).config == Config({"BLOCK": 16})  # set aside, restored
+    with k.forcing(Config({"BLOCK": 64})):
+        k.reset()
+        add(k)
+    assert k.decision(*tensors(), N) is None  # the reset holds after the block
+    add(k)
+    assert calls(k)["heuristic"] == 1

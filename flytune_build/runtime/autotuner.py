@@ -87,6 +87,7 @@ class Autotuned:
         self.cache_results = cache_results  # Triton's disk cache: the scratch tier keeps every winner anyway
         self.space_hash = space_hash(self.configs)
         self._memo: dict[tuple, Decision] = {}
+        self._set_aside: list[dict] = []   # the memos open `forcing` blocks will restore
         self._hooked = bool(self.hooks)  # whether `run` must call the launched config's pre_hook
         self.run = self._hot_path()
         self._stats = Stats()
@@ -293,16 +294,19 @@ class Autotuned:
         forced = Decision(data, "forced", {}, hook=self.hooks.bind(data, config))
         self._hooked = self._hooked or forced.hook is not None
         saved, self._memo = self._memo, _Always(forced)
+        self._set_aside.append(saved)
         self.run = self._hot_path()
         try:
             yield forced
         finally:
+            self._set_aside.pop()
             self._memo = saved
             self.run = self._hot_path()
 
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
-        self._memo.clear()
+        for memo in (self._memo, *self._set_aside):  # a reset inside `forcing` forgets what it set aside too
+            memo.clear()
         self._stats = Stats()
         self._index = None
         self._scratch = ScratchCache(self.name)
