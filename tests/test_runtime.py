@@ -591,3 +591,29 @@ def test_forcing_launches_its_config_and_a_reset_inside_it_is_kept():
     assert k.decision(*tensors(), N) is None  # the reset holds after the block
     add(k)
     assert calls(k)["heuristic"] == 1
+
+
+@pytest.mark.parametrize("how", ["method", "launch"])
+def test_warmup_compiles_without_launching_or_searching(tmp_path, monkeypatch, how):
+    """`kernel.warmup(...)` and `kernel[grid](..., warmup=True)` are Triton's compile-only calls: a key a
+    tier decides compiles its config; a key only a search could decide compiles every candidate (as
+    `triton.autotune`'s warmup does), and nothing is timed, searched or launched."""
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "auto")  # where a real call would search
+    k = make_add(f"t.warm{how}")
+    artifact_dir(tmp_path, monkeypatch, k.name, {"x": "float32", "n": N}, Config({"BLOCK": 64}))
+    x, y, out = tensors(N, torch.float32)
+    out.fill_(-1)
+
+    def warm(n, *tensors_or_dtypes):
+        if how == "method":
+            return k.warmup(*tensors_or_dtypes, n, grid=grid(n))
+        return k[grid(n)](*tensors_or_dtypes, n, warmup=True)
+
+    decided = warm(N, x, y, out)
+    assert (decided if how == "method" else [decided]) == [None]  # the interpreter compiles nothing to return
+    assert k.decision(x, y, out, N).tier == "offline"
+    everything = warm(50, torch.float32, torch.float32, torch.float32)  # dtypes stand for tensors, as in Triton
+    assert len(everything) == len(ADD_CONFIGS)
+    assert k.decision(x, y, out, 50) is None
+    assert ft.stats()[k.name]["searches"] == 0 and ft.stats()[k.name]["calls"]["search"] == 0
+    assert torch.all(out == -1)  # launched nothing

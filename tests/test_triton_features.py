@@ -373,7 +373,7 @@ def test_tritons_hooks_and_do_bench_signature_are_honoured(monkeypatch):
     assert fk.total(k, 100)
     assert calls[:3] == [("pre", 16, False), ("post", 16, None), ("bench", (0.5, 0.2, 0.8))]
     assert calls[-1] == ("pre", 16, True) and sum(c[0] == "bench" for c in calls) >= 3  # near-ties re-timed
-    assert k.warmup == 10 and k.rep == 20
+    assert k.num_warmups == 10 and k.num_reps == 20  # Triton's attribute names; `warmup` is the method
 
 
 def test_empty_configs_mean_one_default_config_as_in_triton():

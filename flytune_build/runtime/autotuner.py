@@ -81,8 +81,8 @@ class Autotuned:
         self.default, self.validate = default, validate
         self.prune_configs_by = prune_configs_by or {}
         self.interpreted = type(fn).__module__.endswith("interpreter")
-        self.warmup, self.rep = WARMUP if warmup is None else warmup, REP if rep is None else rep
-        self.do_bench = hooks.timer(do_bench, use_cuda_graph, self.rep, self.interpreted)
+        self.num_warmups, self.num_reps = WARMUP if warmup is None else warmup, REP if rep is None else rep  # Triton's
+        self.do_bench = hooks.timer(do_bench, use_cuda_graph, self.num_reps, self.interpreted)
         self.search_hooks = (pre_hook, post_hook)
         self.cache_results = cache_results  # Triton's disk cache: the scratch tier keeps every winner anyway
         self.space_hash = space_hash(self.configs)
@@ -143,26 +143,43 @@ class Autotuned:
                 raise
         return run
 
-    def _run_keywords(self, args, kwargs, grid, warmup):
+    def warmup(self, *args, grid, **kwargs) -> list:
+        """Compile without launching, as `triton.autotune`'s `warmup` (dtypes may stand for tensors): the
+        config a call would be served, else, where only a search could decide, every candidate; nothing
+        is timed or searched. Returns what `JITFunction.warmup` returns, one per config compiled."""
         args = _positional(self.arg_names, args, kwargs)
-        try:
-            d = self._memo[_raw_key(self, args, kwargs)]
-        except LookupError:
-            d = None
+        d = self._known(args, kwargs)
+        if d is None:
+            d = self._decide(args, kwargs, grid, search=False)
+        return compile_only(self, args, kwargs, grid, d)
+
+    def _run_keywords(self, args, kwargs, grid, warmup):
+        if warmup:  # `kernel[grid](..., warmup=True)`: Triton's compile-only launch
+            compiled = self.warmup(*args, grid=grid, **kwargs)
+            return compiled[0] if len(compiled) == 1 else compiled
+        args = _positional(self.arg_names, args, kwargs)
+        d = self._known(args, kwargs)
         if d is None:
             d = self._decide(args, kwargs, grid)
         d.calls += 1
         try:
-            if d.hook is not None:  # a warm-up too: a hook may set what the compile specialises on
+            if d.hook is not None:
                 d.hook(args, kwargs)
-            launch = {**d.launch, "warmup": True} if warmup else d.launch
-            return self._launch(*args, grid=grid, **kwargs, **launch)
+            return self._launch(*args, grid=grid, **kwargs, **d.launch)
         except Exception as e:
             if d.tier == "offline":
                 raise failure(d, e) from e
             raise
 
-    def _decide(self, args, kwargs, grid) -> Decision:
+    def _known(self, args, kwargs) -> Decision | None:
+        try:
+            return self._memo[_raw_key(self, args, kwargs)]
+        except LookupError:  # not decided yet, or a key parameter missing (deciding says which)
+            return None
+
+    def _decide(self, args, kwargs, grid, search: bool = True) -> Decision | None:
+        """The call's decision by the tier order, remembered; without `search`, None where only a search
+        could decide (nothing remembered)."""
         bound = dict(zip(self.arg_names, args))
         bound.update(kwargs)
         missing = [a for a in self.axis_names if a not in bound]
@@ -174,13 +191,17 @@ class Autotuned:
         key = {a.name: keys.bucket(keys.scalar(v), a, index.tuned(a.name, self.axis_names) if a.mode == "nearest"
                                    else None) for a, v in zip(self.axes, raw)}
         mode = settings.current().autotune
-        if mode == "search":  # FLYTUNE_AUTOTUNE=1 and `flytune tune`: every new key is searched, its winner emitted
-            d = self._from_search(args, kwargs, bound, key, grid, emit=True)
+        if mode == "search" and not search:
+            d = None
+        elif mode == "search":  # FLYTUNE_AUTOTUNE=1 and `flytune tune`: every new key is searched, its winner emitted
+            d = _from_search(self, args, kwargs, bound, key, grid, emit=True)
         else:  # the tier order; with search off, the first config stands in for the search; strict: must hit
-            d = (self._from_scratch(bound, key) or self._from_offline(bound, key, index)
+            d = (_from_scratch(self, bound, key) or self._from_offline(bound, key, index)
                  or self._strict(key, mode) or self._from_default(bound, key)
                  or (self._first_config(key) if mode == "off" else
-                     self._from_search(args, kwargs, bound, key, grid, emit=False)))
+                     _from_search(self, args, kwargs, bound, key, grid, emit=False) if search else None))
+        if d is None:
+            return None
         if d.hook is None and self.hooks:
             d.hook = self.hooks.bind(d.config)
         if d.hook is not None and not self._hooked:
@@ -202,19 +223,6 @@ class Autotuned:
             for problem in self._index.problems:
                 self._fallback(f"artifact ignored: {problem}")
         return self._index
-
-    def _from_scratch(self, bound, key) -> Decision | None:
-        value = self._scratch.get(self.scratch_key(bound, key))
-        if value is None:
-            return None
-        try:
-            config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
-                                      Fields(self._scratch.path, ArtifactError))
-            self.check_binds(config, set(bound), "config")
-        except FlytuneError as e:
-            warning.once(("scratch-entry", self.name), f"{self._scratch.path}: {e}; scratch entry ignored")
-            return None
-        return Decision(config, "scratch", key)
 
     def _from_offline(self, bound, key, index) -> Decision | None:
         hit = index.hit(tuple(key[a] for a in self.axis_names))
@@ -242,20 +250,6 @@ class Autotuned:
     def _first_config(self, key) -> Decision:
         self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config")
         return Decision(self.configs[0], "heuristic", key)
-
-    def _from_search(self, args, kwargs, bound, key, grid, emit) -> Decision:
-        found = search.run(self, args, kwargs, bound, key, grid)
-        self._stats.searched(found.seconds)
-        winner = found.winner
-        self._scratch.put(self.scratch_key(bound, key), {"config": winner.config.to_json(), "time_ms": winner.time_ms})
-        spec = specialization.record(self.name, self.fn, args, kwargs, winner.config)  # for `flytune warmup`
-        artifact = Artifact(self.name, key, device.current(), winner.config,
-                            identity.provenance(found.candidates, self.space_hash, found.ranking, spec,
-                                                measurement=found.measurement, selection=found.selection))
-        out_dir = settings.current().emit_dir
-        if emit and out_dir:
-            artifact.save(out_dir)
-        return Decision(winner.config, "scratch", key, first_tier="search", search=found, artifact=artifact)
 
     def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
         """Raise unless `config` may be launched for a call passing `caller` (`binding.Binding.check`)."""
@@ -321,6 +315,60 @@ class _Always(dict):
 
     def __missing__(self, key):
         return self.forced
+
+
+def _from_scratch(k: Autotuned, bound: dict, key: dict) -> Decision | None:
+    """The scratch tier: a winner searched on this machine before, checked before it is trusted."""
+    value = k._scratch.get(k.scratch_key(bound, key))
+    if value is None:
+        return None
+    try:
+        config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
+                                  Fields(k._scratch.path, ArtifactError))
+        k.check_binds(config, set(bound), "config")
+    except FlytuneError as e:
+        warning.once(("scratch-entry", k.name), f"{k._scratch.path}: {e}; scratch entry ignored")
+        return None
+    return Decision(config, "scratch", key)
+
+
+def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit: bool) -> Decision:
+    """The search tier: search, keep the winner in the scratch cache, and (`emit`) save its artifact."""
+    found = search.run(k, args, kwargs, bound, key, grid)
+    k._stats.searched(found.seconds)
+    winner = found.winner
+    k._scratch.put(k.scratch_key(bound, key), {"config": winner.config.to_json(), "time_ms": winner.time_ms})
+    spec = specialization.record(k.name, k.fn, args, kwargs, winner.config)  # for `flytune warmup`
+    artifact = Artifact(k.name, key, device.current(), winner.config,
+                        identity.provenance(found.candidates, k.space_hash, found.ranking, spec,
+                                            measurement=found.measurement, selection=found.selection))
+    out_dir = settings.current().emit_dir
+    if emit and out_dir:
+        artifact.save(out_dir)
+    return Decision(winner.config, "scratch", key, first_tier="search", search=found, artifact=artifact)
+
+
+def compile_only(kernel, args: tuple, kwargs: dict, grid, decided: Decision | None) -> list:
+    """Compile the decided config, or every candidate when None, launching nothing (`Autotuned.warmup`).
+    A config's pre_hook runs first: it may set what the compile specialises on. A decided offline
+    config that fails to compile raises `ArtifactExecutionError`."""
+    if decided is not None:
+        todo = [(decided.config, decided.hook)]
+    else:
+        bound = {**dict(zip(kernel.arg_names, args)), **kwargs}
+        todo = [(c, kernel.hooks.bind(c))
+                for c in search.declared_order(search.prune(kernel, bound, kwargs), kernel.configs)]
+    compiled = []
+    for cfg, hook in todo:
+        try:
+            if hook is not None:
+                hook(args, kwargs)
+            compiled.append(kernel.fn.warmup(*args, grid=grid, **kwargs, **cfg.launch_kwargs()))
+        except Exception as e:
+            if decided is not None and decided.tier == "offline":
+                raise failure(decided, e) from e
+            raise
+    return compiled
 
 
 def _positional(arg_names, args: tuple, kwargs: dict) -> tuple:

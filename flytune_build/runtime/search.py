@@ -123,7 +123,7 @@ def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Confi
     candidates = _timed(configs, rank)
     chosen = selection.pick(candidates, lambda c, _: bench.synthetic_ms(kernel.name, key, c.config),
                             selection.SYNTHETIC, shipped)
-    return candidates, chosen, bench.Measurement("synthetic", kernel.warmup, kernel.rep)
+    return candidates, chosen, bench.Measurement("synthetic", kernel.num_warmups, kernel.num_reps)
 
 
 def _measured(kernel, configs: list[Config], launch: Callable[[Config], None], shipped):
@@ -140,10 +140,10 @@ def _measured(kernel, configs: list[Config], launch: Callable[[Config], None], s
 def _measurement(kernel, configs: list[Config], launch: Callable[[Config], None]) -> bench.Measurement:
     """The kernel's own `do_bench`; CPU time under the interpreter; on a GPU, by a first estimate."""
     if kernel.do_bench is not None:
-        return bench.Measurement("user", kernel.warmup, kernel.rep, user=kernel.do_bench)
+        return bench.Measurement("user", kernel.num_warmups, kernel.num_reps, user=kernel.do_bench)
     if kernel.interpreted:
-        return bench.Measurement("cpu-time", kernel.warmup, kernel.rep)
-    return bench.on_gpu(kernel.warmup, kernel.rep, [lambda cfg=cfg: launch(cfg) for cfg in configs])
+        return bench.Measurement("cpu-time", kernel.num_warmups, kernel.num_reps)
+    return bench.on_gpu(kernel.num_warmups, kernel.num_reps, [lambda cfg=cfg: launch(cfg) for cfg in configs])
 
 
 def _again(candidates: list[Candidate], time_ms: Callable[[Candidate], float]) -> None:
