@@ -189,3 +189,25 @@ def test_a_rocm_kernels_launch_keywords_are_recorded_and_seeded(tmp_path, monkey
     calls.clear()
     call(add, 100)
     assert calls == [] and add.best_config.all_kwargs()["kpack"] == 2
+
+
+def test_tensors_passed_by_keyword_in_any_order_are_served_without_search(tmp_path, monkeypatch):
+    """Triton keys dtypes in the order the call passed its tensors; the artifact key is by name. A call
+    whose Triton key was not seeded but whose artifact key was is seeded on its miss, not searched."""
+    key = {"n": 100, "x": "float16", "y": "float32", "out": "float32"}
+    Artifact("ext.kw", key, INTERPRETER, Config({"BLOCK": 64}, num_warps=2)).save(tmp_path / "arts")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "arts"))
+    autotuner.reset_stats()
+    k = make()
+    assert adapter.adopt(k, name="ext.kw") == 1
+    x, y, out = torch.randn(100, dtype=torch.float16), torch.randn(100), torch.empty(100)
+    calls.clear()
+    for _ in range(2):
+        k[lambda m: (triton.cdiv(100, m["BLOCK"]),)](out=out, y=y, x=x, n=100)
+        assert torch.allclose(out, x.float() + y)
+    assert calls == [] and k.best_config.kwargs == {"BLOCK": 64}
+    import flytune_build as ft
+    assert ft.stats()["ext.kw"]["calls"]["offline"] == 2 and ft.stats()["ext.kw"]["searches"] == 0
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")  # an order never seen is no miss in strict mode either
+    k[lambda m: (triton.cdiv(100, m["BLOCK"]),)](y=y, out=out, x=x, n=100)
+    assert calls == []

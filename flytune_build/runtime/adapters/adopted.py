@@ -5,8 +5,11 @@
 - `run`: calls Triton's; a call served by a seeded config counts for the offline tier (its first
   call is announced: FLYTUNE_PRINT_AUTOTUNING, `on_decision`); a failing launch of a seeded config is
   an `ArtifactExecutionError` naming the artifact, never Triton's bare error;
-- `prune_configs`: Triton calls it exactly when it is about to search a key: FLYTUNE_AUTOTUNE=strict
-  raises `TierMissError` there, before anything is timed; otherwise the search is counted and announced;
+- `prune_configs`: Triton calls it exactly when it is about to search a key. A call whose artifact
+  key (order-free: each tensor's dtype by parameter name) has a seeded config, but whose Triton key
+  was not seeded (tensors passed as keywords in another order than the parameters'), seeds that key
+  and has `run` call Triton again: a hit, nothing timed. FLYTUNE_AUTOTUNE=strict raises
+  `TierMissError` there, before anything is timed; otherwise the search is counted and announced;
 - `warmup`: Triton's, marked so its pruning is not taken for a search.
 
 Each seeded config is a fresh copy of the declared `triton.Config` with the artifact's data (its
@@ -49,6 +52,9 @@ class Adopted:
         self.seeded: dict[int, Decision] = {}  # id(seeded triton.Config) -> the decision it stands for
         self.objects: list = []                # the seeded objects, kept alive so their ids stay theirs
         self.pending: dict | None = None       # the key of the search Triton is running for this call
+        self.by_key: dict[tuple, object] = {}  # artifact key (items, sorted) -> the seeded object
+        self.retrying = False                  # `run` is calling Triton again after seeding the call's key
+        self.reseed = True                     # False while `recording`: every key is searched then
         self.warming = False
         self._stats = Stats()
 
@@ -76,7 +82,14 @@ class Adopted:
 
         def run(*args, **kwargs):
             try:
-                ret = original(*args, **kwargs)
+                try:
+                    ret = original(*args, **kwargs)
+                except _Seeded:  # `prune_configs` seeded this call's key: Triton serves it now
+                    self.retrying = True
+                    try:
+                        ret = original(*args, **kwargs)
+                    finally:
+                        self.retrying = False
             except Exception as e:
                 err = self.failure(args, kwargs, e)
                 if err is None:
@@ -98,6 +111,10 @@ class Adopted:
         def prune_configs(kwargs):
             if not self.warming:
                 key = artifact_key(tuner, tuner.nargs, kwargs)
+                seeded = self.by_key.get(_items(key)) if self.reseed and not self.retrying else None
+                if seeded is not None:
+                    tuner.cache[call_key(tuner, tuple(tuner.nargs.values()), kwargs)] = seeded
+                    raise _Seeded
                 if settings.current().autotune == "strict":
                     raise miss(self.name, key, device.current(), "a search")
                 self.pending = key
@@ -149,6 +166,7 @@ class Adopted:
             del cache[k]  # an earlier adoption's seeds: the bundles may have changed
         self.seeded.clear()
         self.objects.clear()
+        self.by_key.clear()
         here, idx = device.current(), Index()
         best: dict[tuple, tuple] = {}
         for rank, art, level, origin in self._usable(here, idx):
@@ -162,6 +180,7 @@ class Adopted:
                 continue  # Triton already decided this key in this process
             obj = self.triton_config(art.config)
             cache[tk] = obj
+            self.by_key[_items(art.key)] = obj
             d = Decision(art.config, "offline", dict(art.key), level=level, origin=f"{art.filename} ({origin})")
             self.seeded[id(obj)] = d
             self.objects.append(obj)
@@ -230,3 +249,11 @@ class Adopted:
         for d in self.seeded.values():
             d.calls = 0
             self._stats.decisions.append(d)
+
+
+class _Seeded(Exception):
+    """Raised through Triton's `run` by `prune_configs` once it has seeded the call's key."""
+
+
+def _items(key: dict) -> tuple:
+    return tuple(sorted(key.items()))

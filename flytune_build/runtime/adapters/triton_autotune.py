@@ -15,7 +15,9 @@ alone. An artifact of an adopted kernel holds the key arguments plus one axis pe
 that was a tensor (its dtype) or None (null, also for a parameter left at a None default): a kernel
 called with and without an optional tensor ships both variants under one set of axes. The Triton
 key is rebuilt from an artifact in parameter order, nulls skipped, so a seeded key matches calls
-that pass their tensors positionally or as keywords in parameter order.
+that pass their tensors positionally or as keywords in parameter order; a call passing them as
+keywords in another order misses that key once, and the seeded config is put under its key then
+(`adopted`), with nothing timed.
 """
 from __future__ import annotations
 
@@ -76,6 +78,9 @@ def recording(kernel, name: str):
     patches = _Patches(tuner)
     saved_cache = dict(tuner.cache)
     tuner.cache.clear()
+    adopted = vars(tuner).get("flytune_adopted")
+    if adopted is not None:
+        adopted.reseed = False
     try:
         patches.set("cache_results", False)
         patches.set("run", _capturing(tuner, name, ranking, captured))
@@ -90,6 +95,8 @@ def recording(kernel, name: str):
         patches.restore()
         tuner.cache.clear()
         tuner.cache.update(saved_cache)
+        if adopted is not None:
+            adopted.reseed = True
 
 
 def _capturing(tuner, name: str, ranking: str, captured: list):
