@@ -219,6 +219,28 @@ def test_fmt_rewrites_to_canonical_name_and_form(tmp_path):
     assert (tmp_path / a.filename).read_bytes() == a.to_bytes()
 
 
+@pytest.mark.parametrize("layout", ["swapped", "misnamed_as_another", "duplicate_misnamed", "twice"])
+def test_fmt_loses_no_artifact_whatever_the_names(tmp_path, layout):
+    """Names that overlap in any order (a file holding another's address, a duplicate under a stray
+    name, one directory named twice): every artifact read ends up in exactly its own file."""
+    from buildkit import H200
+
+    a, b = artifact(100, 32), artifact(100, 64, dev=H200)
+    d = tmp_path / "d"
+    d.mkdir()
+    files = {"swapped": {a.filename: b, b.filename: a},
+             "misnamed_as_another": {a.filename: b, "stray.json": a},
+             "duplicate_misnamed": {"aaa.json": a, a.filename: a, b.filename: b},
+             "twice": {"x.json": a, b.filename: b}}[layout]
+    for name, art in files.items():
+        (d / name).write_text(json.dumps(art.to_json(), indent=1))
+    r = flytune("fmt", d, *([tmp_path / "d" / "."] if layout == "twice" else []))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in d.iterdir()) == sorted([a.filename, b.filename])
+    assert (d / a.filename).read_bytes() == a.to_bytes() and (d / b.filename).read_bytes() == b.to_bytes()
+    assert flytune("fmt", d).stdout.strip() == "flytune: 0 file(s) rewritten"
+
+
 def test_tune_refuses_in_ci(tmp_path):
     r = flytune("tune", "--project", ROOT / "sample_pkg", CI="true")
     assert r.returncode == 2 and "refusing to tune where CI is set" in r.stderr

@@ -3,12 +3,14 @@
 All or nothing: every file of every directory is read first (regular files only, capped: a FIFO
 named like an artifact is an error, not a hang) and checked; two files that are one identity to the
 runtime (core.verification's rule, the build's) with different configs are a conflict naming both.
-Any error, and nothing is rewritten. Then each file is rewritten atomically; an exact duplicate
+Any error, and nothing is rewritten. Then each target is written atomically, and only then is any
+source that is not a target removed (names may overlap in any order: nothing read is lost); an exact duplicate
 (same identity, same config) is folded into one file.
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import codec, verification
@@ -21,38 +23,57 @@ EXIT_OK, EXIT_VIOLATIONS = 0, 1
 
 
 def command(args) -> int:
-    for d in args.paths:  # every input checked before anything is rewritten
-        if not Path(d).is_dir():
-            raise InputError("is not a directory of artifact files", file=d)
-    planned: list[tuple[Path, bytes, Artifact]] = []
-    errors: list[FlytuneError] = []
-    for d in args.paths:
-        found, problems = read_directory(Path(d))
-        planned += found
+    directories = list(dict.fromkeys(Path(d).resolve() for d in args.paths))  # a directory named twice: once
+    for d, given in zip(directories, args.paths):  # every input checked before anything is rewritten
+        if not d.is_dir():
+            raise InputError("is not a directory of artifact files", file=given)
+    plans, errors = [], []
+    for d in directories:
+        plan, problems = read_directory(d)
+        plans.append(plan)
         errors += problems
     for e in errors:
         print(f"flytune: error: {escape(str(e))}", file=sys.stderr)
     if errors:
         print(f"flytune: {len(errors)} problem(s); nothing was rewritten", file=sys.stderr)
         return EXIT_VIOLATIONS
-    changed = 0
-    for path, data, art in planned:
-        canonical = art.to_bytes()
-        target = path.with_name(art.filename)
-        if target != path or data != canonical:
-            art.save(path.parent)
-            if target != path:
-                path.unlink()
-            changed += 1
-            print(f"rewrote {escape(str(path))} -> {target.name}")
+    changed = sum(rewrite(plan) for plan in plans)
     print(f"flytune: {changed} file(s) rewritten")
     return EXIT_OK
 
 
-def read_directory(directory: Path) -> tuple[list[tuple[Path, bytes, Artifact]], list[FlytuneError]]:
-    """Every `*.json` of `directory` read and parsed, and the problems: unreadable or invalid files,
-    and identities that conflict (two files one would overwrite with the other)."""
-    found, errors, origin = [], [], {}
+def rewrite(plan: "Plan") -> int:
+    """Write every target, then remove every source that is not one: whatever order the names overlap
+    in (a misnamed file may hold another's address), no artifact read is lost. Returns the files changed."""
+    changed, moved = 0, set()
+    for target, (source, art) in plan.targets.items():
+        if plan.current.get(target) != art.to_bytes():
+            art.save(target.parent)
+            changed += 1
+            moved.add(source)
+            print(f"rewrote {escape(str(source))} -> {target.name}")
+    for source in plan.current:
+        if source in plan.targets:
+            continue
+        source.unlink()
+        if source not in moved:
+            changed += 1
+            print(f"removed {escape(str(source))}: its artifact is {plan.kept_as[source].name}")
+    return changed
+
+
+@dataclass
+class Plan:
+    """One directory's files as read (path -> bytes) and what they become (target path -> (source, artifact))."""
+    current: dict[Path, bytes] = field(default_factory=dict)
+    targets: dict[Path, tuple[Path, Artifact]] = field(default_factory=dict)
+    kept_as: dict[Path, Path] = field(default_factory=dict)  # each source -> the file its artifact ends up in
+
+
+def read_directory(directory: Path) -> tuple[Plan, list[FlytuneError]]:
+    """Every `*.json` of `directory` read and parsed, its plan, and the problems: unreadable or invalid
+    files, and identities that conflict (two files one would overwrite with the other)."""
+    found, errors, origin, plan = [], [], {}, Plan()
     for path in sorted(directory.glob("*.json")):
         try:
             data = read_regular(path, ArtifactError, codec.MAX_DOCUMENT_BYTES)
@@ -60,7 +81,17 @@ def read_directory(directory: Path) -> tuple[list[tuple[Path, bytes, Artifact]],
         except FlytuneError as e:
             errors.append(e)
             continue
-        found.append((path, data, art))
+        found.append((path, art))
+        plan.current[path] = data
         origin[id(art)] = str(path)
-    conflicts = verification.conflicts([a for _, _, a in found], lambda a: origin[id(a)])
-    return found, errors + conflicts.errors
+    findings = verification.conflicts([a for _, a in found], lambda a: origin[id(a)])
+    kept = {id(a) for a in findings.kept(a for _, a in found)}
+    final: dict[str, Path] = {}  # runtime identity -> its file
+    for path, art in found:
+        if id(art) in kept:
+            target = path.with_name(art.filename)
+            plan.targets[target] = (path, art)
+            final[verification.runtime_identity(art)] = target
+    for path, art in found:
+        plan.kept_as[path] = final.get(verification.runtime_identity(art), path)
+    return plan, errors + findings.errors
