@@ -334,16 +334,24 @@ def test_merge_lists_conflicts_with_files_and_times_and_writes_nothing(tmp_path)
     newer = tmp_path / "newer"
     assert merge(a, b, "--output", newer, "--prefer", "newer").returncode == 0
     assert (newer / fa.name).read_bytes() == fa.read_bytes()
+    c = tmp_path / "c"
+    _artifact(c, 128, 1.0, "zzz")  # not a timestamp: never the newest by sorting as text
+    r = merge(a, c, "--output", tmp_path / "odd", "--prefer", "newer")
+    assert r.returncode == 1 and "provenance.created (UTC, YYYY-MM-DDTHH:MM:SSZ) is missing" in r.stderr + r.stdout
 
 
 def test_merge_into_one_of_its_inputs_swaps_the_whole_directory(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     _artifact(a, 32, 1.5, "2026-12-01T00:00:00Z")
     (a / ".flytune-tune-state").write_text('{"format":1,"done":{}}\n')
+    (a / "sub" / "deeper").mkdir(parents=True)  # whatever else OUT holds stays, as it was
+    (a / "sub" / "deeper" / "notes.txt").write_text("keep")
+    (a / "link").symlink_to("sub")
     added = _artifact(b, 16, 1.0, "2026-12-02T00:00:00Z", n=200)
     r = merge(a, b, "--output", a)
     assert r.returncode == 0, r.stderr
     assert (a / added.name).read_bytes() == added.read_bytes() and (a / ".flytune-tune-state").exists()
+    assert (a / "sub" / "deeper" / "notes.txt").read_text() == "keep" and os.readlink(a / "link") == "sub"
     assert len(list(a.glob("*.json"))) == 2 and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     (b / "x").mkdir()
     occupied = tmp_path / "occupied"

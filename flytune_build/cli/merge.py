@@ -11,15 +11,18 @@ is written (exit 1), unless `--prefer` names the rule that decides:
 
 A rule that cannot decide (a time or timestamp missing, a tie) leaves the conflict. The union is
 written into a new directory beside OUT and renamed into place, so OUT holds what it held before or
-the whole union, never part of it. OUT must not exist, be empty, or be one of the DIRs (merge into it).
+the whole union, never part of it. OUT must not exist, be empty, or be one of the DIRs (merge into it:
+everything else it holds, files, folders and links, stays as it was).
 """
 from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from ..core.artifact import Artifact, read_capped
 from ..core.errors import ArtifactError, InputError
 
 PREFER = ("faster", "newer")
+CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 RENAME_EXCHANGE = 2
 
 
@@ -48,8 +52,16 @@ class Found:
         return None
 
     def created(self) -> str | None:
+        """`provenance.created` as flytune writes it (UTC, `%Y-%m-%dT%H:%M:%SZ`, which sorts as text);
+        None when absent or in any other form: `--prefer newer` does not guess what it means."""
         value = (self.artifact.provenance or {}).get("created")
-        return value if isinstance(value, str) else None
+        if not isinstance(value, str) or not CREATED.fullmatch(value):
+            return None
+        try:
+            time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
+        except ValueError:  # a 13th month, a 61st second
+            return None
+        return value
 
     def describe(self) -> str:
         t = self.winner_ms()
@@ -98,7 +110,7 @@ def choose(found: list[Found], prefer: str | None) -> tuple[Found | None, str | 
 
 
 def _what(prefer: str) -> str:
-    return "winner time" if prefer == "faster" else "provenance.created"
+    return "winner time" if prefer == "faster" else "provenance.created (UTC, YYYY-MM-DDTHH:MM:SSZ)"
 
 
 def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
@@ -110,19 +122,26 @@ def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
                            "to merge into it", file=output)
     output.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{output.name}.merge-", dir=output.parent))
+    moved: list[str] = []  # what else OUT held, moved into `staged` (back into OUT if the swap fails)
     try:
         for f in chosen:
             _write_file(staged / f.artifact.filename, f.data)
-        if into_input:  # keep what else it holds (a tune state, notes), then swap the two directories
-            for other in output.iterdir():
-                if other.is_file() and other.suffix != ".json":
-                    shutil.copy2(other, staged / other.name)
-            os.chmod(staged, 0o755)
+        os.chmod(staged, 0o755)
+        if into_input:  # keep whatever else it holds (a tune state, notes, folders, links), then swap
+            union = {f.artifact.filename for f in chosen}
+            for other in sorted(output.iterdir()):
+                if other.name not in union:  # every artifact file of OUT was read: its address is in the union
+                    os.rename(other, staged / other.name)
+                    moved.append(other.name)
             _exchange(staged, output)
+            moved.clear()
         else:
-            os.chmod(staged, 0o755)
             os.replace(staged, output)  # a new or empty directory: replaced whole
+    except OSError as e:
+        raise InputError(f"cannot be written: {e.strerror or e}", file=output) from None
     finally:
+        for name in moved:
+            os.rename(staged / name, output / name)
         shutil.rmtree(staged, ignore_errors=True)
 
 
