@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import feature_kernels as fk
 import pytest
@@ -438,3 +439,18 @@ def test_example_serves_its_interpreter_plan_with_zero_searches(tmp_path):
                                       FLYTUNE_ARTIFACT_DIR=example / "artifacts" / "interpreter",
                                       FLYTUNE_CACHE_DIR=tmp_path / "c"))
     assert r.returncode == 0 and "zero searches" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("deprecated", [{"warmup": 5, "rep": 5}, {"use_cuda_graph": True}])
+def test_recording_times_on_the_wall_clock_where_triton_made_the_timer(monkeypatch, deprecated):
+    """Triton turns the deprecated `warmup`, `rep`, `use_cuda_graph` into a `do_bench` of its own over
+    its GPU benchmarkers: not the kernel's timer, so under the interpreter recording times on the wall
+    clock, as it does with no `do_bench`."""
+    monkeypatch.setenv("FLYTUNE_RANKING", "measured")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Triton's, for these arguments
+        k = fk.triton_total(**deprecated)
+    with adapter.recording(k, "t.deprecated") as captured:
+        assert fk.total(k, 100)
+    (art,) = captured
+    assert art.provenance["ranking"] == "measured" and len(art.provenance["candidates"]) == len(fk.BLOCKS)

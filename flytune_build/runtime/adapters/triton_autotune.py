@@ -88,7 +88,7 @@ def recording(kernel, name: str):
             ranked, timer = _synthetic(tuner, name)
             patches.set(TRITON_BENCH, ranked)
             patches.set("do_bench", timer)
-        elif settings.current().interpret and getattr(tuner, TRITON_USER_BENCH, None) is None:
+        elif settings.current().interpret and _own_timer(tuner) is None:
             patches.set("do_bench", lambda fn, quantiles=None: [bench.cpu_bench(fn)] * 3)
         yield captured
     finally:
@@ -97,6 +97,13 @@ def recording(kernel, name: str):
         tuner.cache.update(saved_cache)
         if adopted is not None:
             adopted.reseed = True
+
+
+def _own_timer(tuner):
+    """The kernel's own `do_bench`, or None: also when Triton made it from the deprecated `warmup`,
+    `rep` or `use_cuda_graph` arguments (a lambda of Triton's, over its GPU benchmarkers)."""
+    timer = getattr(tuner, TRITON_USER_BENCH, None)
+    return None if timer is None or (getattr(timer, "__module__", None) or "").startswith("triton.") else timer
 
 
 def _capturing(tuner, name: str, ranking: str, captured: list):
