@@ -211,3 +211,28 @@ def test_tensors_passed_by_keyword_in_any_order_are_served_without_search(tmp_pa
     monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")  # an order never seen is no miss in strict mode either
     k[lambda m: (triton.cdiv(100, m["BLOCK"]),)](y=y, out=out, x=x, n=100)
     assert calls == []
+
+
+def test_key_names_a_call_leaves_out_are_left_out_as_triton_does(tmp_path, monkeypatch):
+    """Triton keys on the key arguments passed: a key name that is no parameter (fla's `"BT"`) or a
+    defaulted parameter the call omits is skipped. Recording and `adopt` agree: the artifact is served."""
+    @triton.autotune(configs=CONFIGS, key=["n", "BT", "scale"], do_bench=do_bench)
+    @triton.jit
+    def scaled(x, y, out, n, scale=2.0, BLOCK: tl.constexpr = 16):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, (tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m)) * scale, mask=m)
+
+    x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)
+    grid = lambda m: (triton.cdiv(100, m["BLOCK"]),)  # noqa: E731
+    with adapter.recording(scaled, "ext.optional") as captured:
+        scaled[grid](x, y, out, 100)
+    (art,) = captured
+    assert "BT" not in art.key and "scale" not in art.key
+    art.save(tmp_path / "arts")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "arts"))
+    autotuner.reset_stats()
+    assert adapter.adopt(scaled, name="ext.optional") == 1
+    calls.clear()
+    scaled[grid](x, y, out, 100)
+    assert calls == [] and torch.allclose(out, (x + y) * 2)

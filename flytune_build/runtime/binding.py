@@ -25,6 +25,7 @@ class Binding:
     tuned_kwargs: dict              # parameter -> type, from the declared configs
     declared: frozenset = frozenset()  # the declared configs, when any has a pre_hook; else empty
     open_axes: bool = False         # adopted kernels: other parameters may be axes too (their dtype, or null)
+    optional_axes: frozenset = frozenset()  # adopted kernels: key names a call may leave out (Triton skips them)
 
     def check(self, config: Config, caller: set, what: str, file=None) -> None:
         """Raise unless `config` binds only tuned, uncalled, non-key parameters with the declared types;
@@ -65,9 +66,9 @@ class Binding:
                 raise ArtifactError(f"has key axes {sorted(got)}, but the decorator declares {sorted(declared)}",
                                     file=file, field="key")
             return
-        if not declared <= got:
+        if not declared - self.optional_axes <= got:
             raise ArtifactError(f"has key axes {sorted(got)}, which lack the decorator's key "
-                                f"{sorted(declared - got)}", file=file, field="key")
+                                f"{sorted(declared - self.optional_axes - got)}", file=file, field="key")
         stray = sorted(got - set(self.arg_names))
         if stray:
             raise ArtifactError(f"has key axes {stray}, which are not parameters of kernel {self.kernel}",

@@ -32,7 +32,7 @@ from .. import device, events, hooks, registry, warning
 from ..binding import Binding
 from ..decision import Decision, Stats, failure, miss
 from ..offline import TIER, Index
-from .triton_keys import artifact_key, call_key, seed_key
+from .triton_keys import artifact_key, call_key, optional_keys, seed_key
 
 
 class Adopted:
@@ -47,7 +47,7 @@ class Adopted:
         self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
         self.hooks = hooks.ConfigHooks(self.arg_names, self.declared, self.configs)
         self.binding = Binding(name, tuple(self.arg_names), tuple(tuner.keys), self.tuned_kwargs,
-                               self.hooks.declared, open_axes=True)
+                               self.hooks.declared, open_axes=True, optional_axes=optional_keys(tuner))
         self.space_hash = space_hash(self.configs)
         self.seeded: dict[int, Decision] = {}  # id(seeded triton.Config) -> the decision it stands for
         self.objects: list = []                # the seeded objects, kept alive so their ids stay theirs

@@ -33,6 +33,18 @@ def dtypes_in_key() -> bool:
     return Version(triton.__version__).major >= 3
 
 
+def optional_keys(tuner) -> frozenset:
+    """The key names a call may leave out, which Triton then leaves out of its key: names that are no
+    parameter of the kernel (fla's `key=[..., "BT"]` of a kernel without `BT`), and parameters with a
+    default."""
+    try:
+        params = inspect.signature(tuner.base_fn).parameters
+    except (AttributeError, TypeError, ValueError):
+        params = {}
+    return frozenset(k for k in tuner.keys if k not in tuner.arg_names
+                     or (k in params and params[k].default is not inspect.Parameter.empty))
+
+
 def _none_defaults(tuner) -> frozenset:
     try:
         params = inspect.signature(tuner.base_fn).parameters.values()
@@ -62,7 +74,7 @@ def artifact_key(tuner, nargs: dict, kwargs: dict) -> dict:
 
 def seed_key(tuner, key: dict) -> tuple:
     """The Triton cache key an artifact's key stands for: key values, then dtypes in parameter order."""
-    out = tuple(key[k] for k in tuner.keys)
+    out = tuple(key[k] for k in tuner.keys if k in key)  # a key argument the call left out: not in Triton's
     if dtypes_in_key():
         out += tuple(f"torch.{key[a]}" for a in tuner.arg_names
                      if a in key and a not in tuner.keys and key[a] is not None)
