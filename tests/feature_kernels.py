@@ -145,3 +145,25 @@ def total(k, n):
     x, t = torch.arange(n, dtype=torch.float32), torch.zeros(1)
     k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, t, n)
     return t.item() == float(sum(range(n)))
+
+
+# -- a pruner that attaches a pre_hook (gemlite's split-K pruner adds `init_to_zero` to what it returns) --
+def _zero_total(nargs):
+    nargs["total"].zero_()
+
+
+def hooking_prune(configs, nargs, **kwargs):
+    """The declared configs carry no hook: the ones this returns zero the accumulator before launching."""
+    return [triton.Config(dict(c.kwargs), num_warps=c.num_warps, pre_hook=_zero_total) for c in configs]
+
+
+def pruned_total(decorator, **kw):
+    return decorator([triton.Config({"BLOCK": b}) for b in BLOCKS], key=["n"],
+                     prune_configs_by={"early_config_prune": hooking_prune}, **kw)(_total)
+
+
+def dirty_total(k, n):
+    """`total` full of garbage: only the pruner's hook makes the sum right."""
+    x, t = torch.arange(n, dtype=torch.float32), torch.full((1,), 1e6)
+    k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, t, n)
+    return t.item() == float(sum(range(n)))

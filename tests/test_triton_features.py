@@ -454,3 +454,44 @@ def test_recording_times_on_the_wall_clock_where_triton_made_the_timer(monkeypat
         assert fk.total(k, 100)
     (art,) = captured
     assert art.provenance["ranking"] == "measured" and len(art.provenance["candidates"]) == len(fk.BLOCKS)
+
+
+def test_a_pre_hook_the_pruner_attaches_runs_on_every_tier(tmp_path, monkeypatch):
+    """`early_config_prune` may return configs carrying a pre_hook the declared ones lack (gemlite's
+    split-K `init_to_zero`): the search launches each with it, and a winner served later from the
+    scratch cache or an artifact gets it from the pruner's config with its data for that call."""
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    monkeypatch.setenv("FLYTUNE_EMIT_DIR", str(tmp_path / "arts"))
+    k = fk.pruned_total(ft.autotune, name="t.prunehook")
+    assert fk.dirty_total(k, 100) and fk.dirty_total(k, 100)  # searched, then the remembered winner
+    (art,) = [Artifact.load(p) for p in (tmp_path / "arts").glob("*.json")]
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")  # served, never searched
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "fresh-cache"))  # the offline tier, not scratch
+    arts_dir(tmp_path, monkeypatch, art)
+    k = fk.pruned_total(ft.autotune, name="t.prunehook")
+    assert fk.dirty_total(k, 100)
+    assert ft.stats()["t.prunehook"]["calls"]["offline"] == 1
+
+
+def test_an_adopted_kernel_gets_the_pre_hook_its_pruner_attaches(tmp_path, monkeypatch):
+    """An adopted kernel whose pruner attaches a pre_hook is seeded with the pruner's config for the call
+    (its hook with it), and an artifact none of the pruner's hooked configs matches is refused."""
+    k = fk.pruned_total(triton.autotune)
+    with adapter.recording(k, "t.adoptprune") as captured:
+        assert fk.dirty_total(k, 100)
+    (art,) = captured
+    arts_dir(tmp_path, monkeypatch, art)
+    k = fk.pruned_total(triton.autotune)
+    assert adapter.adopt(k, name="t.adoptprune") == 1
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    assert fk.dirty_total(k, 100) and fk.dirty_total(k, 100)
+    assert ft.stats()["t.adoptprune"]["calls"]["offline"] == 2
+    stray = Artifact("t.adoptprune", dict(art.key), INTERPRETER, Config({"BLOCK": 128}))
+    (tmp_path / "arts" / art.filename).unlink()
+    arts_dir(tmp_path, monkeypatch, stray)
+    k = fk.pruned_total(triton.autotune)
+    adapter.adopt(k, name="t.adoptprune")
+    with pytest.warns(FlytuneWarning, match="none of the configs early_config_prune makes"):
+        with pytest.raises(TierMissError):
+            fk.dirty_total(k, 100)

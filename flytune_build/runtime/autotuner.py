@@ -196,7 +196,7 @@ class Autotuned:
         elif mode == "search":  # FLYTUNE_AUTOTUNE=1 and `flytune tune`: every new key is searched, its winner emitted
             d = _from_search(self, args, kwargs, bound, key, grid, emit=True)
         else:  # the tier order; with search off, the first config stands in for the search; strict: must hit
-            d = (_from_scratch(self, bound, key) or self._from_offline(bound, key, index)
+            d = (_from_scratch(self, bound, key, kwargs) or self._from_offline(bound, key, index, kwargs)
                  or self._strict(key, mode) or self._from_default(bound, key)
                  or (self._first_config(key) if mode == "off" else
                      _from_search(self, args, kwargs, bound, key, grid, emit=False) if search else None))
@@ -224,7 +224,7 @@ class Autotuned:
                 self._fallback(f"artifact ignored: {problem}")
         return self._index
 
-    def _from_offline(self, bound, key, index) -> Decision | None:
+    def _from_offline(self, bound, key, index, kwargs) -> Decision | None:
         hit = index.hit(tuple(key[a] for a in self.axis_names))
         if hit is None:
             if index.other_devices and not index:
@@ -234,10 +234,11 @@ class Autotuned:
         try:
             config = Config.from_json(hit.config, Fields(hit.artifact, ArtifactError))
             self.check_binds(config, set(bound), "config", file=hit.artifact)
+            hook = _served_hook(self, config, bound, kwargs, hit.artifact)
         except FlytuneError as e:
             self._fallback(f"artifact {hit.artifact} from {hit.origin} rejected: {e.rule}")
             return None
-        return Decision(config, "offline", key, level=hit.level, origin=f"{hit.artifact} ({hit.origin})")
+        return Decision(config, "offline", key, level=hit.level, origin=f"{hit.artifact} ({hit.origin})", hook=hook)
 
     def _from_default(self, bound, key) -> Decision | None:
         if self.default is None:
@@ -317,7 +318,7 @@ class _Always(dict):
         return self.forced
 
 
-def _from_scratch(k: Autotuned, bound: dict, key: dict) -> Decision | None:
+def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decision | None:
     """The scratch tier: a winner searched on this machine before, checked before it is trusted."""
     value = k._scratch.get(k.scratch_key(bound, key))
     if value is None:
@@ -326,10 +327,11 @@ def _from_scratch(k: Autotuned, bound: dict, key: dict) -> Decision | None:
         config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
                                   Fields(k._scratch.path, ArtifactError))
         k.check_binds(config, set(bound), "config")
+        hook = _served_hook(k, config, bound, kwargs, k._scratch.path)
     except FlytuneError as e:
         warning.once(("scratch-entry", k.name), f"{k._scratch.path}: {e}; scratch entry ignored")
         return None
-    return Decision(config, "scratch", key)
+    return Decision(config, "scratch", key, hook=hook)
 
 
 def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit: bool) -> Decision:
@@ -345,7 +347,25 @@ def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit:
     out_dir = settings.current().emit_dir
     if emit and out_dir:
         artifact.save(out_dir)
-    return Decision(winner.config, "scratch", key, first_tier="search", search=found, artifact=artifact)
+    return Decision(winner.config, "scratch", key, first_tier="search", search=found, artifact=artifact,
+                    hook=k.hooks.bind(winner.config, found.hook_source))
+
+
+def _served_hook(k: Autotuned, config: Config, bound: dict, kwargs: dict, file) -> Callable | None:
+    """The pre_hook a config read from the scratch cache or an artifact launches with: its declared
+    config's, else, where `early_config_prune` makes configs, the pruner's config with its data for
+    this call. An ArtifactError when the pruner's configs for this call carry pre_hooks and `config`
+    is none of them: a config is never launched without its hook."""
+    hook = k.hooks.bind(config)
+    if hook is not None or "early_config_prune" not in k.prune_configs_by:
+        return hook
+    pruned, sources = search.prune(k, bound, kwargs)
+    if config in sources:
+        return k.hooks.bind(config, sources[config])
+    if sources and config not in pruned:
+        raise ArtifactError(f"is none of the configs early_config_prune makes for this call, which carry "
+                            f"pre_hooks: a config is never launched without its hook", file=file, field="config")
+    return None
 
 
 def compile_only(kernel, args: tuple, kwargs: dict, grid, decided: Decision | None) -> list:
@@ -356,8 +376,8 @@ def compile_only(kernel, args: tuple, kwargs: dict, grid, decided: Decision | No
         todo = [(decided.config, decided.hook)]
     else:
         bound = {**dict(zip(kernel.arg_names, args)), **kwargs}
-        todo = [(c, kernel.hooks.bind(c))
-                for c in search.declared_order(search.prune(kernel, bound, kwargs), kernel.configs)]
+        pruned, sources = search.prune(kernel, bound, kwargs)
+        todo = [(c, kernel.hooks.bind(c, sources.get(c))) for c in search.declared_order(pruned, kernel.configs)]
     compiled = []
     for cfg, hook in todo:
         try:

@@ -90,15 +90,17 @@ class Launcher:
     inputs made fresh (`reset_to_zero`, `restore_value`), the autotune `pre_hook`, the launch, the
     `post_hook`; `settle(winner)` is Triton's closing `pre_hook(nargs, reset_only=True)`."""
 
-    def __init__(self, kernel, args: tuple, kwargs: dict, grid, fresh_inputs: Callable[[], None]):
+    def __init__(self, kernel, args: tuple, kwargs: dict, grid, fresh_inputs: Callable[[], None],
+                 sources: dict | None = None):
         self.kernel, self.args, self.kwargs, self.grid, self.fresh_inputs = kernel, args, kwargs, grid, fresh_inputs
+        self.sources = sources or {}  # config -> the pruner-made triton.Config carrying its pre_hook
         self.pre_hook, self.post_hook = kernel.search_hooks
 
     def nargs(self, config: Config) -> dict:
         return {**dict(zip(self.kernel.arg_names, self.args)), **self.kwargs, **all_kwargs(config)}
 
     def __call__(self, config: Config) -> None:
-        hook = self.kernel.hooks.bind(config)
+        hook = self.kernel.hooks.bind(config, self.sources.get(config))
         if hook is not None:
             hook(self.args, self.kwargs)
         self.fresh_inputs()

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..core import settings
 from ..core.config import Config
@@ -38,26 +38,28 @@ class SearchResult:
     ranking: str     # measured | synthetic
     measurement: dict | None = None   # provenance.measurement: how the times were taken
     selection: dict | None = None     # provenance.selection: the band, the finalists, why the winner won
+    hook_source: Any = None           # the config `early_config_prune` made for the winner, with its pre_hook
 
 
 def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> SearchResult:
     """Search the configs of `kernel` (an `Autotuned`) for this call; its inputs are left as they were."""
-    configs = declared_order(prune(kernel, bound, kwargs), kernel.configs)
+    pruned, sources = prune(kernel, bound, kwargs)
+    configs = declared_order(pruned, kernel.configs)
     rank = bench.ranking()
     shipped = selection.shipped(kernel.name, key)
     with _inputs_kept(bound, kernel.reset_to_zero, kernel.restore_value) as fresh_inputs:
         start = time.perf_counter()
 
-        launch = hooks.Launcher(kernel, args, kwargs, grid, fresh_inputs)  # Triton's hooks around each candidate
+        launch = hooks.Launcher(kernel, args, kwargs, grid, fresh_inputs, sources)  # Triton's hooks around each
         if rank == "synthetic":
             candidates, chosen, measure = _synthetic(kernel, key, configs, launch, shipped)
         else:
             if not kernel.interpreted:
-                _precompile(kernel, args, kwargs, grid, configs)
+                _precompile(kernel, args, kwargs, grid, configs, sources)
             candidates, chosen, measure = _measured(kernel, configs, launch, shipped)
     launch.settle(chosen.winner.config)
     result = SearchResult(chosen.winner, candidates, time.perf_counter() - start, rank, measure.to_json(),
-                          chosen.record)
+                          chosen.record, sources.get(chosen.winner.config))
     if settings.current().print_autotuning:
         for c in candidates:
             t = f"{c.time_ms:.4f} ms" if math.isfinite(c.time_ms) else f"failed ({c.error})"
@@ -66,16 +68,20 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
     return result
 
 
-def prune(kernel, bound: dict, kwargs: dict) -> list[Config]:
+def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config, Any]]:
     """The candidates: the declared configs through `prune_configs_by`, called as Triton calls it:
     `early_config_prune(configs as declared, nargs, **kwargs)`, then the `top_k` best by
-    `perf_model(**nargs, **kwargs, **config.all_kwargs())`, nargs being the arguments passed by position."""
+    `perf_model(**nargs, **kwargs, **config.all_kwargs())`, nargs being the arguments passed by position.
+    With them, by data, each `triton.Config` the pruner returned with a `pre_hook` (gemlite's pruner
+    attaches `init_to_zero` to the split-K configs it makes): the hook launches with that config."""
     nargs = {name: v for name, v in bound.items() if name not in kwargs}
-    configs = kernel.configs
+    configs, sources = kernel.configs, {}
     rules = kernel.prune_configs_by
     early = rules.get("early_config_prune")
     if early is not None:
-        configs = [Config.coerce(c) for c in early(list(getattr(kernel, "declared", configs)), nargs, **kwargs)]
+        made = list(early(list(getattr(kernel, "declared", configs)), nargs, **kwargs))
+        configs = [Config.coerce(c) for c in made]
+        sources = {c: obj for c, obj in zip(configs, made) if getattr(obj, "pre_hook", None) is not None}
         if not configs:
             raise DeclarationError("early_config_prune returned no config", file=kernel.name,
                                    field="prune_configs_by")
@@ -87,8 +93,9 @@ def prune(kernel, bound: dict, kwargs: dict) -> list[Config]:
             raise DeclarationError(f"must be a float <= 1.0 or an int, not {top_k!r}", file=kernel.name,
                                    field="prune_configs_by.top_k")
         if len(configs) > top_k:
-            configs = sorted(configs, key=lambda c: model(**nargs, **kwargs, **hooks.all_kwargs(c)))[:max(top_k, 1)]
-    return configs
+            configs = sorted(configs, key=lambda c: model(**nargs, **kwargs, **hooks.all_kwargs(sources.get(c, c))))
+            configs = configs[:max(top_k, 1)]
+    return configs, sources
 
 
 @contextlib.contextmanager
@@ -168,7 +175,7 @@ def _timed(configs: list[Config], time_ms: Callable[[Config], float]) -> list[Ca
     return out
 
 
-def _precompile(kernel, args, kwargs, grid, configs):
+def _precompile(kernel, args, kwargs, grid, configs, sources):
     """Compile every candidate concurrently before timing any (Triton compiles on worker threads)."""
     try:
         from concurrent.futures import ThreadPoolExecutor
@@ -181,7 +188,7 @@ def _precompile(kernel, args, kwargs, grid, configs):
             with AsyncCompileMode(pool, ignore_errors=True):
                 for cfg in configs:
                     try:
-                        hook = kernel.hooks.bind(cfg)  # a pre_hook may set what the compile specialises on
+                        hook = kernel.hooks.bind(cfg, sources.get(cfg))  # it may set what the compile specialises on
                         if hook is not None:
                             hook(args, kwargs)
                         kernel.fn.warmup(*args, grid=grid, **kwargs, **cfg.launch_kwargs())

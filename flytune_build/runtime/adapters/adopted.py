@@ -9,7 +9,9 @@
   key (order-free: each tensor's dtype by parameter name) has a seeded config, but whose Triton key
   was not seeded (tensors passed as keywords in another order than the parameters'), seeds that key
   and has `run` call Triton again: a hit, nothing timed. FLYTUNE_AUTOTUNE=strict raises
-  `TierMissError` there, before anything is timed; otherwise the search is counted and announced;
+  `TierMissError` there, before anything is timed; otherwise the search is counted and announced.
+  A kernel with an `early_config_prune` is seeded there too, on each key's first call: the pruner may
+  attach a pre_hook to the configs it returns, and the seeded config is the pruner's, hook included;
 - `warmup`: Triton's, marked so its pruning is not taken for a search.
 
 Each seeded config is a fresh copy of the declared `triton.Config` with the artifact's data (its
@@ -53,6 +55,7 @@ class Adopted:
         self.objects: list = []                # the seeded objects, kept alive so their ids stay theirs
         self.pending: dict | None = None       # the key of the search Triton is running for this call
         self.by_key: dict[tuple, object] = {}  # artifact key (items, sorted) -> the seeded object
+        self.deferred: dict[tuple, tuple] = {}  # artifact key -> (config, decision), seeded on the first call
         self.retrying = False                  # `run` is calling Triton again after seeding the call's key
         self.reseed = True                     # False while `recording`: every key is searched then
         self.warming = False
@@ -112,6 +115,8 @@ class Adopted:
             if not self.warming:
                 key = artifact_key(tuner, tuner.nargs, kwargs)
                 seeded = self.by_key.get(_items(key)) if self.reseed and not self.retrying else None
+                if seeded is None and self.reseed and not self.retrying and _items(key) in self.deferred:
+                    seeded = self.pruned(_items(key), kwargs)
                 if seeded is not None:
                     tuner.cache[call_key(tuner, tuple(tuner.nargs.values()), kwargs)] = seeded
                     raise _Seeded
@@ -121,6 +126,25 @@ class Adopted:
                 tuner.bench_time = None  # Triton's benchmark() sets it; left None, its disk cache answered
             return original(kwargs)
         return prune_configs
+
+    def pruned(self, items: tuple, kwargs: dict):
+        """The seeded object for a deferred artifact (a kernel whose `early_config_prune` may attach
+        pre_hooks): a copy of the pruner's config with its data for this call, its pre_hook with it; a
+        fresh one when the pruner's configs carry no hook; None (with one warning: Triton searches) when
+        they do and none is the artifact's."""
+        tuner = self.tuner
+        config, d = self.deferred.pop(items)
+        made = list(tuner.early_config_prune(tuner.configs, tuner.nargs, **kwargs))
+        match = next((c for c in made if Config.coerce(c) == config), None)
+        if match is None and any(getattr(c, "pre_hook", None) is not None for c in made):
+            self._fallback(f"artifact {d.origin} rejected: its config is none of the configs early_config_prune "
+                           f"makes for this call, which carry pre_hooks (a config never launches without its hook)")
+            return None
+        obj = copy.copy(match) if match is not None else self.triton_config(config)
+        self.seeded[id(obj)] = d
+        self.objects.append(obj)
+        self.by_key[items] = obj
+        return obj
 
     def wrap_warmup(self, original):
         def warmup(*args, **kwargs):
@@ -167,6 +191,8 @@ class Adopted:
         self.seeded.clear()
         self.objects.clear()
         self.by_key.clear()
+        self.deferred.clear()
+        pruner = getattr(self.tuner, "early_config_prune", None) is not None
         here, idx = device.current(), Index()
         best: dict[tuple, tuple] = {}
         for rank, art, level, origin in self._usable(here, idx):
@@ -178,17 +204,20 @@ class Adopted:
         for tk, (_, art, level, origin) in best.items():
             if tk in cache:
                 continue  # Triton already decided this key in this process
+            d = Decision(art.config, "offline", dict(art.key), level=level, origin=f"{art.filename} ({origin})")
+            self._stats.decisions.append(d)
+            if pruner:  # the pruner may attach a pre_hook for the call: seeded on the call's first miss
+                self.deferred[_items(art.key)] = (art.config, d)
+                continue
             obj = self.triton_config(art.config)
             cache[tk] = obj
             self.by_key[_items(art.key)] = obj
-            d = Decision(art.config, "offline", dict(art.key), level=level, origin=f"{art.filename} ({origin})")
             self.seeded[id(obj)] = d
             self.objects.append(obj)
-            self._stats.decisions.append(d)
         if not best and idx.other_devices:
             self._fallback(f"no artifact matches this device ({here}); bundled for: "
                            f"{', '.join(sorted(idx.other_devices))}")
-        return len(self.seeded)
+        return len(self.seeded) + len(self.deferred)
 
     def _usable(self, here, idx: Index):
         """(rank, artifact, level, origin) for each artifact of this kernel usable on `here`."""
