@@ -700,3 +700,30 @@ def test_a_scratch_entry_binding_what_it_may_not_is_never_launched(tmp_path, mon
     with pytest.warns(FlytuneWarning, match=rule):
         k[grid(100)](x, y, out, 100)
     assert torch.equal(out, x + y) and k.decision(x, y, out, 100).tier == "heuristic"
+
+
+# -- lone UTF-16 surrogates: JSON's `\ud800` parses to a string no UTF-8 text holds -----------------------------
+def surrogate_artifact(where: str) -> bytes:
+    """A valid artifact's bytes with one string replaced by a lone surrogate escape."""
+    a = Artifact("t.hostile", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 32}),
+                 {"triton": "3.6.0", "ranking": "synthetic", "host": "h"})
+    text = a.to_bytes().decode()
+    old = {"key": '"x":"float32"', "kwarg": '"BLOCK":32', "provenance": '"host":"h"'}[where]
+    new = {"key": '"x":"\\ud800"', "kwarg": '"\\udfff":32', "provenance": '"host":"\\ud83d"'}[where]
+    assert old in text
+    return text.replace(old, new).encode()
+
+
+@pytest.mark.parametrize("where", ["key", "kwarg", "provenance"])
+def test_a_lone_surrogate_is_a_typed_error_everywhere(tmp_path, where):
+    d = tmp_path / "arts"
+    d.mkdir()
+    (d / "t.hostile-0123456789abcdef.json").write_bytes(surrogate_artifact(where))
+    out = run_kernel(FLYTUNE_ARTIFACT_DIR=d)
+    assert "WARNINGS 1" in out and "lone UTF-16 surrogate" in out and "'heuristic': 3" in out, out
+    for command in (("verify", d), ("inspect", d), ("fmt", d)):
+        r = flytune(*command)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and "UnicodeEncodeError" not in r.stderr, r.stderr
+        assert "lone UTF-16 surrogate" in r.stdout + r.stderr
+    (d / "t.hostile-0123456789abcdef.json").write_bytes(surrogate_artifact(where).replace(b"\\ud", b"\\\\ud"))
+    assert "lone UTF-16 surrogate" not in flytune("verify", d).stdout  # an escaped backslash: plain text

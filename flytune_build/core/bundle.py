@@ -192,11 +192,17 @@ def parse_shard(info: ShardInfo, data: bytes, *, file: object, full: bool = Fals
     """The hash-checked shard's table; `full` gives its artifacts, each validated as an Artifact."""
     _check(data, info.sha256, file=file, field=f"kernels.{info.kernel}.sha256")
     # the hash pins the bytes the build wrote (canonical: no duplicate keys, no NaN), so the fast
-    # parser is exact here; a build verified the artifacts, `full` re-checks each one anyway
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise BundleError(f"is not valid JSON: {e}", file=file) from None
+    # parser is exact for a shard a build made; a verifier (`full`) reads it strictly all the same
+    if full:  # a verifier: the strict reader (duplicate keys, non-finite numbers), whatever the hash says
+        doc = codec.loads(data, file=file, error=BundleError, max_bytes=len(data))
+    else:
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as e:
+            raise BundleError(f"is not valid JSON: {e}", file=file) from None
+        if b"\\u" in data and codec.lone_surrogate(doc) is not None:
+            raise BundleError("holds a lone UTF-16 surrogate escape: not text", file=file,
+                              field=codec.lone_surrogate(doc))
     f = Fields(file, BundleError)
     version = doc.get("format") if type(doc) is dict else None
     if version != SHARD_FORMAT or type(version) is not int:

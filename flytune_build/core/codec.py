@@ -62,7 +62,7 @@ def loads(data: bytes, *, file: object, error: type[FlytuneError],
     except UnicodeDecodeError as e:
         raise error(f"is not valid UTF-8 (byte {e.start})", file=file) from None
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
     except _Duplicate as e:
         raise error("is a duplicate JSON key", file=file, field=e.key) from None
     except _NonFinite as e:
@@ -73,6 +73,35 @@ def loads(data: bytes, *, file: object, error: type[FlytuneError],
         raise error("is not valid JSON: nested too deeply", file=file) from None
     except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
         raise error(f"is not valid JSON: {e}", file=file) from None
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        where = lone_surrogate(doc)
+        if where is not None:
+            raise error("holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair): not text",
+                        file=file, field=where)
+    return doc
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogate(doc: Any) -> str | None:
+    """The path of the first string (key or value) holding a lone surrogate, which no UTF-8 text can
+    (JSON's `\\ud800` escape parses to one); None when there is none."""
+    stack = [(doc, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "<document>"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, f"{path}.<key>" if path else "<key>"))
+                stack.append((v, f"{path}.{k}" if path else str(k)))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+    return None
 
 
 def loads_canonical(data: bytes, *, file: object, error: type[FlytuneError],
