@@ -727,3 +727,12 @@ def test_a_lone_surrogate_is_a_typed_error_everywhere(tmp_path, where):
         assert "lone UTF-16 surrogate" in r.stdout + r.stderr
     (d / "t.hostile-0123456789abcdef.json").write_bytes(surrogate_artifact(where).replace(b"\\ud", b"\\\\ud"))
     assert "lone UTF-16 surrogate" not in flytune("verify", d).stdout  # an escaped backslash: plain text
+
+
+def test_a_plan_nested_too_deeply_is_a_typed_error(tmp_path):
+    proj = plan_project(tmp_path, "plan.toml",
+                        lambda p: (p / "plan.toml").write_text("x = " + "[" * 5000 + "]" * 5000 + "\n"))
+    for command in (("verify", proj), ("tune", "--project", proj, "--allow-ci")):
+        r = flytune(*command)
+        assert r.returncode in (1, 2) and "Traceback" not in r.stderr and "RecursionError" not in r.stderr, r.stderr
+        assert "plan.toml" in r.stdout + r.stderr and "nested too deeply" in r.stdout + r.stderr

@@ -148,8 +148,13 @@ class Project:
 
 
 def read_pyproject(root: str | Path) -> dict:
-    path = Path(root) / "pyproject.toml"
-    data = read_regular(path, ProjectError, MAX_PYPROJECT_BYTES)  # a FIFO named pyproject.toml never hangs
+    return read_toml(Path(root) / "pyproject.toml")
+
+
+def read_toml(path: Path) -> dict:
+    """A TOML file flytune reads (pyproject.toml, a tuning plan): regular, capped (a FIFO never hangs),
+    every failure a ProjectError naming it."""
+    data = read_regular(path, ProjectError, MAX_PYPROJECT_BYTES)
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -185,14 +190,7 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
 def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
     """The entries of a plan file (read only when tuning: a build never needs it)."""
     plan_file = Path(root) / plan
-    data = read_regular(plan_file, ProjectError, MAX_PYPROJECT_BYTES)
-    try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ProjectError(f"is not valid UTF-8 (byte {e.start})", file=plan_file) from None
-    except tomllib.TOMLDecodeError as e:
-        raise ProjectError(f"is not valid TOML: {e}", file=plan_file) from None
-    doc = PLAN.check(doc, "", Fields(plan_file, ProjectError))
+    doc = PLAN.check(read_toml(plan_file), "", Fields(plan_file, ProjectError))
     return tuple(map(TuneEntry.from_checked, doc["entries"]))
 
 
