@@ -736,3 +736,19 @@ def test_a_plan_nested_too_deeply_is_a_typed_error(tmp_path):
         r = flytune(*command)
         assert r.returncode in (1, 2) and "Traceback" not in r.stderr and "RecursionError" not in r.stderr, r.stderr
         assert "plan.toml" in r.stdout + r.stderr and "nested too deeply" in r.stdout + r.stderr
+
+
+def test_an_sdist_leaves_out_what_a_lenient_build_dropped_and_never_a_traceback(tmp_path):
+    """strict = false: an artifact over the read cap is dropped by the build with a warning; the sdist
+    leaves it out too (its wheel gives the same bundle), with no traceback and no sdist half-made."""
+    proj = make_project(tmp_path / "p")
+    table(proj, "[tool.flytune]", "[tool.flytune]\nstrict = false")
+    (proj / "artifacts" / "big.json").write_bytes(b" " * 5_000_000)
+    r = child([sys.executable, "-c", "import sys, flytune_build.backend as b; print(b.build_sdist(sys.argv[1]))",
+               str(tmp_path / "dist")], cwd=proj)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "left out of the sdist: artifacts/big.json" in r.stderr
+    (sdist,) = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        names = tf.getnames()
+    assert not any(n.endswith("big.json") for n in names) and sum(n.endswith(".json") for n in names) == 2

@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..core import bundle, fsutil
+from ..core import bundle, codec, fsutil
 from ..core import project as project_mod
-from ..core.errors import FlytuneError, ProjectError
+from ..core.errors import ArtifactError, FlytuneError, ProjectError
 from . import assemble, collect, run, sdist, wheel
 from .process import BackgroundBundle
 
@@ -102,7 +102,12 @@ def build_sdist(build, sdist_directory, config_settings) -> str:
     extra = None if state is None else or_exit(sdist_sources, state.project)  # before the backend writes
     name = build(sdist_directory, config_settings)
     if extra is not None:
-        sdist.rewrite(Path(sdist_directory) / name, extra)
+        target = Path(sdist_directory) / name
+        try:
+            or_exit(sdist.rewrite, target, extra)
+        except SystemExit:  # no sdist left behind without what it must carry
+            target.unlink(missing_ok=True)
+            raise
     return name
 
 
@@ -112,6 +117,13 @@ def sdist_sources(proj) -> dict[str, Path]:
     outside the root, or is not a regular file, is a ProjectError."""
     extra = {"pyproject.toml": proj.root / "pyproject.toml"}
     for path, rel in collect.source_files(proj.root, proj.sources, problems=[]):
+        size = os.stat(path).st_size
+        if size > codec.MAX_DOCUMENT_BYTES:  # no artifact: the build dropped it (strict = false), or failed
+            if proj.strict:
+                raise ArtifactError(f"is {size} bytes, over the {codec.MAX_DOCUMENT_BYTES}-byte cap", file=rel)
+            print(f"flytune: warning: left out of the sdist: {rel}: {size} bytes, over the artifact cap",
+                  file=sys.stderr)
+            continue
         extra[rel] = Path(path)
     if proj.tune_plan:
         plan = fsutil.contained(proj.root, proj.tune_plan, error=ProjectError, file=proj.root / "pyproject.toml",
