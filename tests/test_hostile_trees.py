@@ -264,6 +264,20 @@ def test_verify_of_an_sdist_with_a_loop_finishes(tmp_path):
     assert r.returncode == 0 and "(sdist): ok; 2 artifact(s)" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("mode", ["w:xz", "w:bz2", "w:gz"])
+def test_verify_of_an_sdist_corrupt_mid_stream_is_a_typed_error(tmp_path, mode):
+    proj = make_project(tmp_path / "p")
+    sdist = tmp_path / "fixpkg-1.0.tar.gz"  # named .tar.gz whatever compresses it, as hostile files are
+    with tarfile.open(sdist, mode) as tf:
+        tf.add(proj, arcname="fixpkg-1.0")
+    data = bytearray(sdist.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    sdist.write_bytes(bytes(data))
+    r = flytune("verify", "--json", sdist)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "flytune: error:" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["reports"][0]["errors"], r.stdout
+
+
 def test_verify_of_an_sdist_that_unpacks_past_the_cap_is_refused(tmp_path, monkeypatch):
     from flytune_build.cli import audit
 

@@ -117,12 +117,12 @@ def raw_zip(tmp_path, good, edit) -> Path:
     return path
 
 
-def corrupt_deflate(data: bytes) -> bytes:
+def corrupt_deflate(data: bytes, at: int = 0) -> bytes:
     i = data.find(b"PK\x03\x04")  # local headers: the stream is right after the name and extra field
     while True:
         n, e = int.from_bytes(data[i + 26:i + 28], "little"), int.from_bytes(data[i + 28:i + 30], "little")
         if data[i + 30:i + 30 + n] == b"fixpkg/zzX.py":
-            body = i + 30 + n + e
+            body = i + 30 + n + e + at
             return data[:body] + b"\xff\xff\xff\xff" + data[body + 4:]
         i = data.find(b"PK\x03\x04", i + 1)
 
@@ -132,6 +132,15 @@ def deflated_zz(tmp_path, good):
     m["fixpkg/zzX.py"] = b"print('hi')\n" * 50
     path = write(tmp_path / good.name, m.items())
     path.write_bytes(corrupt_deflate(path.read_bytes()))
+    return path
+
+
+def lzma_zz(tmp_path, good):
+    """`fixpkg/zzX.py` stored ZIP_LZMA, its stream corrupted: lzma's own error, not zlib's."""
+    m = members(good)
+    m["fixpkg/zzX.py"] = b"print('hi')\n" * 50
+    path = write(tmp_path / good.name, m.items(), compression=zipfile.ZIP_LZMA)
+    path.write_bytes(corrupt_deflate(path.read_bytes(), at=12))  # past the header: mid-stream
     return path
 
 
@@ -189,6 +198,7 @@ CASES = [
     ("deflate64", lambda g, t: raw_zip(t, g, lambda d: patch(d, b"fixpkg/zzX.py", method=9)),
      ["fixpkg/zzX.py", "cannot be read from the archive"]),
     ("corrupt-deflate", lambda g, t: deflated_zz(t, g), ["fixpkg/zzX.py", "cannot be read from the archive"]),
+    ("corrupt-lzma", lambda g, t: lzma_zz(t, g), ["fixpkg/zzX.py", "cannot be read from the archive"]),
     ("bad-crc", lambda g, t: raw_zip(t, g, flip_stored), ["fixpkg/zzX.py", "cannot be read from the archive"]),
     ("record-not-utf8", lambda g, t: write(t / g.name, members(g).items(), record=b"fixpkg/\xff.py,,\n"),
      [f"!{RECORD}", "not valid UTF-8"]),

@@ -15,7 +15,6 @@ import math
 import os
 import tarfile
 import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,7 +181,7 @@ def _installed_drift(src: Source, declared: verification.Declaration) -> None:
 
 
 # -- sdists, projects, directories, installed distributions -----------------------------------------------
-SDIST_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, ValueError)
+SDIST_ERRORS = (tarfile.TarError, ValueError, *wheelfile.DECOMPRESS_ERRORS)
 
 
 def _sdist(path: Path) -> Source:

@@ -24,8 +24,17 @@ from pathlib import PurePosixPath
 
 from ..core.errors import BundleError
 
-ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError, ValueError,
-              NotImplementedError, RuntimeError)  # ValueError covers UnicodeDecodeError; RuntimeError, encryption
+try:
+    from lzma import LZMAError
+except ImportError:  # a Python built without lzma cannot open such members at all (NotImplementedError)
+    class LZMAError(Exception):
+        pass
+
+# what reading a hostile archive raises: every decompressor's error (a corrupt LZMA member is none of
+# the others), ValueError for UnicodeDecodeError, RuntimeError for encryption
+DECOMPRESS_ERRORS = (zlib.error, LZMAError, EOFError, OSError)
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, struct.error, ValueError, NotImplementedError, RuntimeError,
+              *DECOMPRESS_ERRORS)
 HASHES = frozenset(a for a in hashlib.algorithms_guaranteed
                    if a not in ("md5", "sha1") and not a.startswith("shake_") and hashlib.new(a).digest_size >= 32)
 UNLISTED = ("RECORD", "RECORD.jws", "RECORD.p7s")  # the spec keeps these out of RECORD
