@@ -401,3 +401,17 @@ def test_deep_on_a_directory_of_artifacts_imports_nothing(tmp_path):
     artifact(kernel="evilmod.add").save(tmp_path / "arts")
     r = flytune("verify", "--deep", tmp_path / "arts", PYTHONPATH=tmp_path / "mods")
     assert r.returncode == 1 and "declares no package" in r.stdout and not marker.exists()
+
+
+def test_a_manifest_triton_range_that_is_no_specifier_is_a_typed_error(tmp_path, good):
+    """`toolchain.triton` is held to `[tool.flytune] triton`'s rule, never handed to `packaging` unchecked."""
+    m = members(good)
+    name = next(n for n in m if n.endswith("_flytune/manifest.json"))
+    doc = json.loads(m[name])
+    doc["toolchain"]["triton"] = "garbage!!"
+    m[name] = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    bad = write(tmp_path / good.name, m.items())
+    for command in ("verify", "inspect"):
+        r = flytune(command, "--json", bad)
+        assert r.returncode == 1 and "flytune: error:" not in r.stderr and "InvalidSpecifier" not in r.stderr, r.stderr
+        assert "toolchain.triton" in r.stdout

@@ -15,6 +15,7 @@ from . import codec
 from .artifact import KERNEL_NAME, Artifact, Provenance
 from .codec import Fields
 from .errors import BundleError, FlytuneError
+from .specifier import SPECIFIER_RE
 from .target import Target, parse_targets
 
 FORMAT_VERSION = 1
@@ -74,7 +75,8 @@ class Manifest:
         package = f.string(doc["package"], "package", KERNEL_NAME, "a dotted package name")
         targets = parse_targets(doc["targets"], f, "targets")
         tc = f.table(doc["toolchain"], "toolchain", ("triton", "tuned_with"))
-        triton = tc["triton"] if tc["triton"] is None else f.string(tc["triton"], "toolchain.triton")
+        triton = tc["triton"] if tc["triton"] is None else f.string(
+            tc["triton"], "toolchain.triton", SPECIFIER_RE, 'a PEP 440 version specifier such as ">=3.4,<4"')
         tuned = f.mapping(tc["tuned_with"], "toolchain.tuned_with")
         for tool, versions in tuned.items():
             f.array(versions, f"toolchain.tuned_with.{tool}", lambda v, p: f.string(v, p, max_len=128))

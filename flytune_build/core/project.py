@@ -14,6 +14,7 @@ from .codec import Fields
 from .device import ARCH, NAME
 from .errors import ProjectError
 from .fsutil import read_regular
+from .specifier import SPECIFIER
 from .schema.rules import Array, Boolean, Choice, Either, Integer, Key, Object, Parsed, Scalar, Table, Text
 from .target import DEFAULT_ACCEPT, LEVELS, Target, parse_targets
 
@@ -27,32 +28,6 @@ PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SETUP = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")  # module:attr, or module:attr.fn
 MAX_PYPROJECT_BYTES = 4 << 20
 WARMUP, REP = 25, 100  # ms per candidate, when `tune` does not say
-
-
-def _any_case(*words: str) -> str:
-    return "(?:" + "|".join("".join(f"[{c}{c.upper()}]" for c in w) for w in words) + ")"
-
-
-def _specifier_pattern() -> str:
-    """A PEP 440 specifier set exactly as `packaging.specifiers.SpecifierSet` reads one, spelled in
-    what both `re` and JSON Schema read (no flags, no possessive quantifiers): comma-separated
-    clauses, empty ones ignored. tests/test_schema.py holds the two to agreeing."""
-    sep = "[-_.]?"
-    pre = f"(?:{sep}{_any_case('alpha', 'beta', 'preview', 'pre', 'a', 'b', 'c', 'rc')}{sep}[0-9]*)?"
-    post = f"(?:-[0-9]+|{sep}{_any_case('post', 'rev', 'r')}{sep}[0-9]*)?"
-    dev = f"(?:{sep}{_any_case('dev')}{sep}[0-9]*)?"
-    local = r"(?:\+[a-zA-Z0-9]+(?:[-_.][a-zA-Z0-9]+)*)?"
-    version = r"\s*[vV]?(?:[0-9]+!)?[0-9]+"
-    clause = "|".join((
-        r"===\s*[^\s;),]+",
-        rf"(?:==|!=){version}(?:\.[0-9]+)*(?:\.\*|{pre}{post}{dev}{local})",
-        rf"~={version}(?:\.[0-9]+)+{pre}{post}{dev}",
-        rf"(?:<=|>=|<|>){version}(?:\.[0-9]+)*{pre}{post}{dev}",
-    ))
-    return rf"\s*(?:(?:{clause})\s*)?(?:,\s*(?:(?:{clause})\s*)?)*"
-
-
-SPECIFIER = _specifier_pattern()
 
 
 def _targets(value: Any, f: Fields, path: str) -> tuple[Target, ...]:
