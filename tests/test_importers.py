@@ -157,3 +157,23 @@ def test_import_is_all_or_nothing_and_conflicting_versions_are_refused(tmp_path)
     assert f"{b}: Field `1` conflicts with {a} entry 1" in r.stderr
     r = flytune("import", "--format", "vllm", "--output", tmp_path / "out", a)
     assert r.returncode == 2 and "needs --kernel NAME" in r.stderr
+
+
+def test_import_writes_all_or_nothing_and_never_replaces_another_config(tmp_path):
+    path = write(tmp_path / "configs", "E=8,N=64,device_name=NVIDIA_H200.json", CONFIGS)
+    out = tmp_path / "out"
+    args = ("import", "--format", "vllm", "--kernel", "mylib.moe", "--output", out, path)
+    assert flytune(*args).returncode == 0
+    again = flytune(*args)
+    assert again.returncode == 0 and "imported 0 artifact(s)" in again.stdout and "(3 already there)" in again.stdout
+    first, *rest = sorted(out.iterdir())
+    kept = first.read_bytes()
+    first.write_bytes(kept[:-1] + b" \n")  # the same identity, other bytes
+    for p in rest:
+        p.unlink()
+    r = flytune(*args)  # the first target holds other bytes: nothing is written, the file named
+    assert r.returncode == 1 and first.name in r.stderr and "already holds this identity" in r.stderr, r.stderr
+    assert sorted(out.iterdir()) == [first]
+    long = "k" * 201
+    r = flytune("import", "--format", "vllm", "--kernel", long, "--output", tmp_path / "o2", path)
+    assert r.returncode == 2 and "at most 200 characters" in r.stderr and not (tmp_path / "o2").exists()

@@ -25,6 +25,7 @@ constexpr kwarg.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from ..core.artifact import Artifact, read_capped
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.device import DeviceIdentity
-from ..core.errors import ArtifactError
+from ..core.errors import ArtifactError, InputError
 
 FORMATS = ("vllm", "sglang")
 
@@ -193,3 +194,26 @@ def triton_of_directory(path: Path) -> str | None:
     """SGLang's `configs/triton_3_4_0/` names the Triton version the configs were tuned with."""
     match = TRITON_DIR.fullmatch(path.resolve().parent.name)
     return ".".join(match.groups()) if match else None
+
+
+def save_all(arts: list[Artifact], output: str | Path) -> tuple[int, int]:
+    """Write every artifact into `output`, or none: each target is checked first (a file of the same
+    name holding other bytes is another config of that identity, a conflict; a non-file there is an
+    error); then each is written atomically. Returns (written, already there)."""
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise InputError("is not a directory", file=out)
+    todo = []
+    for art in arts:
+        target = out / art.filename
+        if os.path.lexists(target):
+            if target.is_symlink() or not target.is_file():
+                raise InputError("is in the way: not a regular file", file=target)
+            if read_capped(target, ArtifactError) != art.to_bytes():
+                raise ArtifactError("already holds this identity with other bytes (another config?): import into a "
+                                    "new directory and reconcile with `flytune merge`", file=target)
+            continue
+        todo.append(art)
+    for art in todo:
+        art.save(out)
+    return len(todo), len(arts) - len(todo)

@@ -273,24 +273,26 @@ def _import(args) -> int:
             return EXIT_USAGE
         from ..runtime.adapters import flydsl
 
+        from .importers import save_all
+
         arts = [flydsl.from_flydsl(p, name=args.kernel) for p in args.paths]  # all or nothing
-        for a in arts:
-            print(f"imported {a.save(args.output)}")
+        written, there = save_all(arts, args.output)
+        print(f"flytune: imported {written} FlyDSL config(s) into {args.output}"
+              + (f" ({there} already there)" if there else ""))
         return EXIT_OK
-    from ..core.artifact import KERNEL_NAME
+    from ..core.artifact import KERNEL_NAME, KERNEL_NAME_MAX
     from ..core.device import parse_spec
     from . import importers
 
-    if not args.kernel or not KERNEL_NAME.fullmatch(args.kernel):
-        print(f"flytune: error: --format {args.format} needs --kernel NAME, a dotted Python name (the kernel's "
-              f"`name`, e.g. mylib.fused_moe)", file=sys.stderr)
+    if not args.kernel or not KERNEL_NAME.fullmatch(args.kernel) or len(args.kernel) > KERNEL_NAME_MAX:
+        print(f"flytune: error: --format {args.format} needs --kernel NAME, a dotted Python name of at most "
+              f"{KERNEL_NAME_MAX} characters (the kernel's `name`, e.g. mylib.fused_moe)", file=sys.stderr)
         return EXIT_USAGE
     device = parse_spec(args.device, source="--device") if args.device else None
     arts = importers.import_files(args.paths, args.format, args.kernel, device)  # all or nothing
-    for a in arts:
-        a.save(args.output)
-    print(f"flytune: imported {len(arts)} artifact(s) of {args.kernel} from {len(args.paths)} {args.format} "
-          f"file(s) into {args.output}")
+    written, there = importers.save_all(arts, args.output)
+    print(f"flytune: imported {written} artifact(s) of {args.kernel} from {len(args.paths)} {args.format} "
+          f"file(s) into {args.output}" + (f" ({there} already there)" if there else ""))
     return EXIT_OK
 
 

@@ -28,6 +28,12 @@ from .options import BY_NAME as OPTION
 
 FORMAT_VERSION = 1
 KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+KERNEL_NAME_MAX = 200  # characters: a kernel's files (`<kernel>-<address>.json`) stay within file-name limits
+
+
+def kernel_name(value, f: Fields, path: str) -> str:
+    """A kernel name, checked: a dotted Python name of at most KERNEL_NAME_MAX characters."""
+    return f.string(value, path, KERNEL_NAME, "a dotted Python name (e.g. pkg.rmsnorm)", KERNEL_NAME_MAX)
 AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FILE_NAME = re.compile(r"(?P<kernel>.+)-(?P<address>[0-9a-f]{16})\.json")
 PROVENANCE_FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "created", "space_hash", "ranking",
@@ -78,7 +84,7 @@ class Artifact:
             f.fail("format", f"must be an integer, not {codec.kind(version)}")
         if version != FORMAT_VERSION:
             f.fail("format", f"is unknown format version {version} (this flytune reads {FORMAT_VERSION})")
-        kernel = f.string(doc["kernel"], "kernel", KERNEL_NAME, "a dotted Python name (e.g. pkg.rmsnorm)", 200)
+        kernel = kernel_name(doc["kernel"], f, "kernel")
         key = f.mapping(doc["key"], "key")
         if len(key) > 64:
             f.fail("key", "must have at most 64 axes")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from . import codec
-from .artifact import KERNEL_NAME, Artifact, Provenance
+from .artifact import KERNEL_NAME, KERNEL_NAME_MAX, Artifact, Provenance, kernel_name
 from .codec import Fields
 from .errors import BundleError, FlytuneError
 from .specifier import SPECIFIER_RE
@@ -87,7 +87,7 @@ class Manifest:
                 kernels[name] = entry
                 continue
             path = f"kernels.{name}"
-            f.string(name, path, KERNEL_NAME, "a dotted kernel name", 200)
+            kernel_name(name, f, path)
             f.table(info, path, ("shard", "sha256", "artifacts", "axes", "provenance", "provenance_sha256"))
             kernels[name] = ShardInfo(
                 name, f.string(info["shard"], f"{path}.shard", SHARD_NAME, "a plain file name ending .json"),
@@ -98,7 +98,7 @@ class Manifest:
                 f.string(info["provenance_sha256"], f"{path}.provenance_sha256", SHA256, "a sha256 hex digest"))
         coverage = doc["coverage"]
         if isinstance(coverage, list):
-            coverage = tuple(f.array(coverage, "coverage", lambda v, p: f.string(v, p, KERNEL_NAME, "a kernel name", 200)))
+            coverage = tuple(f.array(coverage, "coverage", lambda v, p: kernel_name(v, f, p)))
         elif coverage not in ("all", "none"):
             f.fail("coverage", f"must be \"all\", \"none\" or a list of kernel names, not {coverage!r}")
         return cls(package, targets, triton, tuned, kernels, coverage)
@@ -111,7 +111,7 @@ def _plain_entry(name: str, info: Any) -> ShardInfo | None:
     """A valid manifest entry, checked without building error paths (a bundle may list hundreds of
     kernels and the runtime reads its manifest once per process); None sends it to the field-by-field
     check, which names the rule an invalid one breaks."""
-    if not (type(info) is dict and info.keys() == _ENTRY_FIELDS and len(name) <= 200 and KERNEL_NAME.fullmatch(name)):
+    if not (type(info) is dict and info.keys() == _ENTRY_FIELDS and len(name) <= KERNEL_NAME_MAX and KERNEL_NAME.fullmatch(name)):
         return None
     shard, digest, prov, prov_digest = info["shard"], info["sha256"], info["provenance"], info["provenance_sha256"]
     count, axes = info["artifacts"], info["axes"]

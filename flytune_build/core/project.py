@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .artifact import KERNEL_NAME
+from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
 from .codec import Fields
 from .device import ARCH, NAME
 from .errors import ProjectError
@@ -42,7 +42,7 @@ PATH = Text(max_len=1024, min_len=1, forbid=(
     (r"^(?:[/\\]|[A-Za-z]:)", "must be relative to the project root, not absolute ({value!r})"),
     (r"(?:^|[/\\])\.\.(?![^/\\])", "must stay under the project root: `..` is not allowed ({value!r})"),
 ), description="A path relative to the project root.")
-KERNEL = Text(KERNEL_NAME.pattern, "a dotted kernel name", 200)
+KERNEL = Text(KERNEL_NAME.pattern, "a dotted kernel name", KERNEL_NAME_MAX)
 ARCH_RULE = Text(ARCH.pattern, "an arch such as sm_90, gfx942 or interpreter")
 # Targets are parsed by `target.parse_targets` (the manifest reads them too); this mirrors its rules
 # for the schema. JSON Schema cannot say "no two targets with the same arch/units/name": uniqueItems

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ..core import key as keys
 from ..core import settings
-from ..core.artifact import KERNEL_NAME, Artifact
+from ..core.artifact import Artifact, kernel_name
 from ..core.codec import Fields, did_you_mean
 from ..core.config import Config, space_hash
 from ..core.errors import ArtifactError, DeclarationError, FlytuneError
@@ -64,7 +64,7 @@ class Autotuned:
         self.base_fn = base = _unwrap(fn)
         self.arg_names = list(getattr(fn, "arg_names", None) or inspect.signature(base).parameters)
         self.name = name or f"{base.__module__}.{base.__name__}"
-        Fields(self.name, DeclarationError).string(self.name, "name", KERNEL_NAME, "a dotted Python name", 200)
+        kernel_name(self.name, Fields(self.name, DeclarationError), "name")
         self.declared = list(configs) or [Config()]  # as in Triton, no configs means one default config
         self.configs = [Config.coerce(c) for c in self.declared]  # the data; pre_hooks stay in `hooks`
         self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
@@ -363,8 +363,8 @@ def _served_hook(k: Autotuned, config: Config, bound: dict, kwargs: dict, file) 
     if config in sources:
         return k.hooks.bind(config, sources[config])
     if sources and config not in pruned:
-        raise ArtifactError(f"is none of the configs early_config_prune makes for this call, which carry "
-                            f"pre_hooks: a config is never launched without its hook", file=file, field="config")
+        raise ArtifactError("is none of the configs early_config_prune makes for this call, which carry "
+                            "pre_hooks: a config is never launched without its hook", file=file, field="config")
     return None
 
 

@@ -25,7 +25,7 @@ import copy
 import dataclasses
 
 from ...core import settings
-from ...core.artifact import KERNEL_NAME, Artifact
+from ...core.artifact import Artifact, kernel_name
 from ...core.codec import Fields
 from ...core.config import Config, space_hash
 from ...core.errors import DeclarationError, FlytuneError
@@ -41,7 +41,7 @@ class Adopted:
     """A `@triton.autotune` kernel flytune seeded and watches (see the module docstring)."""
 
     def __init__(self, public, tuner, name: str, validate):
-        Fields(name, DeclarationError).string(name, "name", KERNEL_NAME, "a dotted Python name", 200)
+        kernel_name(name, Fields(name, DeclarationError), "name")
         self.public, self.tuner, self.name, self.validate = public, tuner, name, validate
         self.arg_names = list(tuner.arg_names)
         self.declared = list(tuner.configs)

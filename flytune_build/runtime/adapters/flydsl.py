@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from ...core import codec, settings
-from ...core.artifact import KERNEL_NAME, Artifact
+from ...core.artifact import KERNEL_NAME, KERNEL_NAME_MAX, Artifact
 from ...core.config import Config
 from ...core.device import DeviceIdentity
 from ...core.errors import ArtifactError
@@ -77,8 +77,9 @@ def from_flydsl(path: str | Path, *, name: str | None = None) -> Artifact:
     if path.name != f"{ident['name']}-{digest}.json":
         f.fail("<file name>", f"does not match the identity's hash (expected {ident['name']}-{digest[:12]}...json)")
     kernel = name or str(ident["name"]).replace("-", "_")
-    if not KERNEL_NAME.fullmatch(kernel):
-        f.fail("identity.name", f"{ident['name']!r} is no dotted Python name: pass a name to import it under")
+    if not KERNEL_NAME.fullmatch(kernel) or len(kernel) > KERNEL_NAME_MAX:
+        f.fail("identity.name", f"{ident['name']!r} is no dotted Python name of at most {KERNEL_NAME_MAX} "
+                                f"characters: pass a name to import it under")
     key = {}
     for axis, value in f.mapping(ident["key"], "identity.key").items():
         if isinstance(value, list):
