@@ -339,3 +339,12 @@ def test_tune_progress_off_a_terminal_is_one_plain_line(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr  # stderr is a pipe here: no progress frames
     assert len([line for line in r.stderr.splitlines() if line.startswith("flytune: 2/2 shape(s) in ")]) == 1
+
+
+def test_control_characters_from_data_never_reach_the_terminal(tmp_path):
+    """A file name or value holding an escape sequence is printed escaped, whichever command and path
+    (typed errors and the last-resort handler alike)."""
+    evil = tmp_path / "x\x1b[31mred"
+    for args in (("fmt", evil), ("merge", evil, "--output", tmp_path / "o"), ("verify", evil)):
+        r = flytune(*args)
+        assert r.returncode != 0 and "\x1b" not in r.stdout + r.stderr and "\\x1b[31mred" in r.stdout + r.stderr

@@ -61,7 +61,7 @@ MANIFEST_CASES = [
     ("count-negative", lambda d: mutate(d, "kernels/fixpkg.add/artifacts", -1), "kernels.fixpkg.add.artifacts",
      ">= 0"),
     ("kernel-odd-name", lambda d: mutate(d, "kernels", {"a b": d["kernels"]["fixpkg.add"]}), "kernels.a b",
-     "dotted kernel name"),
+     "dotted Python name"),
     ("targets-wrong", lambda d: mutate(d, "targets", [{"arch": "sm_90", "accept": ["always"]}]), "targets[0].accept[0]",
      "must be one of"),
     ("coverage-wrong", lambda d: mutate(d, "coverage", "most"), "coverage", "must be \"all\""),

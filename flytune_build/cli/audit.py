@@ -20,7 +20,14 @@ from pathlib import Path
 
 from ..core import bundle, codec, fsutil, table, verification
 from ..core.artifact import Artifact
-from ..core.errors import ArtifactError, BundleError, FlytuneError, InputError, ProjectError
+from ..core.errors import (
+    ArtifactError,
+    BundleError,
+    FlytuneError,
+    InputError,
+    ProjectError,
+    printable,
+)
 from ..core.target import Target
 from ..pipeline.assemble import EDITABLE_ROOT
 from . import wheelfile
@@ -56,19 +63,13 @@ class Source:
 
     def render(self) -> str:
         head = "ok" if self.ok else f"{len(self.errors)} violation(s)"
-        lines = [f"{escape(self.path)} ({self.kind}): {head}; {len(self.artifacts)} artifact(s), "
+        lines = [f"{printable(self.path)} ({self.kind}): {head}; {len(self.artifacts)} artifact(s), "
                  f"{len({a.kernel for a in self.artifacts})} kernel(s)"]
-        lines += [f"  error: {escape(str(e))}" for e in self.errors]
-        lines += [f"  warning: {escape(w)}" for w in self.warnings]
+        lines += [f"  error: {printable(str(e))}" for e in self.errors]
+        lines += [f"  warning: {printable(w)}" for w in self.warnings]
         return "\n".join(lines)
 
 
-def escape(text: str) -> str:
-    """`text` safe to print on a terminal: control, format and lone surrogate characters (a newline,
-    an escape sequence, a bidi override, an undecodable byte of a file name) written as Python escapes."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def open_source(path: str) -> Source:
@@ -366,15 +367,15 @@ def render_inspect(info: dict) -> str:
     labels = [t["label"] for t in info["targets"]]
     rows = [["kernel", *labels, "key axes"]]
     rows += [[k, *(row[lab] for lab in labels), ", ".join(info["key_axes"][k])] for k, row in info["coverage"].items()]
-    lines = [f"{escape(info['path'])} ({info['kind']}{', package ' + info['package'] if info['package'] else ''})",
+    lines = [f"{printable(info['path'])} ({info['kind']}{', package ' + info['package'] if info['package'] else ''})",
              table.render(rows, align="<" + ">" * len(labels), indent="  ")]
     lines.append("  accepted match levels: " + "; ".join(f"{t['label']}: {', '.join(t['accept'])}"
                                                        for t in info["targets"]))
     tc = info["toolchain"]
     tuned = ", ".join(tc["tuned_with_triton"]) or "?"
-    lines.append(escape(f"  toolchain: triton {tc['declared'] or '(any)'}; tuned with {tuned}"))
+    lines.append(printable(f"  toolchain: triton {tc['declared'] or '(any)'}; tuned with {tuned}"))
     lines.append(f"  {info['artifacts']} artifact(s), {info['bytes']} bytes")
-    lines += [f"  error: {escape(e['message'])}" for e in info["errors"]]
+    lines += [f"  error: {printable(e['message'])}" for e in info["errors"]]
     return "\n".join(lines)
 
 
@@ -411,13 +412,13 @@ def _margin(new: Artifact, old_config) -> float | None:
 
 def render_diff(d: dict) -> str:
     def key(x):
-        return escape(f"{x['kernel']} {x['key']} on {x['device']}")
+        return printable(f"{x['kernel']} {x['key']} on {x['device']}")
 
     lines = [f"+ {key(x)}" for x in d["added"]] + [f"- {key(x)}" for x in d["removed"]]
     for x in d["changed"]:
         m = "" if x["margin"] is None else f" (old winner {x['margin'] * 100:+.1f}% slower in the new run)"
-        lines.append(f"~ {key(x)}: {escape(x['old'])} -> {escape(x['new'])}{m}")
+        lines.append(f"~ {key(x)}: {printable(x['old'])} -> {printable(x['new'])}{m}")
     lines.append(f"{len(d['added'])} added, {len(d['removed'])} removed, {len(d['changed'])} changed, "
                  f"{d['unchanged']} unchanged")
-    lines += [f"error: {escape(e['message'])}" for e in d["errors"]]
+    lines += [f"error: {printable(e['message'])}" for e in d["errors"]]
     return "\n".join(lines)

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import importlib
 
-from ..core.errors import ArtifactError, ArtifactExecutionError, BundleError, FlytuneError, InputError
+from ..core.errors import (
+    ArtifactError,
+    ArtifactExecutionError,
+    BundleError,
+    FlytuneError,
+    InputError,
+)
 from ..core.target import match_level
 from ..runtime import device
 

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from ..core import codec, verification
 from ..core.artifact import Artifact
-from ..core.errors import ArtifactError, FlytuneError, InputError
+from ..core.errors import ArtifactError, FlytuneError, InputError, printable
 from ..core.fsutil import read_regular
-from .audit import escape
 
 EXIT_OK, EXIT_VIOLATIONS = 0, 1
 
@@ -33,7 +32,7 @@ def command(args) -> int:
         plans.append(plan)
         errors += problems
     for e in errors:
-        print(f"flytune: error: {escape(str(e))}", file=sys.stderr)
+        print(f"flytune: error: {printable(str(e))}", file=sys.stderr)
     if errors:
         print(f"flytune: {len(errors)} problem(s); nothing was rewritten", file=sys.stderr)
         return EXIT_VIOLATIONS
@@ -51,14 +50,14 @@ def rewrite(plan: "Plan") -> int:
             art.save(target.parent)
             changed += 1
             moved.add(source)
-            print(f"rewrote {escape(str(source))} -> {target.name}")
+            print(f"rewrote {printable(str(source))} -> {target.name}")
     for source in plan.current:
         if source in plan.targets:
             continue
         source.unlink()
         if source not in moved:
             changed += 1
-            print(f"removed {escape(str(source))}: its artifact is {plan.kept_as[source].name}")
+            print(f"removed {printable(str(source))}: its artifact is {plan.kept_as[source].name}")
     return changed
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..core import settings
-from ..core.errors import FlytuneError
+from ..core.errors import FlytuneError, printable
 from ..core.version import VERSION
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 0, 1, 2, 120, 130
@@ -28,7 +28,7 @@ EXIT_CODES = """exit codes:
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.print_usage(sys.stderr)
-        print(f"flytune: error: {message}", file=sys.stderr)
+        print(f"flytune: error: {printable(message)}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return broken_pipe()
     except Exception as e:  # noqa: BLE001 - a bug or an OS error: one line, as every other failure
-        print(f"flytune: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"flytune: error: {type(e).__name__}: {printable(str(e))}", file=sys.stderr)
         return EXIT_VIOLATIONS
 
 
@@ -272,7 +272,6 @@ def _import(args) -> int:
                   "device)", file=sys.stderr)
             return EXIT_USAGE
         from ..runtime.adapters import flydsl
-
         from .importers import save_all
 
         arts = [flydsl.from_flydsl(p, name=args.kernel) for p in args.paths]  # all or nothing

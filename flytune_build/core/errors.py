@@ -17,10 +17,12 @@ class FlytuneError(Exception):
         self.args = (self.render(),)
 
     def render(self) -> str:
+        """The message, safe to print: what came from data (a file name, a field, a value) may hold
+        control characters, escapes, bidi overrides; they are written as Python escapes."""
         where = f"{self.file}: " if self.file else ""
         if self.field:
-            return f"{where}Field `{self.field}` {self.rule}"
-        return f"{where}{self.rule}"
+            return printable(f"{where}Field `{self.field}` {self.rule}")
+        return printable(f"{where}{self.rule}")
 
     def __reduce__(self):  # crosses process boundaries intact (parallel collection)
         return (_rebuild, (type(self), self.rule, self.file, self.field))
@@ -88,3 +90,11 @@ class FlytuneWarning(UserWarning):
 
 def _rebuild(cls, rule, file, field):
     return cls(rule, file=file, field=field)
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: control, format and lone surrogate characters (a newline, an
+    escape sequence, a bidi override, an undecodable byte of a file name) written as Python escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

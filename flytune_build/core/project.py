@@ -14,8 +14,20 @@ from .codec import Fields
 from .device import ARCH, NAME
 from .errors import ProjectError
 from .fsutil import read_regular
+from .schema.rules import (
+    Array,
+    Boolean,
+    Choice,
+    Either,
+    Integer,
+    Key,
+    Object,
+    Parsed,
+    Scalar,
+    Table,
+    Text,
+)
 from .specifier import SPECIFIER
-from .schema.rules import Array, Boolean, Choice, Either, Integer, Key, Object, Parsed, Scalar, Table, Text
 from .target import DEFAULT_ACCEPT, LEVELS, Target, parse_targets
 
 if sys.version_info >= (3, 11):
