@@ -348,3 +348,13 @@ def test_control_characters_from_data_never_reach_the_terminal(tmp_path):
     for args in (("fmt", evil), ("merge", evil, "--output", tmp_path / "o"), ("verify", evil)):
         r = flytune(*args)
         assert r.returncode != 0 and "\x1b" not in r.stdout + r.stderr and "\\x1b[31mred" in r.stdout + r.stderr
+
+
+def test_an_output_that_is_a_file_is_a_typed_error(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    artifact(100, 32).save(tmp_path / "d")
+    for args in (("merge", tmp_path / "d", "--output", tmp_path / "afile" / "x"),
+                 ("bundle", "--project", ROOT / "sample_pkg", "--output", tmp_path / "afile")):
+        r = flytune(*args)
+        assert r.returncode == 1 and "afile" in r.stderr and "Error:" not in r.stderr, r.stderr
+    assert (tmp_path / "afile").read_text() == "mine"

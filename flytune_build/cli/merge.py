@@ -120,8 +120,11 @@ def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
     if output.exists() and not into_input and (not output.is_dir() or any(output.iterdir())):
         raise InputError("exists and is not empty; merge into a new directory, or list it among the DIRs "
                            "to merge into it", file=output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{output.name}.merge-", dir=output.parent))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{output.name}.merge-", dir=output.parent))
+    except OSError as e:
+        raise InputError(f"cannot be written: {e.strerror or e}", file=output) from None
     moved: list[str] = []  # what else OUT held, moved into `staged` (back into OUT if the swap fails)
     try:
         for f in chosen:

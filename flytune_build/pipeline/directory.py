@@ -28,8 +28,11 @@ def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
                                and (not target.is_dir() or any(target.iterdir()))):
         raise BundleError(f"exists and is not a flytune bundle (no {bundle.MANIFEST}): not replacing it",
                           file=target)
-    package_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{bundle.DIRNAME}-", dir=package_dir))
+    try:
+        package_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{bundle.DIRNAME}-", dir=package_dir))
+    except OSError as e:  # a file where a directory must be, no permission, ...
+        raise BundleError(f"cannot hold the bundle: {e.strerror or e}", file=package_dir) from None
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would follow the directory into place
         for name, data in sorted(state.files.items()):
