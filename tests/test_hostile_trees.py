@@ -278,6 +278,16 @@ def test_verify_of_an_sdist_corrupt_mid_stream_is_a_typed_error(tmp_path, mode):
     assert json.loads(r.stdout)["reports"][0]["errors"], r.stdout
 
 
+def test_verify_of_an_sdist_names_the_member_not_a_vanished_temporary_path(tmp_path):
+    proj = make_project(tmp_path / "p")
+    table(proj, "[tool.flytune]", "[tool.flytune]\nstrict = 3")
+    sdist = tmp_path / "fixpkg-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(proj, arcname="fixpkg-1.0")
+    r = flytune("verify", sdist)
+    assert r.returncode == 1 and f"{sdist}!fixpkg-1.0/pyproject.toml: Field `tool.flytune.strict`" in r.stdout, r.stdout
+
+
 def test_verify_of_an_sdist_that_unpacks_past_the_cap_is_refused(tmp_path, monkeypatch):
     from flytune_build.cli import audit
 

@@ -205,6 +205,9 @@ def _sdist(path: Path) -> Source:
             return src
         src = _project(tops[0], str(path))
         src.kind = "sdist"
+        for e in src.errors:  # name the member of the sdist, not the extraction directory, gone on return
+            if e.file and Path(e.file).is_absolute() and Path(e.file).is_relative_to(tmp):
+                e.relocate(f"{path}!{Path(e.file).relative_to(tmp).as_posix()}")
         return src
 
 
