@@ -270,3 +270,20 @@ def test_warmup_fills_tritons_cache_under_the_key_tritons_own_launch_computes(in
     found = json.loads(r.stdout)
     assert len(found) == 2 and all(hit for _, hit in found)
     assert sorted(d for d, _ in found) == sorted(u["cache_key"] for u in doc["units"])
+
+
+def test_a_backend_launch_keyword_is_recorded_and_rebuilt_as_a_compile_option():
+    """`waves_per_eu` in a ROCm config's kwargs binds to no parameter: it is recorded among the options
+    and handed back to the compile as one, never refused as a stray constexpr."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    config = Config({"BLOCK": 32, "waves_per_eu": 2}, num_warps=2)
+    x, out = torch.randn(64), torch.empty(64)
+    spec = specialization.capture(scale_kernel, (x, out, 64, 1, 0.25), {}, config)
+    assert spec["options"] == {"waves_per_eu": 2} and "waves_per_eu" not in spec["constexprs"]
+    jit = specialization.compilable(scale_kernel)
+    signature, constexprs, attrs, options = specialization.compile_inputs(spec, jit, config)
+    assert options["waves_per_eu"] == 2 and "waves_per_eu" not in signature
+    _, parsed, _ = specialization.cache_hash(spec, jit, config, make_backend(GPUTarget("hip", "gfx942", 64)))
+    assert parsed.waves_per_eu == 2

@@ -17,6 +17,7 @@ from ..core import settings
 from ..core import specialization as spec_format
 from ..core.codec import Fields
 from ..core.config import COMPILER_OPTIONS, Config
+from ..core.options import BACKEND_KWARGS
 from ..core.errors import ArtifactError
 from . import warning
 
@@ -109,6 +110,8 @@ def compile_inputs(doc: dict, jit, config: Config) -> tuple[dict, dict, dict, di
     if set(constexprs) != wanted:
         raise Mismatch("its constexprs do not match the constexpr entries of its signature")
     for name, value in config.kwargs.items():  # a tuned constexpr must hold the config's value
+        if name in BACKEND_KWARGS and name not in names:
+            continue  # a backend's launch-keyword option (waves_per_eu): recorded among the options
         if name not in names:
             raise Mismatch(f"the config sets {name}, which is not a parameter of the kernel")
         got = constexprs.get((names.index(name),), value)
