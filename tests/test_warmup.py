@@ -34,6 +34,21 @@ def scale_kernel(x, out, n, one, alpha, BLOCK: tl.constexpr):
     tl.store(out + offs, tl.load(x + offs, mask=m) * alpha, mask=m)
 
 
+@triton.jit
+def _scale_even(x, out, n, alpha, EVEN: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(out + offs, tl.load(x + offs) * alpha)
+    else:
+        tl.store(out + offs, tl.load(x + offs, mask=offs < n) * alpha, mask=offs < n)
+
+
+# heuristics under autotune (Triton's tutorials, triton.ops.matmul): the heuristic sees the config's BLOCK
+scale_even = triton.autotune([triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"],
+                             do_bench=lambda fn, quantiles=None: [fn() or 1.0] * 3)(
+    triton.heuristics({"EVEN": lambda a: a["n"] % a["BLOCK"] == 0})(_scale_even))
+
+
 def search(kernel, *calls):
     """Run `calls` with search forced (synthetic ranking); the artifacts the searches made."""
     seen = []
@@ -287,3 +302,19 @@ def test_a_backend_launch_keyword_is_recorded_and_rebuilt_as_a_compile_option():
     assert options["waves_per_eu"] == 2 and "waves_per_eu" not in signature
     _, parsed, _ = specialization.cache_hash(spec, jit, config, make_backend(GPUTarget("hip", "gfx942", 64)))
     assert parsed.waves_per_eu == 2
+
+
+def test_recording_an_adopted_kernel_records_its_specialization_heuristics_included():
+    """`flytune tune` of a `@triton.autotune` kernel (recording) records the specialization of the winner's
+    launch as a ported kernel's search does, the values of the `@triton.heuristics` above it included,
+    so `flytune warmup` compiles adopted kernels' artifacts too."""
+    from flytune_build import triton as adapter
+
+    x, out = torch.randn(96), torch.empty(96)
+    with settings.override(ranking="synthetic"), adapter.recording(scale_even, "t.even") as captured:
+        scale_even[lambda m: (triton.cdiv(96, m["BLOCK"]),)](x, out, 96, 0.5)
+    (art,) = captured
+    spec = art.provenance["specialization"]
+    block = art.config.kwargs["BLOCK"]
+    assert spec == specialization.capture(_scale_even, (x, out, 96, 0.5), {"EVEN": 96 % block == 0}, art.config)
+    assert spec["constexprs"]["EVEN"] is True and specialization.resolve(spec["kernel"], sys.modules[__name__])

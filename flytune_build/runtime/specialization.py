@@ -39,12 +39,17 @@ def import_path(jit) -> str:
 
 
 def resolve(path: str, module_object) -> Any:
-    """The @triton.jit function that `module_object`'s attribute `qualname` is or wraps (one level: an
-    `@autotune` kernel), else raise Mismatch."""
+    """The @triton.jit function that `module_object`'s attribute `qualname` is or wraps (through
+    `@autotune`, `@triton.autotune` and `@triton.heuristics`, each holding the next as `.fn`), else
+    raise Mismatch."""
     obj = module_object
     for part in spec_format.IMPORT_PATH.fullmatch(path)["qualname"].split("."):
         obj = getattr(obj, part, None)
-    jit = obj if is_jit(obj) else getattr(obj, "fn", None)
+    jit = obj
+    for _ in range(8):
+        if is_jit(jit) or jit is None:
+            break
+        jit = getattr(jit, "fn", None)
     if not is_jit(jit) or import_path(jit) != path:
         raise Mismatch(f"{path} is not a @triton.jit function (or one under @autotune)")
     return jit
