@@ -241,6 +241,12 @@ def test_fmt_loses_no_artifact_whatever_the_names(tmp_path, layout):
     assert flytune("fmt", d).stdout.strip() == "flytune: 0 file(s) rewritten"
 
 
+def test_fmt_names_the_input_that_is_not_a_directory(tmp_path):
+    artifact(100, 32).save(tmp_path / "arts")
+    r = flytune("fmt", tmp_path / "arts", f"{tmp_path}/./arts", tmp_path / "does-not-exist")
+    assert r.returncode == 1 and "does-not-exist: is not a directory" in r.stderr, r.stderr
+
+
 def test_tune_refuses_in_ci(tmp_path):
     r = flytune("tune", "--project", ROOT / "sample_pkg", CI="true")
     assert r.returncode == 2 and "refusing to tune where CI is set" in r.stderr

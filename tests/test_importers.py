@@ -9,7 +9,7 @@ import pytest
 from conftest import python_env
 
 from flytune_build.cli import importers
-from flytune_build.core.artifact import load_dir
+from flytune_build.core.artifact import Artifact, load_dir
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
 from flytune_build.core.errors import ArtifactError
 
@@ -177,3 +177,20 @@ def test_import_writes_all_or_nothing_and_never_replaces_another_config(tmp_path
     long = "k" * 201
     r = flytune("import", "--format", "vllm", "--kernel", long, "--output", tmp_path / "o2", path)
     assert r.returncode == 2 and "at most 200 characters" in r.stderr and not (tmp_path / "o2").exists()
+
+
+def test_flydsl_files_that_become_one_identity_with_two_configs_are_refused(tmp_path):
+    """Two FlyDSL kernels imported under one --kernel name: one identity, two configs. Nothing is written."""
+    from flytune_build.core.config import Config
+    from flytune_build.core.device import DeviceIdentity
+    from flytune_build.runtime.adapters.flydsl import to_flydsl
+
+    mi300x = DeviceIdentity("hip", "gfx942", "AMD Instinct MI300X", 304)
+    paths = []
+    for name, block in (("ka", 16), ("kb", 64)):
+        fname, data = to_flydsl(Artifact(name, {"n": 100}, mi300x, Config({"BLOCK": block})))
+        (tmp_path / fname).write_bytes(data)
+        paths.append(tmp_path / fname)
+    r = flytune("import", "--format", "flydsl", "--kernel", "k", *paths, "--output", tmp_path / "out")
+    assert r.returncode == 1 and "imported twice with different configs" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())

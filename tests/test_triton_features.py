@@ -11,6 +11,7 @@ import warnings
 
 import feature_kernels as fk
 import pytest
+import torch
 import triton
 from conftest import ROOT, python_env
 
@@ -495,3 +496,72 @@ def test_an_adopted_kernel_gets_the_pre_hook_its_pruner_attaches(tmp_path, monke
     with pytest.warns(FlytuneWarning, match="none of the configs early_config_prune makes"):
         with pytest.raises(TierMissError):
             fk.dirty_total(k, 100)
+
+
+def test_a_pruner_config_top_k_would_cut_is_still_served_and_only_hooked_ones_must_match(tmp_path, monkeypatch):
+    """The served config is checked against what `early_config_prune` returns, before `top_k`: a config
+    the pruner returns without a hook is served although the perf model would not rank it first."""
+    def prune(configs, nargs, **kw):  # hooks only BLOCK=16, as gemlite hooks only its split-K configs
+        return [triton.Config(dict(c.kwargs), pre_hook=fk._zero_total if c.kwargs["BLOCK"] == 16 else None)
+                for c in configs]
+
+    k = ft.autotune([triton.Config({"BLOCK": b}) for b in fk.BLOCKS], key=["n"], name="t.topk",
+                    prune_configs_by={"early_config_prune": prune, "perf_model": lambda BLOCK, **_: BLOCK,
+                                      "top_k": 1}, reset_to_zero=["total"])(fk._total)
+    arts_dir(tmp_path, monkeypatch, Artifact("t.topk", {"n": 100}, INTERPRETER, Config({"BLOCK": 64})))
+    assert fk.total(k, 100)
+    assert ft.stats()["t.topk"]["calls"]["offline"] == 1 and not ft.stats()["t.topk"]["fallbacks"]
+
+
+def test_warmup_runs_no_pre_hook_and_takes_dtypes(tmp_path, monkeypatch):
+    """As Triton's: a warm-up changes no tensor, and dtypes may stand for tensors."""
+    arts_dir(tmp_path, monkeypatch, Artifact("t.warmhook", {"n": 100}, INTERPRETER, Config({"BLOCK": 32})))
+    k = fk.pruned_total(ft.autotune, name="t.warmhook")
+    total = torch.full((1,), 7.0)
+    assert k.warmup(torch.arange(100, dtype=torch.float32), total, 100, grid=(4,)) == [None]
+    assert total.item() == 7.0
+    assert k.warmup(torch.float32, torch.float32, 100, grid=(4,)) == [None]
+
+
+def test_an_adopted_pruned_kernel_counts_its_calls_after_a_stats_reset(tmp_path, monkeypatch):
+    arts_dir(tmp_path, monkeypatch, Artifact("t.prunereset", {"n": 100, "x": "float32", "total": "float32"},
+                                             INTERPRETER, Config({"BLOCK": 32})))
+    k = fk.pruned_total(triton.autotune)
+    assert adapter.adopt(k, name="t.prunereset") == 1
+    ft.reset_stats()
+    assert fk.dirty_total(k, 100) and fk.dirty_total(k, 100)
+    assert ft.stats()["t.prunereset"]["calls"]["offline"] == 2
+
+
+def test_a_thread_seeding_a_key_does_not_hide_another_threads_tuned_key(tmp_path, monkeypatch):
+    """Thread A is inside the re-seeded call (its pre_hook blocks); thread B's first call of another
+    tuned key is served too, not taken for an untuned key."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def hook(nargs):
+        nargs["total"].zero_()
+        if nargs["n"] == 100 and threading.current_thread().name == "A":
+            entered.set()
+            release.wait(20)
+
+    def prune(configs, nargs, **kw):
+        return [triton.Config(dict(c.kwargs), pre_hook=hook) for c in configs]
+
+    k = triton.autotune([triton.Config({"BLOCK": b}) for b in fk.BLOCKS], key=["n"],
+                        prune_configs_by={"early_config_prune": prune})(fk._total)
+    arts_dir(tmp_path, monkeypatch, *[Artifact("t.threads", {"n": n, "x": "float32", "total": "float32"},
+                                               INTERPRETER, Config({"BLOCK": 32})) for n in (100, 200)])
+    assert adapter.adopt(k, name="t.threads") == 2
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    errors = []
+    a = threading.Thread(target=lambda: fk.dirty_total(k, 100) or errors.append("wrong"), name="A")
+    a.start()
+    assert entered.wait(20)
+    try:
+        assert fk.dirty_total(k, 200)
+    finally:
+        release.set()
+        a.join(20)
+    assert not errors and ft.stats()["t.threads"]["calls"]["offline"] == 2

@@ -22,10 +22,10 @@ EXIT_OK, EXIT_VIOLATIONS = 0, 1
 
 
 def command(args) -> int:
-    directories = list(dict.fromkeys(Path(d).resolve() for d in args.paths))  # a directory named twice: once
-    for d, given in zip(directories, args.paths):  # every input checked before anything is rewritten
-        if not d.is_dir():
+    for given in args.paths:  # every input checked before anything is rewritten
+        if not Path(given).is_dir():
             raise InputError("is not a directory of artifact files", file=given)
+    directories = list(dict.fromkeys(Path(d).resolve() for d in args.paths))  # a directory named twice: once
     plans, errors = [], []
     for d in directories:
         plan, problems = read_directory(d)

@@ -203,8 +203,14 @@ def save_all(arts: list[Artifact], output: str | Path) -> tuple[int, int]:
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise InputError("is not a directory", file=out)
-    todo = []
+    todo, batch = [], {}
     for art in arts:
+        first = batch.setdefault(art.filename, art)
+        if first is not art:
+            if first.to_bytes() != art.to_bytes():
+                raise ArtifactError(f"is imported twice with different configs ({first.config} and {art.config}): "
+                                    f"import one of them at a time", file=art.filename)
+            continue
         target = out / art.filename
         if os.path.lexists(target):
             if target.is_symlink() or not target.is_file():
@@ -216,4 +222,4 @@ def save_all(arts: list[Artifact], output: str | Path) -> tuple[int, int]:
         todo.append(art)
     for art in todo:
         art.save(out)
-    return len(todo), len(arts) - len(todo)
+    return len(todo), len(batch) - len(todo)

@@ -359,10 +359,10 @@ def _served_hook(k: Autotuned, config: Config, bound: dict, kwargs: dict, file) 
     hook = k.hooks.bind(config)
     if hook is not None or "early_config_prune" not in k.prune_configs_by:
         return hook
-    pruned, sources = search.prune(k, bound, kwargs)
-    if config in sources:
-        return k.hooks.bind(config, sources[config])
-    if sources and config not in pruned:
+    _, made = search.prune(k, bound, kwargs)
+    if config in made:
+        return k.hooks.bind(config, made[config])
+    if any(getattr(obj, "pre_hook", None) is not None for obj in made.values()):
         raise ArtifactError("is none of the configs early_config_prune makes for this call, which carry "
                             "pre_hooks: a config is never launched without its hook", file=file, field="config")
     return None
@@ -370,19 +370,16 @@ def _served_hook(k: Autotuned, config: Config, bound: dict, kwargs: dict, file) 
 
 def compile_only(kernel, args: tuple, kwargs: dict, grid, decided: Decision | None) -> list:
     """Compile the decided config, or every candidate when None, launching nothing (`Autotuned.warmup`).
-    A config's pre_hook runs first: it may set what the compile specialises on. A decided offline
-    config that fails to compile raises `ArtifactExecutionError`."""
+    As Triton's warmup, no pre_hook runs: a warm-up changes no tensor (and may be given dtypes). A
+    decided offline config that fails to compile raises `ArtifactExecutionError`."""
     if decided is not None:
-        todo = [(decided.config, decided.hook)]
+        todo = [decided.config]
     else:
         bound = {**dict(zip(kernel.arg_names, args)), **kwargs}
-        pruned, sources = search.prune(kernel, bound, kwargs)
-        todo = [(c, kernel.hooks.bind(c, sources.get(c))) for c in search.declared_order(pruned, kernel.configs)]
+        todo = search.declared_order(search.prune(kernel, bound, kwargs)[0], kernel.configs)
     compiled = []
-    for cfg, hook in todo:
+    for cfg in todo:
         try:
-            if hook is not None:
-                hook(args, kwargs)
             compiled.append(kernel.fn.warmup(*args, grid=grid, **kwargs, **cfg.launch_kwargs()))
         except Exception as e:
             if decided is not None and decided.tier == "offline":

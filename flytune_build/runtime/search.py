@@ -72,8 +72,9 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
     """The candidates: the declared configs through `prune_configs_by`, called as Triton calls it:
     `early_config_prune(configs as declared, nargs, **kwargs)`, then the `top_k` best by
     `perf_model(**nargs, **kwargs, **config.all_kwargs())`, nargs being the arguments passed by position.
-    With them, by data, each `triton.Config` the pruner returned with a `pre_hook` (gemlite's pruner
-    attaches `init_to_zero` to the split-K configs it makes): the hook launches with that config."""
+    With them, by data, every config `early_config_prune` returned, as it returned it (before `top_k`):
+    one may carry a `pre_hook` the declared ones lack (gemlite's pruner attaches `init_to_zero` to the
+    split-K configs it makes), which then launches with that config."""
     nargs = {name: v for name, v in bound.items() if name not in kwargs}
     configs, sources = kernel.configs, {}
     rules = kernel.prune_configs_by
@@ -81,7 +82,7 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
     if early is not None:
         made = list(early(list(getattr(kernel, "declared", configs)), nargs, **kwargs))
         configs = [Config.coerce(c) for c in made]
-        sources = {c: obj for c, obj in zip(configs, made) if getattr(obj, "pre_hook", None) is not None}
+        sources = dict(zip(configs, made))
         if not configs:
             raise DeclarationError("early_config_prune returned no config", file=kernel.name,
                                    field="prune_configs_by")

@@ -17,8 +17,8 @@ from ..core import settings
 from ..core import specialization as spec_format
 from ..core.codec import Fields
 from ..core.config import COMPILER_OPTIONS, Config
-from ..core.options import BACKEND_KWARGS
 from ..core.errors import ArtifactError
+from ..core.options import BACKEND_KWARGS
 from . import warning
 
 _RUNTIME_OPTIONS = ("instrumentation_mode",)  # JITFunction.run sets it itself, whatever the caller passed

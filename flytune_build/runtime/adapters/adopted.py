@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import threading
 
 from ...core import settings
 from ...core.artifact import Artifact, kernel_name
@@ -56,7 +57,7 @@ class Adopted:
         self.pending: dict | None = None       # the key of the search Triton is running for this call
         self.by_key: dict[tuple, object] = {}  # artifact key (items, sorted) -> the seeded object
         self.deferred: dict[tuple, tuple] = {}  # artifact key -> (config, decision), seeded on the first call
-        self.retrying = False                  # `run` is calling Triton again after seeding the call's key
+        self.local = threading.local()         # .retrying: this thread's `run` calls Triton again after seeding
         self.reseed = True                     # False while `recording`: every key is searched then
         self.warming = False
         self._stats = Stats()
@@ -81,18 +82,18 @@ class Adopted:
         return adopted
 
     def wrap_run(self, original):
-        tuner, seeded, announce = self.tuner, self.seeded, events.announce
+        tuner, seeded, announce, local = self.tuner, self.seeded, events.announce, self.local
 
         def run(*args, **kwargs):
             try:
                 try:
                     ret = original(*args, **kwargs)
                 except _Seeded:  # `prune_configs` seeded this call's key: Triton serves it now
-                    self.retrying = True
+                    local.retrying = True
                     try:
                         ret = original(*args, **kwargs)
                     finally:
-                        self.retrying = False
+                        local.retrying = False
             except Exception as e:
                 err = self.failure(args, kwargs, e)
                 if err is None:
@@ -114,8 +115,8 @@ class Adopted:
         def prune_configs(kwargs):
             if not self.warming:
                 key = artifact_key(tuner, tuner.nargs, kwargs)
-                seeded = self.by_key.get(_items(key)) if self.reseed and not self.retrying else None
-                if seeded is None and self.reseed and not self.retrying and _items(key) in self.deferred:
+                seeded = self.by_key.get(_items(key)) if self.reseed and not self._retrying() else None
+                if seeded is None and self.reseed and not self._retrying() and _items(key) in self.deferred:
                     seeded = self.pruned(_items(key), kwargs)
                 if seeded is not None:
                     tuner.cache[call_key(tuner, tuple(tuner.nargs.values()), kwargs)] = seeded
@@ -126,6 +127,9 @@ class Adopted:
                 tuner.bench_time = None  # Triton's benchmark() sets it; left None, its disk cache answered
             return original(kwargs)
         return prune_configs
+
+    def _retrying(self) -> bool:
+        return getattr(self.local, "retrying", False)
 
     def pruned(self, items: tuple, kwargs: dict):
         """The seeded object for a deferred artifact (a kernel whose `early_config_prune` may attach
@@ -275,7 +279,7 @@ class Adopted:
     def reset(self) -> None:
         self._stats = Stats()
         self.pending = None
-        for d in self.seeded.values():
+        for d in [*self.seeded.values(), *(d for _, d in self.deferred.values())]:
             d.calls = 0
             self._stats.decisions.append(d)
 
