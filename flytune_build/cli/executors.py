@@ -170,6 +170,9 @@ class LocalExecutor:
         self.selector.close()
 
 
+SETTLE_S = 5.0  # how long a dead actor's results already on their way are waited for
+
+
 class RayExecutor:
     """One Ray actor per worker: `num_gpus=1` each (Ray pins its GPU), `num_cpus=1` under the interpreter."""
 
@@ -203,7 +206,8 @@ class RayExecutor:
         options = {"num_cpus": 1} if interpret else {"num_gpus": 1}
         self.actor = ray.remote(max_restarts=0, **options)(worker.Resident)
         self.actors: dict[int, object] = {}
-        self.pending: dict[object, tuple[int, str | None]] = {}   # ref -> (slot, job id; None: hello)
+        self.pending: dict[object, tuple[int, str | None]] = {}   # ref -> (slot, job id; None: hello), in hand-out order
+        self.deaths: dict[int, str] = {}  # slot -> how its actor died, until reported
 
     def name(self, slot: int) -> str:
         return f"ray:{slot}"
@@ -234,17 +238,29 @@ class RayExecutor:
         for ref in [r for r in self.pending if r in ready]:
             if ref not in self.pending:
                 continue  # its actor died on an earlier ref of this batch: reported once, with that one
-            slot, jid = self.pending.pop(ref)
-            try:
-                message = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
+            slot = self.pending[ref][0]
+            if not self._report(ref, events):  # the actor died: first what it finished before (a result
+                earlier = [r for r, (s, _) in self.pending.items() if s == slot]  # may trail its death),
+                if earlier:  # in the order handed out, then the death, once
+                    done, _ = ray.wait(earlier, num_returns=len(earlier), timeout=SETTLE_S)
+                    for r in [r for r in earlier if r in done]:
+                        self._report(r, events)
                 self.kill(slot)
-                events.append(("died", slot, f"killed its Ray actor ({_first_line(e)})"))
-                continue
-            except Exception as e:
-                message = ["start-failed", worker.reason(e)] if jid is None else ["failed", jid, worker.reason(e), True]
-            events.append((message[0], slot, *message[1:]))
+                events.append(("died", slot, f"killed its Ray actor ({self.deaths.pop(slot)})"))
         return events
+
+    def _report(self, ref, events: list) -> bool:
+        """Append the event of a finished ref; False (nothing appended) when its actor died."""
+        slot, jid = self.pending.pop(ref)
+        try:
+            message = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as e:
+            self.deaths.setdefault(slot, _first_line(e))
+            return False
+        except Exception as e:
+            message = ["start-failed", worker.reason(e)] if jid is None else ["failed", jid, worker.reason(e), True]
+        events.append((message[0], slot, *message[1:]))
+        return True
 
     def kill(self, slot: int) -> None:
         actor = self.actors.pop(slot, None)
