@@ -318,3 +318,15 @@ def test_recording_an_adopted_kernel_records_its_specialization_heuristics_inclu
     block = art.config.kwargs["BLOCK"]
     assert spec == specialization.capture(_scale_even, (x, out, 96, 0.5), {"EVEN": 96 % block == 0}, art.config)
     assert spec["constexprs"]["EVEN"] is True and specialization.resolve(spec["kernel"], sys.modules[__name__])
+
+
+def test_a_ported_kernel_over_heuristics_records_its_specialization():
+    """`ft.autotune` over `@triton.heuristics` (attorch's stacking): the search records the launch of the
+    @triton.jit function below, with the heuristic's value for the winner."""
+    k = ft.autotune([Config({"BLOCK": b}) for b in (16, 32)], ["n"], name="t.evenport")(
+        triton.heuristics({"EVEN": lambda a: a["n"] % a["BLOCK"] == 0})(_scale_even))
+    x, out = torch.randn(96), torch.empty(96)
+    (art,) = search("t.evenport", lambda: k[lambda m: (triton.cdiv(96, m["BLOCK"]),)](x, out, 96, 0.5))
+    block = art.config.kwargs["BLOCK"]
+    spec = specialization.capture(_scale_even, (x, out, 96, 0.5), {"EVEN": 96 % block == 0}, art.config)
+    assert art.provenance["specialization"] == spec

@@ -90,16 +90,33 @@ def capture(fn, args: tuple, kwargs: dict, config: Config) -> dict:
 
 
 def record(kernel: str, fn, args: tuple, kwargs: dict, config: Config) -> dict | None:
-    """`capture`, or None with one warning per kernel when artifacts are being made (`flytune tune`,
-    FLYTUNE_AUTOTUNE=1): a search never fails for want of it."""
+    """`capture` of what `fn` launches (`launched`), or None with one warning per kernel when artifacts
+    are being made (`flytune tune`, FLYTUNE_AUTOTUNE=1): a search never fails for want of it."""
     try:
-        return capture(fn, args, kwargs, config)
+        return capture(*launched(fn, args, kwargs, config), config)
     except Exception as e:  # noqa: BLE001 - Mismatch, or a Triton that binds differently
         if settings.current().autotune == "search":
             reason = str(e) if isinstance(e, Mismatch) else f"{type(e).__name__}: {e}"
             warning.once(("specialization", kernel), f"flytune: kernel {kernel}: its specialization is not "
                          f"recorded ({reason}); `flytune warmup` will skip its artifacts")
         return None
+
+
+def launched(fn, args: tuple, kwargs: dict, config: Config) -> tuple[Any, tuple, dict]:
+    """(the @triton.jit function `fn` launches, its args, its kwargs): through `@triton.heuristics`
+    wrappers (each `.fn` the next), adding each one's values as `Heuristics.run` does, in order, each
+    seeing the config and the ones before it; the launch's own `grid` and `warmup` left out."""
+    launch = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+    for _ in range(8):
+        if is_jit(fn) or fn is None:
+            break
+        values = getattr(fn, "values", None)
+        if isinstance(values, dict):
+            named = {**dict(zip(fn.arg_names, args)), **launch, **config.launch_kwargs()}
+            for name, heuristic in values.items():
+                named[name] = launch[name] = heuristic(named)
+        fn = getattr(fn, "fn", None)
+    return fn, args, launch
 
 
 def compile_inputs(doc: dict, jit, config: Config) -> tuple[dict, dict, dict, dict]:

@@ -116,27 +116,10 @@ def _capturing(tuner, name: str, ranking: str, captured: list):
         if new:
             key = artifact_key(tuner, dict(zip(tuner.arg_names, args)), kwargs)
             winner = Config.coerce(tuner.cache[new[-1]])  # its data: a pre_hook stays in the declaration
-            spec = _specialization(tuner, name, args, kwargs, winner)  # for `flytune warmup`
+            spec = specialization.record(name, tuner.fn, args, kwargs, winner)  # for `flytune warmup`
             captured.append(Artifact(name, key, device.current(), winner, _provenance(tuner, ranking, spec)))
         return ret
     return run
-
-
-def _specialization(tuner, name: str, args: tuple, kwargs: dict, winner: Config) -> dict | None:
-    """How Triton specialised the winner's launch: the @triton.jit function under the Autotuner, called
-    with the call's arguments and what each `@triton.heuristics` between them adds, as they add it."""
-    launch = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
-    fn = tuner.fn
-    for _ in range(8):
-        if specialization.is_jit(fn):
-            return specialization.record(name, fn, args, launch, winner)
-        values = getattr(fn, "values", None)  # a Heuristics: {parameter: fn(named arguments)}, in order
-        if isinstance(values, dict):
-            named = {**dict(zip(tuner.arg_names, args)), **launch, **winner.launch_kwargs()}
-            for k, heuristic in values.items():  # as `Heuristics.run`: each sees the ones before it
-                named[k] = launch[k] = heuristic(named)
-        fn = getattr(fn, "fn", None)
-    return None
 
 
 def _provenance(tuner, ranking: str, spec: dict | None = None) -> dict:
