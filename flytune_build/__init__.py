@@ -15,6 +15,7 @@ from .core.errors import (
     FlytuneError,
     FlytuneWarning,
     InputError,
+    OutputError,
     ProjectError,
     ScratchError,
     SearchError,
@@ -26,7 +27,7 @@ from .core.version import VERSION as __version__
 
 __all__ = ["Config", "autotune", "stats", "reset_stats", "on_decision", "warmup", "pow2", "nearest", "FlytuneError",
            "ArtifactError", "ArtifactExecutionError", "BuildFailure", "BundleError", "DeclarationError",
-           "DeviceError", "InputError", "ProjectError", "ScratchError", "SearchError", "SettingsError",
+           "DeviceError", "InputError", "OutputError", "ProjectError", "ScratchError", "SearchError", "SettingsError",
            "TierMissError", "TuneError", "FlytuneWarning", "__version__"]
 
 

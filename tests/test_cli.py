@@ -364,3 +364,47 @@ def test_an_output_that_is_a_file_is_a_typed_error(tmp_path):
         r = flytune(*args)
         assert r.returncode == 1 and "afile" in r.stderr and "Error:" not in r.stderr, r.stderr
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("raised", ["SystemExit(0)", "SystemExit(5)", "GeneratorExit()"])
+def test_code_that_exits_at_import_is_a_finding_not_a_verdict(tmp_path, raised):
+    """`verify --deep` imports the package: `sys.exit` (or any BaseException but Ctrl-C) there is its
+    failure, reported in the JSON, exit 1; what the import prints never mixes into the JSON."""
+    proj = make_project(tmp_path / "p")
+    init = proj / "fixpkg" / "__init__.py"
+    init.write_text(f"print('hello from import')\nraise {raised}\n" + init.read_text())
+    r = flytune("verify", "--deep", "--json", proj)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    (report,) = json.loads(r.stdout)["reports"]
+    assert any("cannot be imported for --deep" in e["rule"] for e in report["errors"])
+
+
+def test_a_tune_setup_that_exits_fails_its_shapes_and_the_run(tmp_path):
+    """A setup that calls sys.exit (or pytest.skip) fails its entry like an exception: exit 1, named."""
+    proj = make_project(tmp_path / "p", extra='[tool.flytune.tune]\nentries = [{ kernel = "fixpkg.add", '
+                                              'setup = "fixpkg.bye:setup", shapes = [{ n = 8 }] }]\n')
+    (proj / "fixpkg" / "bye.py").write_text("import sys\n\ndef setup(n):\n    sys.exit(0)\n")
+    r = flytune("tune", "--project", proj, "--allow-ci", "--ranking", "synthetic", "--no-progress")
+    assert r.returncode == 1 and "SystemExit" in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_tune_state_and_table_values_are_read_safely(tmp_path):
+    """A resume state whose time is null, and whose winner text holds escape sequences, prints a
+    table: no crash, no escape sequence reaches the terminal."""
+    proj = make_project(tmp_path / "p", extra='[tool.flytune.tune]\nentries = [{ kernel = "fixpkg.add", '
+                                              'setup = "fixpkg:setup", shapes = [{ n = 8 }] }]\n')
+    from flytune_build.cli.job import job_id
+    from flytune_build.core.device import INTERPRETER
+    from flytune_build.core.project import load
+
+    entry = load(proj).tune_entries[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    state = {"format": 1, "done": {job_id(entry, {"n": 8}, INTERPRETER.spec()):
+                                   {"winner": "\x1b[2JOWNED\u202e", "time_ms": None}}}
+    (out / ".flytune-tune-state").write_text(json.dumps(state))
+    r = flytune("tune", "--project", proj, "--allow-ci", "--ranking", "synthetic", "--no-progress", "--output", out)
+    assert r.returncode == 0 and "\x1b" not in r.stdout and "\\x1b[2JOWNED\\u202e" in r.stdout, r.stdout + r.stderr
+    (tmp_path / "afile").write_text("mine")
+    r = flytune("tune", "--project", proj, "--allow-ci", "--output", tmp_path / "afile")
+    assert r.returncode == 1 and "cannot be an output directory" in r.stderr and "Error:" not in r.stderr

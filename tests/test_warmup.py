@@ -330,3 +330,34 @@ def test_a_ported_kernel_over_heuristics_records_its_specialization():
     block = art.config.kwargs["BLOCK"]
     spec = specialization.capture(_scale_even, (x, out, 96, 0.5), {"EVEN": 96 % block == 0}, art.config)
     assert art.provenance["specialization"] == spec
+
+
+def test_warmup_imports_nothing_a_tampered_bundle_names(installed):
+    """The package a warm-up imports from is its entry point's, never the manifest's `package` (data);
+    a specialization that is not one is a typed note, and the bundle is not warmed."""
+    site = installed(pkg="badpkg", edit=lambda s: {**s, "kernel": "antigravity:s"})
+    manifest = site / "badpkg" / "_flytune" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**doc, "package": "antigravity"}))
+    report = ft.warmup("badpkg")
+    assert "antigravity" not in sys.modules and not report.units
+    assert any("its manifest names package 'antigravity'" in n for n in report.notes)
+
+
+def test_warmup_of_a_malformed_specialization_is_a_typed_note(installed):
+    """A bundle altered after its build, hashes re-pinned: the specialization is checked before use."""
+    import hashlib
+
+    site = installed(pkg="badpkg")
+    bundle_dir = site / "badpkg" / "_flytune"
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    info = manifest["kernels"]["badpkg.add"]
+    prov = json.loads((bundle_dir / info["provenance"]).read_text())
+    for v in prov["provenance"].values():
+        v["specialization"] = "x"
+    data = json.dumps(prov).encode()
+    (bundle_dir / info["provenance"]).write_bytes(data)
+    info["provenance_sha256"] = hashlib.sha256(data).hexdigest()
+    (bundle_dir / "manifest.json").write_text(json.dumps(manifest))
+    report = ft.warmup("badpkg")
+    assert not report.units and any("specialization` must be an object" in n for n in report.notes), report.notes

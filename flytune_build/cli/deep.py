@@ -10,7 +10,9 @@ artifact or manifest data alone.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 
 from ..core.errors import (
     ArtifactError,
@@ -18,6 +20,7 @@ from ..core.errors import (
     BundleError,
     FlytuneError,
     InputError,
+    foreign_failure,
 )
 from ..core.target import match_level
 from ..runtime import device
@@ -30,8 +33,11 @@ def check(src, *, execute: bool = False) -> None:
     if package is None:
         return
     try:
-        importlib.import_module(package)
-    except Exception as e:  # the package is the user's code: any failure is a finding, not a crash
+        with contextlib.redirect_stdout(sys.stderr):  # what the import prints never mixes into the report
+            importlib.import_module(package)
+    except BaseException as e:  # the package is the user's code: any failure is a finding, not a crash
+        if not foreign_failure(e):
+            raise
         src.errors.append(FlytuneError(f"cannot be imported for --deep: {type(e).__name__}: {e}", file=package))
         return
     here = device.current() if execute else None
@@ -52,9 +58,11 @@ def check(src, *, execute: bool = False) -> None:
                 src.warnings.append(f"{art.filename}: kernel {k.name} declares no `validate`: not executed")
                 continue
             try:
-                with k.forcing(art.config):
+                with k.forcing(art.config), contextlib.redirect_stdout(sys.stderr):
                     k.validate(dict(art.key))
-            except Exception as e:
+            except BaseException as e:
+                if not foreign_failure(e):
+                    raise
                 src.errors.append(ArtifactExecutionError(
                     f"failed when executed on {here}: {type(e).__name__}: {e}", file=art.filename, field="config"))
 

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import table
+from ..core import fsutil, table
 from ..core.artifact import Artifact
 from ..core.device import DeviceIdentity, parse_spec
 from ..core.errors import DeviceError, FlytuneError, TuneError
@@ -188,7 +188,7 @@ class Fleet:
         finished = 0
         for dev, directory in directories.items():
             spec = dev.spec()
-            directory.mkdir(parents=True, exist_ok=True)
+            fsutil.output_directory(directory)
             self.directories[spec] = directory
             self.done[spec] = read_state(directory) if self.options.resume else {}
             jobs, self.queues[spec], resumed = lay_out(self.entries, spec, self.done[spec])

@@ -6,6 +6,7 @@ any moment redoes at most the jobs it had not recorded.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -44,4 +45,28 @@ def read_state(directory: Path) -> dict:
 
 
 def write_state(directory: Path, done: dict) -> None:
-    atomic_write(Path(directory) / STATE_FILE, codec.canonical({"format": 1, "done": done}) + b"\n")
+    """Record `done` with whatever another run writing into the same directory has recorded since this
+    one read the state (merged under a lock on the directory itself: no lock file among the
+    artifacts): two runs into one output redo nothing either finished."""
+    with _locked(Path(directory)):
+        try:
+            merged = {**read_state(directory), **done}
+        except ProjectError:  # malformed since it was read: this run's record replaces it
+            merged = dict(done)
+        atomic_write(Path(directory) / STATE_FILE, codec.canonical({"format": 1, "done": merged}) + b"\n")
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """An exclusive flock on the directory (Linux, macOS); nothing where the platform has none."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

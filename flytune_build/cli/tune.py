@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import fsutil
+from ..core.errors import foreign_failure
 from ..core.project import Project, TuneEntry
 from ..runtime import device, selection
 from . import job, placement, stability
@@ -46,7 +48,7 @@ def _run(project, entries, output, resume, progress, out, min_improvement=MIN_IM
          repeat=1) -> list[Result]:
     dev = device.current()
     out_dir = placement.expand(output or project.tune_dir, dev)  # {arch}, {backend}, {device}
-    out_dir.mkdir(parents=True, exist_ok=True)
+    fsutil.output_directory(out_dir)
     done = read_state(out_dir) if resume else {}
     jobs = [(e, s) for e in entries for s in e.shapes]
     results: list[Result] = []
@@ -57,14 +59,17 @@ def _run(project, entries, output, resume, progress, out, min_improvement=MIN_IM
             jid = job.job_id(entry, shape, dev.spec())
             bar.set_description(f"{entry.kernel} {shape}"[:60])
             if jid in done:
-                results.append(Result(entry.kernel, shape, None, done[jid]["winner"], done[jid]["time_ms"],
-                                      done[jid].get("margin"), "resumed"))
+                t_ms = done[jid]["time_ms"]  # null: a time that was not a number
+                results.append(Result(entry.kernel, shape, None, done[jid]["winner"],
+                                      math.nan if t_ms is None else t_ms, done[jid].get("margin"), "resumed"))
                 bar.update(1)
                 continue
             try:
                 with selection.keeping(held.lookup):  # job.run (a fleet worker's body), `repeat` times
                     tuned = stability.run(project.root, entry, shape, repeat)
-            except Exception as e:  # noqa: BLE001 - the user's setup or kernel: this entry failed, the rest run
+            except BaseException as e:  # the user's setup or kernel (sys.exit, pytest.skip too): this entry failed
+                if not foreign_failure(e):
+                    raise
                 results.append(Result(entry.kernel, shape, None, f"{type(e).__name__}: {e}"[:200], math.nan, None,
                                       "failed"))
                 print(f"flytune: error: {entry.kernel} {shape}: {type(e).__name__}: {e}", file=out)

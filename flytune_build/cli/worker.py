@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from ..core.artifact import Artifact
+from ..core.errors import foreign_failure
 from ..core.project import TuneEntry
 from . import job
 
@@ -86,7 +87,9 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     entry = TuneEntry(kernel, setup, (shape,), autotuner)
     try:
         tuned = job.run(root, entry, shape)
-    except (Exception, SystemExit) as e:
+    except BaseException as e:
+        if not foreign_failure(e):
+            raise
         return ["failed", jid, reason(e), not job.device_healthy()]
     host = socket.gethostname()
     out = []

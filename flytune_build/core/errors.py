@@ -76,6 +76,11 @@ class InputError(FlytuneError):
     """A path or argument given to a command is not what the command needs."""
 
 
+class OutputError(FlytuneError, OSError):
+    """A file flytune must write cannot be (a file where a directory must be, a directory where the file
+    goes, no permission, a full disk). An OSError too: best-effort writers handle it as one."""
+
+
 class TuneError(FlytuneError, RuntimeError):
     """A tuning run could not go on (no worker started, a result from the wrong device)."""
 
@@ -98,3 +103,10 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def foreign_failure(e: BaseException) -> bool:
+    """Whether an exception from code flytune runs but does not own (a package's import, a tuning setup,
+    a kernel, a validate) is that code's failure, to report and go on: everything but the user's
+    KeyboardInterrupt, so SystemExit (`sys.exit` at import), pytest's Skipped and other BaseExceptions too."""
+    return not isinstance(e, KeyboardInterrupt)

@@ -9,12 +9,15 @@
 """
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .errors import OutputError
 
 MAX_ENTRIES = 1_000_000  # directory entries one source may visit
 MAX_DEPTH = 64           # directory levels below the root
@@ -24,22 +27,40 @@ _MAGIC = frozenset("*?[")
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` through a temporary file and a rename: a reader sees the old file or
+    the new one. Any failure is an OutputError naming `path` (an OSError too), with nothing left."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            raise IsADirectoryError(errno.EISDIR, "a directory is in the way")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    except BaseException as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(e, OSError) and not isinstance(e, OutputError):
+            raise OutputError(f"cannot be written: {e.strerror or e}", file=path) from None
         raise
+
+
+def output_directory(path: str | os.PathLike) -> Path:
+    """`path`, made a directory if it is not one; an OutputError naming it when it cannot be."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot be an output directory: {e.strerror or e}", file=path) from None
+    return path
 
 
 def kind(mode: int) -> str:

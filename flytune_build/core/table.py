@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from .errors import printable
+
 
 def render(rows: Iterable[Sequence[object]], *, align: str = "", indent: str = "", gap: str = "  ") -> str:
     """`rows` (the first one usually a header) as lines of aligned columns: column i is right-aligned
-    where `align[i]` is ">", left-aligned otherwise; trailing spaces are dropped."""
-    cells = [[str(c) for c in row] for row in rows]
+    where `align[i]` is ">", left-aligned otherwise; trailing spaces are dropped. Every cell is made
+    printable (`errors.printable`): cells often hold data (a shape, a winner read from a state file)."""
+    cells = [[printable(str(c)) for c in row] for row in rows]
     if not cells:
         return ""
     widths = [max(len(row[i]) for row in cells if i < len(row)) for i in range(max(map(len, cells)))]

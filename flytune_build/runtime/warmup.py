@@ -26,11 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..core import bundle, codec, settings, table
+from ..core import specialization as spec_format
 from ..core.artifact import Artifact
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.device import DeviceIdentity
-from ..core.errors import BundleError, FlytuneError
+from ..core.errors import BundleError, FlytuneError, foreign_failure
 from ..core.target import match_level
 from . import device, offline, specialization, warning
 
@@ -149,6 +150,11 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
         if src is None:
             notes.append(f"{dist_name}: its bundle cannot be read (see the warning); not warmed")
             continue
+        package = ep.value.split(":")[0].strip().removesuffix(f".{bundle.DIRNAME}")
+        if package != ep.value.split(":")[0].strip() and package != src.manifest.package:
+            notes.append(f"{src.label}: its manifest names package {src.manifest.package!r}, its entry point "
+                         f"{ep.value!r}: nothing is imported for it; not warmed")  # the manifest is data
+            continue
         for kernel, info in sorted(src.manifest.kernels.items()):
             try:
                 _add_units(units, src, info, dev)
@@ -185,7 +191,10 @@ def _add_units(units: dict, src, info: bundle.ShardInfo, dev: DeviceIdentity) ->
         if not accepted[key_dev]:
             continue
         art = Artifact.from_json(doc, file=src.root / info.shard)
-        spec = (provenance.get(art.address) or {}).get("specialization")
+        entry = provenance.get(art.address)
+        spec = entry.get("specialization") if isinstance(entry, dict) else None
+        if spec is not None:  # checked before it names anything to import (a bundle's bytes are data)
+            spec_format.check(spec, Fields(prov_path, BundleError), f"{art.address}.specialization")
         group = (art.kernel, art.config.canonical(), codec.canonical(spec) if spec is not None else None)
         unit = units.get(group)
         if unit is None:
@@ -222,7 +231,9 @@ def _resolve(unit: Unit):
         return jit
     except specialization.Mismatch as e:
         unit.status, unit.note = "skipped", str(e)
-    except Exception as e:  # noqa: BLE001 - the package's own import failed: report it, warm the rest
+    except BaseException as e:  # the package's own import failed (sys.exit too): report it, warm the rest
+        if not foreign_failure(e):
+            raise
         unit.status, unit.note = "skipped", f"importing {module} failed: {type(e).__name__}: {e}"
     return None
 

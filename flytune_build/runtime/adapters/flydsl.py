@@ -99,15 +99,22 @@ def export(artifacts, out_dir: str | Path) -> tuple[list[Path], list[str]]:
     """Write every expressible artifact; returns (written files, reasons for the skipped ones)."""
     from ...core.fsutil import atomic_write
 
-    written, skipped = [], []
+    written, skipped, made, clashing = [], [], {}, set()
     for art in artifacts:
         try:
             name, data = to_flydsl(art)
         except ArtifactError as e:
             skipped.append(str(e))
             continue
-        atomic_write(Path(out_dir) / name, data)
-        written.append(Path(out_dir) / name)
+        first = made.setdefault(name, (art, data))
+        if first[1] != data:  # FlyDSL keys dtypes as "torch.float16": "float16" and "torch.float16" meet here
+            clashing.add(name)
+            skipped.append(str(ArtifactError(f"is FlyDSL's {name}, as {first[0].filename} is, with another config: "
+                                             f"neither is written", file=art.filename)))
+    for name, (_, data) in made.items():
+        if name not in clashing:
+            atomic_write(Path(out_dir) / name, data)
+            written.append(Path(out_dir) / name)
     return written, skipped
 
 
