@@ -440,3 +440,18 @@ def test_ray_executor_reports_a_batch_in_handout_order_and_a_death_once(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("EVENTS")]  # the executor's stdout goes there
     assert lines == ["EVENTS ['died'] {}", "EVENTS ['done', 'died'] {}"]
+
+
+def test_the_resume_state_keeps_what_other_runs_add_and_drops_what_this_run_redoes(tmp_path):
+    """`write_state(dir, done, base)`: records another run added or changed since `base` (the state as
+    this run found it) stay; the rest is this run's view, so a `--no-resume` run (done empty at its
+    start) drops the records it set out to redo, even if it is interrupted."""
+    from flytune_build.cli.resume import snapshot, write_state
+
+    old = {"a": {"winner": "w", "time_ms": 1.0}, "b": {"winner": "w", "time_ms": 2.0}}
+    write_state(tmp_path, old)
+    base = snapshot(tmp_path)                     # a --no-resume run starts
+    other = dict(old, c={"winner": "x", "time_ms": 3.0})
+    write_state(tmp_path, other, base)            # another run finishes c meanwhile
+    write_state(tmp_path, {"a": {"winner": "v", "time_ms": 0.5}}, base)  # this run redid a, then stops
+    assert read_state(tmp_path) == {"a": {"winner": "v", "time_ms": 0.5}, "c": {"winner": "x", "time_ms": 3.0}}

@@ -25,13 +25,13 @@ from pathlib import Path
 from ..core import fsutil, table
 from ..core.artifact import Artifact
 from ..core.device import DeviceIdentity, parse_spec
-from ..core.errors import DeviceError, FlytuneError, TuneError
+from ..core.errors import DeviceError, FlytuneError, TuneError, printable
 from ..core.project import Project, TuneEntry
 from . import executors, placement
 from .job import Job, no_search_note, shape_text
 from .progress import FleetProgress
 from .publisher import Publisher
-from .resume import read_state
+from .resume import read_state, snapshot
 
 START_TIMEOUT = 300.0   # seconds a worker may take to import, start and report its device
 ATTEMPTS = 2            # a job that kills its worker runs at most this often
@@ -196,7 +196,9 @@ class Fleet:
             self.outcomes.update(resumed)
             finished += len(resumed)
         self.progress = FleetProgress(len(self.jobs), finished, enabled=self.options.progress, out=self.out)
-        self.publisher = Publisher({self.directories[spec]: dict(done) for spec, done in self.done.items()})
+        self.publisher = Publisher({self.directories[spec]: dict(done) for spec, done in self.done.items()},
+                                   {d: dict(self.done[spec]) if self.options.resume else snapshot(d)
+                                    for spec, d in self.directories.items()})
 
     def _drive(self) -> None:
         while True:
@@ -414,7 +416,7 @@ def summary(report: Report) -> str:
     lines = [table.render(rows)]
     for o in report.failed:
         on = f" on {o.job.device}" if several else ""
-        lines.append(f"failed: {o.job.label()}{on}: {o.reason}")
+        lines.append(printable(f"failed: {o.job.label()}{on}: {o.reason}"))
     return "\n".join(lines)
 
 

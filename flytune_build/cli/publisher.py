@@ -17,8 +17,9 @@ from .resume import write_state
 
 
 class Publisher:
-    def __init__(self, done: dict[Path, dict]):
+    def __init__(self, done: dict[Path, dict], bases: dict[Path, dict] | None = None):
         self.done = done                     # directory -> {job id: record}, as the state holds it
+        self.bases = bases or {}             # directory -> the state as the run found it (`resume.snapshot`)
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.failures: list[tuple[Job | None, str]] = []
         self.lock = threading.Lock()
@@ -51,7 +52,7 @@ class Publisher:
                     touched.append(item[1])
             for directory in touched:
                 try:
-                    write_state(directory, self.done[directory])
+                    write_state(directory, self.done[directory], self.bases.get(directory))
                 except OSError as e:
                     self._failed(None, f"the resume state in {directory} could not be written: {e}")
             if None in batch:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..core import codec
 from ..core.codec import Fields
-from ..core.errors import ProjectError
+from ..core.errors import OutputError, ProjectError
 from ..core.fsutil import atomic_write, read_regular
 
 STATE_FILE = ".flytune-tune-state"
@@ -44,15 +44,25 @@ def read_state(directory: Path) -> dict:
     return doc["done"]
 
 
-def write_state(directory: Path, done: dict) -> None:
-    """Record `done` with whatever another run writing into the same directory has recorded since this
-    one read the state (merged under a lock on the directory itself: no lock file among the
-    artifacts): two runs into one output redo nothing either finished."""
+def snapshot(directory: Path) -> dict:
+    """The state as a run finds it at its start (its `base` for `write_state`); a malformed one, none."""
+    try:
+        return read_state(directory)
+    except ProjectError:
+        return {}
+
+
+def write_state(directory: Path, done: dict, base: dict | None = None) -> None:
+    """Record `done`, this run's view. With `base` (the state as this run found it, `snapshot`), the
+    records another run writing into the same directory has added or changed since are kept too,
+    merged under a lock on the directory itself (no lock file among the artifacts): two runs into one
+    output redo nothing either finished, and a `--no-resume` run (an empty `done`) still drops what it
+    set out to redo."""
     with _locked(Path(directory)):
-        try:
-            merged = {**read_state(directory), **done}
-        except ProjectError:  # malformed since it was read: this run's record replaces it
-            merged = dict(done)
+        merged = dict(done)
+        if base is not None:
+            now = snapshot(directory)
+            merged = {**{job: r for job, r in now.items() if base.get(job) != r}, **done}
         atomic_write(Path(directory) / STATE_FILE, codec.canonical({"format": 1, "done": merged}) + b"\n")
 
 
@@ -64,7 +74,10 @@ def _locked(directory: Path):
     except ImportError:
         yield
         return
-    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError as e:
+        raise OutputError(f"cannot be locked to record the resume state: {e.strerror or e}", file=directory) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -18,7 +18,7 @@ from ..core.errors import foreign_failure
 from ..core.project import Project, TuneEntry
 from ..runtime import device, selection
 from . import job, placement, stability
-from .resume import read_state, write_state
+from .resume import read_state, snapshot, write_state
 from .shipped import MIN_IMPROVEMENT_PCT, OutputWinners
 
 
@@ -50,6 +50,7 @@ def _run(project, entries, output, resume, progress, out, min_improvement=MIN_IM
     out_dir = placement.expand(output or project.tune_dir, dev)  # {arch}, {backend}, {device}
     fsutil.output_directory(out_dir)
     done = read_state(out_dir) if resume else {}
+    base = dict(done) if resume else snapshot(out_dir)  # what other runs add to the state from now on is kept
     jobs = [(e, s) for e in entries for s in e.shapes]
     results: list[Result] = []
     held = OutputWinners(out_dir, min_improvement)
@@ -86,7 +87,7 @@ def _run(project, entries, output, resume, progress, out, min_improvement=MIN_IM
                 results.append(Result(entry.kernel, shape, dict(t.artifact.key), t.winner, t.time_ms, t.margin,
                                       "tuned", change, stable))
                 done[jid] = {"winner": t.winner, "time_ms": t.time_ms, "margin": t.margin}
-            write_state(out_dir, done)
+            write_state(out_dir, done, base)
             bar.update(1)
     finally:
         bar.close()

@@ -150,10 +150,11 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
         if src is None:
             notes.append(f"{dist_name}: its bundle cannot be read (see the warning); not warmed")
             continue
-        package = ep.value.split(":")[0].strip().removesuffix(f".{bundle.DIRNAME}")
-        if package != ep.value.split(":")[0].strip() and package != src.manifest.package:
-            notes.append(f"{src.label}: its manifest names package {src.manifest.package!r}, its entry point "
-                         f"{ep.value!r}: nothing is imported for it; not warmed")  # the manifest is data
+        value = ep.value.split(":")[0].strip()
+        if value != f"{src.manifest.package}.{bundle.DIRNAME}":  # the manifest is data; the entry point names
+            notes.append(f"{src.label}: its entry point {ep.value!r} is not {src.manifest.package}.{bundle.DIRNAME}, "
+                         f"the package its manifest names (an editable install, or an altered bundle): nothing is "
+                         f"imported for it; not warmed")  # the package the distribution installs
             continue
         for kernel, info in sorted(src.manifest.kernels.items()):
             try:
