@@ -4,6 +4,8 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import python_env
 from kernels import ADD_CONFIGS, grid, make_accumulate, make_add, make_iadd, nearest, pow2
 
@@ -617,3 +619,39 @@ def test_warmup_compiles_without_launching_or_searching(tmp_path, monkeypatch, h
     assert k.decision(x, y, out, 50) is None
     assert ft.stats()[k.name]["searches"] == 0 and ft.stats()[k.name]["calls"]["search"] == 0
     assert torch.all(out == -1)  # launched nothing
+
+
+@triton.jit
+def _scale_alpha(x, out, n, BLOCK: tl.constexpr, ALPHA: tl.constexpr = 2):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * ALPHA, mask=m)
+
+
+def test_an_artifact_never_sets_a_parameter_no_declared_config_tunes(tmp_path, monkeypatch):
+    """ALPHA has a default and is not tuned: an artifact setting it would change what the kernel
+    computes. It is refused with one warning; the next tier serves, results as the kernel defines them."""
+    k = ft.autotune([Config({"BLOCK": b}) for b in (16, 32)], ["n"], name="t.alpha",
+                    default=lambda a: Config({"BLOCK": 16}))(_scale_alpha)
+    artifact_dir(tmp_path, monkeypatch, "t.alpha", {"n": 64}, Config({"BLOCK": 16, "ALPHA": 1000}))
+    x, out = torch.ones(64), torch.zeros(64)
+    with pytest.warns(FlytuneWarning, match="none of its declared configs tunes"):
+        k[(4,)](x, out, 64)
+    assert out[0].item() == 2.0 and calls(k)["heuristic"] == 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_key_json_cannot_write_still_runs(value):
+    """A NaN or infinite float key axis has no scratch address: the call runs on the other tiers."""
+    k = ft.autotune([Config({"BLOCK": 16})], ["n", "alpha"], name=f"t.nan{value}",
+                    default=lambda a: Config({"BLOCK": 16}))(_scale_alpha_f)
+    x, out = torch.ones(64), torch.zeros(64)
+    k[(4,)](x, out, 64, value)
+    assert calls(k)["heuristic"] == 1
+
+
+@triton.jit
+def _scale_alpha_f(x, out, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * alpha, mask=m)

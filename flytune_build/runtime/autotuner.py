@@ -268,10 +268,14 @@ class Autotuned:
         """Versions, this kernel's source hash and the compiler environment (part of the scratch key)."""
         return identity.toolchain(self.base_fn)
 
-    def scratch_key(self, bound: dict, key: dict) -> str:
-        """The scratch-cache address of this call's winner."""
-        return identity.scratch_key(self.name, key, bound, self.arg_names, device.current(), self.toolchain(),
-                                    self.space_hash)
+    def scratch_key(self, bound: dict, key: dict) -> str | None:
+        """The scratch-cache address of this call's winner; None for a key JSON cannot write (a NaN or
+        infinite float axis): such a call has no scratch tier, and runs all the same."""
+        try:
+            return identity.scratch_key(self.name, key, bound, self.arg_names, device.current(), self.toolchain(),
+                                        self.space_hash)
+        except ValueError:
+            return None
 
     def stats(self) -> dict:
         """This kernel's counters (see `flytune_build.stats()`)."""
@@ -320,13 +324,14 @@ class _Always(dict):
 
 def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decision | None:
     """The scratch tier: a winner searched on this machine before, checked before it is trusted."""
-    value = k._scratch.get(k.scratch_key(bound, key))
+    address = k.scratch_key(bound, key)
+    value = None if address is None else k._scratch.get(address)
     if value is None:
         return None
     try:
         config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
                                   Fields(k._scratch.path, ArtifactError))
-        k.check_binds(config, set(bound), "config")
+        k.check_binds(config, set(bound), "config", file=k._scratch.path)  # an artifact's rules: it is data
         hook = _served_hook(k, config, bound, kwargs, k._scratch.path)
     except FlytuneError as e:
         warning.once(("scratch-entry", k.name), f"{k._scratch.path}: {e}; scratch entry ignored")
@@ -339,7 +344,9 @@ def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit:
     found = search.run(k, args, kwargs, bound, key, grid)
     k._stats.searched(found.seconds)
     winner = found.winner
-    k._scratch.put(k.scratch_key(bound, key), {"config": winner.config.to_json(), "time_ms": winner.time_ms})
+    address = k.scratch_key(bound, key)
+    if address is not None:
+        k._scratch.put(address, {"config": winner.config.to_json(), "time_ms": winner.time_ms})
     spec = specialization.record(k.name, k.fn, args, kwargs, winner.config)  # for `flytune warmup`
     artifact = Artifact(k.name, key, device.current(), winner.config,
                         identity.provenance(found.candidates, k.space_hash, found.ranking, spec,

@@ -42,6 +42,8 @@ class Binding:
                 f.fail(path, "overrides a key parameter")
             if name in caller:
                 f.fail(path, "overrides an argument the caller passed")
+            if file is not None and name not in self.tuned_kwargs:  # data never sets what is not tuned
+                f.fail(path, f"sets a parameter of kernel {self.kernel} that none of its declared configs tunes")
             want = self.tuned_kwargs.get(name)
             if want is not None and type(value) is not want and not (want is float and type(value) is int):
                 f.fail(path, f"must be {want.__name__} like the declared configs, not {type(value).__name__}")
