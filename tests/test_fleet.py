@@ -388,7 +388,9 @@ def test_ray_executor_matches_a_sequential_run_and_survives_a_dying_actor(tmp_pa
     assert "3 tuned, 0 resumed, 1 failed" in r.stdout and "Traceback" not in r.stderr
     (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("failed: fleetpkg.exits")]
     assert "killed its Ray actor" in line
-    assert sum(ln.startswith("exits ") for ln in calls(tmp_path)) == 2
+    # two attempts; a third run only where Ray lost the result of the job before it with the actor
+    # (that job is then blamed and retried, and the dying one handed out again)
+    assert sum(ln.startswith("exits ") for ln in calls(tmp_path)) in (2, 3)
     for p in (tmp_path / "seq").glob("*.json"):
         assert comparable(tmp_path / "ray" / p.name) == comparable(p)
         assert Artifact.load(tmp_path / "ray" / p.name).provenance["worker"] in ("ray:0", "ray:1")
