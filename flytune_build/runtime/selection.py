@@ -13,8 +13,9 @@ least time it keeps (`bench`, `search`). Then:
    interquartile range / 1.349 (a standard deviation robust to a stray round). With F the fastest
    finalist and d the finalists' pooled relative dispersion (root mean square of s/m), a finalist
    ties with F when
-   m <= m_F * (1 + w),   w = min(max(k * sqrt(2) * d, floor), cap),   k = 2, floor = 1%, cap = 3%:
-   statistically indistinguishable from the fastest, or within `floor` of it, never beyond `cap`;
+   m <= m_F * (1 + w),   w = min(max(k * sqrt(2) * d, floor), cap),   k = 2, floor = 1%, cap = 2%:
+   statistically indistinguishable from the fastest, or within `floor` of it, never beyond `cap` (so a
+   winner is never more than 2% slower than the fastest finalist in its own run);
 3. the tie rule: the earliest declared config in the band wins. It depends on no timing, so two
    tunes that see the same band choose the same config;
 4. hysteresis: with a shipped winner I, timed in the same rounds, the band's winner W replaces I only
@@ -48,7 +49,7 @@ class Rule:
     """The band's parameters (see the module docstring)."""
     k: float = 2.0
     floor: float = 0.01
-    cap: float = 0.03
+    cap: float = 0.02
     rounds: int = 5
     max_finalists: int = 6
     screen_band: float = 0.10
