@@ -1,5 +1,6 @@
 """Deterministic tuning: the tie band and its rule (synthetic samples), the shipped winner's hysteresis,
 `--repeat`, and real measured tunes of a kernel with exact ties (num_warps under the interpreter)."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER
 from flytune_build.core.errors import ArtifactError, SearchError
 from flytune_build.pipeline import reader
-from flytune_build.runtime import selection
+from flytune_build.runtime import bench, selection
 from flytune_build.runtime.bench import Candidate
 
 RULE = selection.MEASURED
@@ -72,7 +73,7 @@ def test_the_band_widens_with_the_noise_and_stops_at_the_cap():
 def test_band_of_round_times():
     b = selection.band({0: [2.0, 2.0, 2.0], 3: [1.0, 1.0, 1.0], 5: [1.005, 1.005, 1.005]}, RULE)
     assert (b.fastest, b.members, b.width) == (3, (3, 5), RULE.floor)
-    assert b.limit_ms == pytest.approx(1.01)
+    assert b.limit_ms == pytest.approx(1 + RULE.floor)
     assert selection.dispersion([1.0, 1.1, 0.9, 1.0, 5.0]) == pytest.approx(0.1 / selection.IQR_SIGMA)  # one wild round
     assert selection.dispersion([11.9, 12.3, 14.5, 14.6, 14.6]) > 1.5  # two modes: a split the band must cover
 
@@ -168,6 +169,16 @@ def test_selection_and_measurement_records_are_checked_and_read_fast(tmp_path):
             "selection": {**picked.record, "stability": {"runs": 3, "agreed": 2}}}
     data = art(32, prov).to_bytes()
     assert reader.read_tuned(data) is not None  # the fast reader still takes what tune writes
+    for timer in ("cuda-graph", "cuda-events", "cpu-time", "user", "synthetic"):  # every field the writer writes
+        written = bench.Measurement(timer, 25, 100, 0.0041, note="n", placements=5, placement_note="p").to_json()
+        doc = json.loads(art(32, {**prov, "measurement": written}).to_bytes())
+        assert Artifact.from_json(doc).provenance["measurement"] == written
+        assert reader.read_tuned(art(32, {**prov, "measurement": written}).to_bytes()) is not None
+    for bad in ({"placements": 0}, {"placements": "5"}, {"placement_note": 5}):
+        doc = json.loads(art(32, {**prov, "measurement": {**prov["measurement"], **bad}}).to_bytes())
+        with pytest.raises(ArtifactError) as e:
+            Artifact.from_json(doc)
+        assert e.value.field == f"provenance.measurement.{next(iter(bad))}"
     assert reader.read(data, file="f.json", check_name=False).provenance == json.loads(data)["provenance"]
     for path, bad in (("provenance.selection.winner", {"winner": -1}),
                       ("provenance.selection.shipped.outcome", {"winner": 0, "shipped": {"outcome": "swapped"}}),
@@ -296,7 +307,10 @@ def test_a_small_kernel_is_timed_in_cuda_graphs_a_large_one_launch_by_launch(mon
     assert large.to_json() == {"timer": "cuda-events", "l2_flush": True, "warmup_ms": 25, "rep_ms": 100,
                                "screen_fraction": bench.SCREEN_FRACTION, "screen_passes": bench.SCREEN_PASSES,
                                "graph_below_ms": bench.GRAPH_BELOW_MS,
-                               "estimate_ms": 0.2}
+                               "estimate_ms": 0.2, "placements": 1}
+    placed = dataclasses.replace(large, placements=5).to_json()
+    assert placed["placements"] == 5 and "placement_note" not in placed
+    assert dataclasses.replace(large, placement_note="a Sub argument").to_json()["placement_note"] == "a Sub argument"
 
     def no_graphs(fn, rep):
         raise RuntimeError("capture unsupported")

@@ -8,8 +8,10 @@ have neither). Data only; indices name entries of `provenance.candidates`:
                     "screen_fraction": 10,        screening used 1/10 of it,
                     "screen_passes": 3,           in 3 interleaved passes (each candidate's least kept)
                     "estimate_ms": 0.0041,        the quick first estimate that chose the timer (GPU)
-                    "graph_below_ms": 0.05, "note": "..."}
-    "selection":   {"rule": {"k": 2.0, "floor": 0.01, "cap": 0.03, "rounds": 5, "max_finalists": 6,
+                    "graph_below_ms": 0.05, "note": "...",
+                    "placements": 5,              the inputs' placements the passes and rounds rotated over
+                    "placement_note": "..."}      why there was only one (GPU timers)
+    "selection":   {"rule": {"k": 2.0, "floor": 0.015, "cap": 0.02, "rounds": 5, "max_finalists": 6,
                              "screen_band": 0.1, "prefer": "declared", "tie": "declared order"},
                     "round_fraction": 4.0,        each round of each finalist used 1/4 of the budget
                     "finalists": [{"index": 3, "median_ms": 0.0041, "dispersion_ms": 1e-05,
@@ -32,7 +34,7 @@ MAX_INDEX = 4095   # provenance.candidates holds at most 4096 entries
 def check_measurement(value: Any, f: Fields, path: str = "provenance.measurement") -> dict:
     """Raise unless `value` is a measurement record of the form above; returns it."""
     f.table(value, path, ("timer",), ("l2_flush", "warmup_ms", "rep_ms", "screen_fraction", "screen_passes",
-                                      "estimate_ms", "graph_below_ms", "note"))
+                                      "estimate_ms", "graph_below_ms", "note", "placements", "placement_note"))
     if value["timer"] not in TIMERS:
         f.fail(f"{path}.timer", f"must be one of {', '.join(TIMERS)}, not {value['timer']!r}")
     for name in ("warmup_ms", "rep_ms", "estimate_ms", "graph_below_ms"):
@@ -40,11 +42,12 @@ def check_measurement(value: Any, f: Fields, path: str = "provenance.measurement
             f.number(value[name], f"{path}.{name}", nullable=True)
     if "l2_flush" in value:
         f.boolean(value["l2_flush"], f"{path}.l2_flush")
-    for name in ("screen_fraction", "screen_passes"):
+    for name in ("screen_fraction", "screen_passes", "placements"):
         if name in value:
             f.integer(value[name], f"{path}.{name}", minimum=1)
-    if "note" in value:
-        f.string(value["note"], f"{path}.note", max_len=512)
+    for name in ("note", "placement_note"):
+        if name in value:
+            f.string(value[name], f"{path}.{name}", max_len=512)
     return value
 
 

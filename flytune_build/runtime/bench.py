@@ -107,6 +107,8 @@ class Measurement:
     estimate_ms: float | None = None  # the quick first estimate that chose the timer (GPU)
     note: str | None = None
     user: Callable | None = field(default=None, compare=False)  # the kernel's own do_bench
+    placements: int = 1               # the inputs' placements the passes and rounds rotate over (`placement`)
+    placement_note: str | None = None  # why there is only one
 
     @property
     def screen_passes(self) -> int:
@@ -142,6 +144,10 @@ class Measurement:
             out["estimate_ms"] = float(f"{self.estimate_ms:.6g}")
         if self.note:
             out["note"] = self.note[:500]
+        if self.timer != "cpu-time":
+            out["placements"] = self.placements
+            if self.placement_note:
+                out["placement_note"] = self.placement_note[:300]
         return out
 
 

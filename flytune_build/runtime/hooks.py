@@ -88,27 +88,37 @@ def _takes_quantiles(fn: Callable) -> bool:
 class Launcher:
     """Launches one search candidate as Triton's `Autotuner._bench` does: the config's pre_hook, the
     inputs made fresh (`reset_to_zero`, `restore_value`), the autotune `pre_hook`, the launch, the
-    `post_hook`; `settle(winner)` is Triton's closing `pre_hook(nargs, reset_only=True)`."""
+    `post_hook`; `settle(winner)` is Triton's closing `pre_hook(nargs, reset_only=True)`. A launch runs
+    on one of the call's `placement.Site`s, the caller's own tensors unless `at` chose another."""
 
-    def __init__(self, kernel, args: tuple, kwargs: dict, grid, fresh_inputs: Callable[[], None],
-                 sources: dict | None = None):
-        self.kernel, self.args, self.kwargs, self.grid, self.fresh_inputs = kernel, args, kwargs, grid, fresh_inputs
+    def __init__(self, kernel, grid, fresh_inputs: Callable[..., None], sites: Sequence, sources: dict | None = None):
+        self.kernel, self.grid, self.fresh_inputs, self.sites = kernel, grid, fresh_inputs, list(sites)
         self.sources = sources or {}  # config -> the pruner-made triton.Config carrying its pre_hook
         self.pre_hook, self.post_hook = kernel.search_hooks
+        self._turns: dict[Config, int] = {}
 
-    def nargs(self, config: Config) -> dict:
-        return {**dict(zip(self.kernel.arg_names, self.args)), **self.kwargs, **all_kwargs(config)}
+    def at(self, config: Config) -> Callable[[], None]:
+        """A launch of `config` on its next placement: every config visits the placements in one order."""
+        turn = self._turns.get(config, 0)
+        self._turns[config] = turn + 1
+        site = self.sites[turn % len(self.sites)]
+        return lambda: self(config, site)
 
-    def __call__(self, config: Config) -> None:
+    def nargs(self, config: Config, site=None) -> dict:
+        site = site or self.sites[0]
+        return {**dict(zip(self.kernel.arg_names, site.args)), **site.kwargs, **all_kwargs(config)}
+
+    def __call__(self, config: Config, site=None) -> None:
+        site = site or self.sites[0]
         hook = self.kernel.hooks.bind(config, self.sources.get(config))
         if hook is not None:
-            hook(self.args, self.kwargs)
-        self.fresh_inputs()
-        nargs = self.nargs(config) if self.pre_hook or self.post_hook else None
+            hook(site.args, site.kwargs)
+        self.fresh_inputs(site.bound)
+        nargs = self.nargs(config, site) if self.pre_hook or self.post_hook else None
         if self.pre_hook is not None:
             self.pre_hook(nargs)
         try:
-            self.kernel.fn.run(*self.args, grid=self.grid, warmup=False, **self.kwargs, **config.launch_kwargs())
+            self.kernel.fn.run(*site.args, grid=self.grid, warmup=False, **site.kwargs, **config.launch_kwargs())
         except Exception as e:
             if self.post_hook is not None:
                 self.post_hook(nargs, exception=e)

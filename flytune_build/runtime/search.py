@@ -15,6 +15,7 @@ Invariants (pinned by tests/test_runtime.py):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -25,7 +26,7 @@ from typing import Any, Callable, Sequence
 from ..core import settings
 from ..core.config import Config
 from ..core.errors import DeclarationError
-from . import bench, hooks, selection, warning
+from . import bench, hooks, placement, selection, warning
 from .bench import Candidate
 
 
@@ -50,13 +51,17 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
     with _inputs_kept(bound, kernel.reset_to_zero, kernel.restore_value) as fresh_inputs:
         start = time.perf_counter()
 
-        launch = hooks.Launcher(kernel, args, kwargs, grid, fresh_inputs, sources)  # Triton's hooks around each
+        if rank == "synthetic" or kernel.interpreted:
+            placements = placement.Placements([placement.Site(args, kwargs, bound)])
+        else:
+            placements = placement.spread(args, kwargs, bound, selection.MEASURED.rounds)
+        launch = hooks.Launcher(kernel, grid, fresh_inputs, placements.sites, sources)  # Triton's hooks around each
         if rank == "synthetic":
             candidates, chosen, measure = _synthetic(kernel, key, configs, launch, shipped)
         else:
             if not kernel.interpreted:
                 _precompile(kernel, args, kwargs, grid, configs, sources)
-            candidates, chosen, measure = _measured(kernel, configs, launch, shipped)
+            candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements)
     launch.settle(chosen.winner.config)
     result = SearchResult(chosen.winner, candidates, time.perf_counter() - start, rank, measure.to_json(),
                           chosen.record, sources.get(chosen.winner.config))
@@ -104,11 +109,12 @@ def _inputs_kept(bound: dict, reset_to_zero: Sequence[str], restore_value: Seque
     """Yields the function that resets the inputs before a candidate; on exit, restores them."""
     saved = {n: bound[n].clone() for n in dict.fromkeys(tuple(restore_value) + tuple(reset_to_zero))}
 
-    def fresh_inputs():
+    def fresh_inputs(where: dict | None = None):   # `where`: one placement's bound parameters
+        where = bound if where is None else where
         for n in reset_to_zero:
-            bound[n].zero_()
+            where[n].zero_()
         for n in restore_value:
-            bound[n].copy_(saved[n])
+            where[n].copy_(saved[n])
     try:
         yield fresh_inputs
     finally:
@@ -134,13 +140,15 @@ def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Confi
     return candidates, chosen, bench.Measurement("synthetic", kernel.num_warmups, kernel.num_reps)
 
 
-def _measured(kernel, configs: list[Config], launch: Callable[[Config], None], shipped):
-    measure = _measurement(kernel, configs, launch)
+def _measured(kernel, configs: list[Config], launch: hooks.Launcher, shipped, placements: placement.Placements):
+    """Screening passes and finalist rounds each time a config on its next placement (`placement`)."""
+    measure = dataclasses.replace(_measurement(kernel, configs, launch), placements=len(placements),
+                                  placement_note=placements.note)
     screen = measure.bench(bench.SCREEN_FRACTION * measure.screen_passes)
-    candidates = _timed(configs, lambda cfg: screen(lambda: launch(cfg)))
+    candidates = _timed(configs, lambda cfg: screen(launch.at(cfg)))
     for _ in range(measure.screen_passes - 1):  # interleaved passes, the least kept: a burst of load hits one
-        _again(candidates, lambda c: screen(lambda: launch(c.config)))
-    chosen = selection.pick(candidates, lambda c, fraction: measure.bench(fraction)(lambda: launch(c.config)),
+        _again(candidates, lambda c: screen(launch.at(c.config)))
+    chosen = selection.pick(candidates, lambda c, fraction: measure.bench(fraction)(launch.at(c.config)),
                             selection.rule_for(measure.timer), shipped)
     return candidates, chosen, measure
 

@@ -1,7 +1,8 @@
 """How a search chooses its winner from timed candidates, so that two tunes of one kernel agree.
 
 Every candidate is first screened on a tenth of the timing budget, in three interleaved passes whose
-least time it keeps (`bench`, `search`). Then:
+least time it keeps (`bench`, `search`); on a GPU each pass and each round below times a config on the
+next of five placements of its inputs (`placement`), so the times sample where the data lies too. Then:
 
 1. finalists: the candidates within `screen_band` (10%) of the best screened time, at most
    `max_finalists` (6): the fastest, then the earliest declared (screening cannot order near-equal
@@ -13,7 +14,7 @@ least time it keeps (`bench`, `search`). Then:
    interquartile range / 1.349 (a standard deviation robust to a stray round). With F the fastest
    finalist and d the finalists' pooled relative dispersion (root mean square of s/m), a finalist
    ties with F when
-   m <= m_F * (1 + w),   w = min(max(k * sqrt(2) * d, floor), cap),   k = 2, floor = 1%, cap = 2%:
+   m <= m_F * (1 + w),   w = min(max(k * sqrt(2) * d, floor), cap),   k = 2, floor = 1.5%, cap = 2%:
    statistically indistinguishable from the fastest, or within `floor` of it, never beyond `cap` (so a
    winner is never more than 2% slower than the fastest finalist in its own run);
 3. the tie rule: the earliest declared config in the band wins. It depends on no timing, so two
@@ -48,7 +49,7 @@ TIE_RULE = "declared order"
 class Rule:
     """The band's parameters (see the module docstring)."""
     k: float = 2.0
-    floor: float = 0.01
+    floor: float = 0.015
     cap: float = 0.02
     rounds: int = 5
     max_finalists: int = 6

@@ -1,0 +1,75 @@
+"""The inputs' placements a measured search rotates over (`runtime.placement`), on CPU tensors standing
+in for device ones: copies are exact, keep aliasing and alignment, and never touch the caller's."""
+import pytest
+import torch
+
+from flytune_build.core.config import Config
+from flytune_build.runtime import hooks, placement
+
+
+@pytest.fixture
+def anywhere(monkeypatch):
+    monkeypatch.setattr(placement, "_placeable", lambda t: True)
+
+
+def test_copies_hold_the_same_bytes_at_new_addresses_with_aliasing_and_alignment_kept(anywhere):
+    pool = torch.arange(4096, dtype=torch.float16)
+    x = pool[100:1100].view(10, 100)            # a view at an offset into a larger storage
+    xt = x.t()                                  # the same storage again, transposed
+    w = torch.randn(64)
+    n = 7
+    placed = placement.spread((x, xt, w, n), {"scale": 2.0}, {"x": x, "xt": xt, "w": w, "n": n}, 4)
+    assert len(placed) == 4 and placed.note is None and placed.sites[0].args[0] is x
+    for site in placed.sites[1:]:
+        x2, xt2, w2, n2 = site.args
+        assert n2 == 7 and site.kwargs == {"scale": 2.0} and site.bound["x"] is x2
+        assert torch.equal(x2, x) and torch.equal(xt2, xt) and torch.equal(w2, w)
+        assert x2.stride() == x.stride() and xt2.stride() == xt.stride()
+        assert x2.data_ptr() != x.data_ptr() and x2.data_ptr() % placement.ALIGN == x.data_ptr() % placement.ALIGN
+        assert x2.untyped_storage().data_ptr() == xt2.untyped_storage().data_ptr()   # still one storage
+        x2[0, 1] = 99                                                                 # aliasing kept ...
+        assert xt2[1, 0] == 99 and x[0, 1] != 99                                      # ... the caller's untouched
+    assert len({s.args[0].data_ptr() for s in placed.sites}) == 4
+
+
+def test_what_cannot_be_copied_exactly_or_is_too_big_leaves_one_placement(anywhere, monkeypatch):
+    class Sub(torch.Tensor):
+        pass
+    sub = torch.zeros(8).as_subclass(Sub)
+    placed = placement.spread((sub,), {}, {"x": sub}, 5)
+    assert len(placed) == 1 and "Sub" in placed.note
+    monkeypatch.setattr(placement, "LIMIT_BYTES", 1000)
+    big = torch.zeros(1000)
+    placed = placement.spread((big,), {}, {"x": big}, 5)
+    assert len(placed) == 1 and "copies exceed" in placed.note and placed.sites[0].args[0] is big
+    assert placement.spread((3,), {}, {"n": 3}, 5).note == "no device tensor argument"
+
+
+def test_cpu_tensors_are_left_in_place():
+    t = torch.zeros(4)
+    assert len(placement.spread((t,), {}, {"t": t}, 5)) == 1
+
+
+def test_each_config_visits_the_placements_in_one_order_and_inputs_are_made_fresh_on_each(anywhere):
+    out = torch.zeros(4)
+    placed = placement.spread((out,), {}, {"out": out}, 3)
+    seen, freshened = [], []
+
+    class Fn:
+        def run(self, out, grid, warmup, **kw):
+            seen.append((kw["BLOCK"], out.data_ptr()))
+
+    class Kernel:
+        fn, arg_names, search_hooks = Fn(), ["out"], (None, None)
+
+        class hooks:
+            @staticmethod
+            def bind(config, source):
+                return None
+    launch = hooks.Launcher(Kernel(), None, lambda where: freshened.append(where["out"].data_ptr()), placed.sites)
+    for _ in range(4):
+        for block in (16, 32):
+            launch.at(Config({"BLOCK": block}))()
+    ptrs = [s.args[0].data_ptr() for s in placed.sites]
+    assert [p for b, p in seen if b == 16] == [p for b, p in seen if b == 32] == ptrs + ptrs[:1]
+    assert freshened == [p for _, p in seen]
