@@ -73,3 +73,87 @@ def test_each_config_visits_the_placements_in_one_order_and_inputs_are_made_fres
     ptrs = [s.args[0].data_ptr() for s in placed.sites]
     assert [p for b, p in seen if b == 16] == [p for b, p in seen if b == 32] == ptrs + ptrs[:1]
     assert freshened == [p for _, p in seen]
+
+
+# -- what the copies must carry along, and when the search keeps to the caller's tensors -------------------
+def test_tensors_inside_tuples_and_descriptors_move_with_the_plain_argument(anywhere):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.zeros(16, 16)
+    desc = TensorDescriptor.from_tensor(x, [8, 8])
+    placed = placement.spread((desc, x, (x, 3)), {}, {"d": desc, "x": x, "t": (x, 3)}, 3)
+    for site in placed.sites[1:]:
+        d2, x2, (tx2, n) = site.args
+        assert x2.data_ptr() != x.data_ptr() and n == 3
+        assert d2.base is x2 and tx2 is x2 and d2.block_shape == desc.block_shape
+        assert site.bound["d"] is d2 and site.bound["t"][0] is x2
+
+
+def test_a_hook_reaching_an_argument_other_than_through_nargs_keeps_the_caller_placement(anywhere):
+    counter = torch.zeros(1, dtype=torch.int32)
+    x = torch.ones(4)
+
+    def reset(nargs, reset_only=False):   # resets the caller's counter: a copy's would never be reset
+        counter.zero_()
+    placed = placement.spread((x, counter), {}, {"x": x, "counter": counter}, 5, (reset,))
+    assert len(placed) == 1 and "other than through nargs" in placed.note
+
+    def through_nargs(nargs, reset_only=False):
+        nargs["counter"].zero_()
+    assert len(placement.spread((x, counter), {}, {"x": x, "counter": counter}, 5, (through_nargs,))) == 5
+
+
+def test_views_of_one_storage_in_different_dtypes_are_copied_when_each_address_suits_its_dtype(anywhere):
+    raw = torch.zeros(4096, dtype=torch.uint8)
+    h, f = raw[2:258].view(torch.float16), raw[4:260].view(torch.float32)
+    placed = placement.spread((h, f), {}, {"h": h, "f": f}, 3)
+    assert len(placed) == 3, placed.note
+    h2, f2 = placed.sites[1].args
+    assert f2.data_ptr() - h2.data_ptr() == 2 and h2.untyped_storage().data_ptr() == f2.untyped_storage().data_ptr()
+
+
+def test_the_first_estimate_times_launches_queued_behind_a_device_wait(monkeypatch):
+    """Each launch between its own events, all queued behind the wait: the least is the device time, not
+    the CPU's launch path (a fake device: the CPU launch costs 30, the kernel 2)."""
+    from triton import runtime
+
+    from flytune_build.runtime import bench
+
+    clock = {"cpu": 0.0, "gpu": 0.0}
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            self.t = None
+
+        def record(self):
+            clock["gpu"] = max(clock["gpu"], clock["cpu"])
+            self.t = clock["gpu"]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class Device:
+        Event = FakeEvent
+
+        @staticmethod
+        def synchronize():
+            clock["cpu"] = clock["gpu"] = max(clock["cpu"], clock["gpu"])
+
+        @staticmethod
+        def _sleep(cycles):
+            clock["gpu"] = max(clock["gpu"], clock["cpu"]) + 1000.0   # the device is busy well ahead
+
+    def launch():
+        clock["cpu"] += 30.0                                       # Python's launch path
+        clock["gpu"] = max(clock["gpu"], clock["cpu"]) + 2.0       # the kernel, once it is launched
+
+    class Driver:
+        @staticmethod
+        def get_device_interface():
+            return Device
+
+    monkeypatch.setattr(runtime.driver, "_active", Driver(), raising=False)
+    monkeypatch.setattr(type(runtime.driver), "active", property(lambda self: Driver()), raising=False)
+    assert bench.quick_ms(launch) == 2.0
+    monkeypatch.delattr(Device, "_sleep")
+    assert bench.quick_ms(launch) >= 30.0   # without the wait, the launch path is what is timed

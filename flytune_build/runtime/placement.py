@@ -21,11 +21,14 @@ Invariants:
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 ALIGN = 1024                # every copy keeps its original's address modulo 1 KiB
-LIMIT_BYTES = 1 << 30       # at most 1 GiB of copies in all
+LIMIT_BYTES = 4 << 30       # at most 4 GiB of copies in all (and a quarter of the free device memory)
 
 
 @dataclass
@@ -46,8 +49,10 @@ class Placements:
         return len(self.sites)
 
 
-def spread(args: tuple, kwargs: dict, bound: dict, count: int) -> Placements:
-    """`count` placements of this call (fewer, with a `note`, when its tensors cannot be copied)."""
+def spread(args: tuple, kwargs: dict, bound: dict, count: int, hooks: tuple = ()) -> Placements:
+    """`count` placements of this call (fewer, with a `note`, when its tensors cannot be copied).
+    `hooks`: the search's pre/post hooks; one that reaches an argument's memory other than through
+    `nargs` (a closure, a global) would reset the caller's tensor while a copy is timed."""
     own = Site(tuple(args), dict(kwargs), dict(bound))
     if count <= 1:
         return Placements([own])
@@ -61,6 +66,8 @@ def spread(args: tuple, kwargs: dict, bound: dict, count: int) -> Placements:
     groups, why = _groups(torch, tensors)
     if why:
         return Placements([own], why)
+    if _hook_reaches(torch, hooks, groups):
+        return Placements([own], "a hook refers to an argument's memory other than through nargs")
     total = sum(hi - lo for lo, hi, _ in groups.values())
     free = _free_bytes(torch, tensors[0].device)
     budget = min(LIMIT_BYTES, free // 4 if free is not None else LIMIT_BYTES)
@@ -82,33 +89,73 @@ def _placeable(t) -> bool:
     return t.is_cuda
 
 
+def _members(torch, v):
+    """The tensors an argument holds: itself, a tuple's items (Triton's tuple arguments), a tensor
+    descriptor's `base` (triton.tools.tensor_descriptor.TensorDescriptor and the like)."""
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (tuple, list)):
+        for item in v:
+            yield from _members(torch, item)
+    elif dataclasses.is_dataclass(v) and not isinstance(v, type) and isinstance(getattr(v, "base", None), torch.Tensor):
+        yield v.base
+
+
 def _device_tensors(torch, values) -> list:
     seen, out = set(), []
     for v in values:
-        if isinstance(v, torch.Tensor) and _placeable(v) and id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
+        for t in _members(torch, v):
+            if _placeable(t) and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
     return out
+
+
+def _hook_reaches(torch, hooks, groups) -> bool:
+    """Whether a hook's closure, globals or partial arguments hold a tensor over a placed storage."""
+    ranges = [(lo, hi) for lo, hi, _ in groups.values()]
+    for fn in hooks:
+        seen = []
+        while isinstance(fn, functools.partial):
+            seen += [*fn.args, *fn.keywords.values()]
+            fn = fn.func
+        try:
+            found = inspect.getclosurevars(fn)
+            seen += [*found.nonlocals.values(), *found.globals.values()]
+        except TypeError:
+            pass
+        for v in seen:
+            for t in _members(torch, v):
+                if t.numel() and any(lo < _end(t) and t.data_ptr() < hi for lo, hi in ranges):
+                    return True
+    return False
 
 
 def _groups(torch, tensors) -> tuple[dict, str | None]:
     """{storage address: (lowest byte, end byte, [tensors])}, or why the tensors cannot be placed again."""
     groups: dict[int, list] = {}
+    hip = getattr(torch.version, "hip", None)
     for t in tensors:
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
             return {}, f"a {type(t).__name__} ({t.layout}) argument cannot be copied exactly"
         if t.numel() == 0:
             continue
-        span = t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
-        lo = t.data_ptr()
+        if hip and t.untyped_storage().nbytes() > 2**31 - 1:   # Triton's AMD backend specialises on it
+            return {}, "an argument's storage is over 2 GiB: a copy would compile another kernel (buffer ops)"
+        lo, hi = t.data_ptr(), _end(t)
         base = t.untyped_storage().data_ptr()
-        entry = groups.setdefault(base, [lo, lo + span, []])
-        entry[0], entry[1] = min(entry[0], lo), max(entry[1], lo + span)
+        entry = groups.setdefault(base, [lo, hi, []])
+        entry[0], entry[1] = min(entry[0], lo), max(entry[1], hi)
         entry[2].append(t)
     for lo, hi, members in groups.values():
-        if any((t.data_ptr() - lo) % t.element_size() for t in members):
-            return {}, "tensors of one storage at offsets their dtypes cannot address"
+        if any(t.data_ptr() % t.element_size() for t in members):   # a copy keeps each address mod 1 KiB
+            return {}, "a tensor at an address its dtype cannot address"
     return {k: tuple(v) for k, v in groups.items()}, None
+
+
+def _end(t) -> int:
+    """The end of the bytes a (non-empty, strided) tensor spans."""
+    return t.data_ptr() + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
 
 
 def _free_bytes(torch, device) -> int | None:
@@ -135,7 +182,17 @@ def _copy(torch, own: Site, groups: dict) -> Site:
             swapped[id(t)] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
                 buf.untyped_storage(), offset // t.element_size(), t.shape, t.stride())
 
-    def swap(v):
-        return swapped.get(id(v), v)
+    def swap(v):   # one copy object per original, so an argument and its bound name stay one object
+        if id(v) in swapped or isinstance(v, torch.Tensor):
+            return swapped.get(id(v), v)
+        out = v
+        if isinstance(v, (tuple, list)):
+            items = [swap(item) for item in v]
+            out = type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type) and id(getattr(v, "base", None)) in swapped:
+            out = dataclasses.replace(v, base=swapped[id(v.base)])
+        if out is not v:
+            swapped[id(v)] = out
+        return out
     return Site(tuple(swap(a) for a in own.args), {k: swap(v) for k, v in own.kwargs.items()},
                 {k: swap(v) for k, v in own.bound.items()}, buffers)

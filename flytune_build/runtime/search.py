@@ -52,16 +52,21 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
         start = time.perf_counter()
 
         if rank == "synthetic" or kernel.interpreted:
-            placements = placement.Placements([placement.Site(args, kwargs, bound)])
+            placements = placement.Placements([placement.Site(args, kwargs, bound)],
+                                              "the interpreter" if kernel.interpreted else None)
         else:
-            placements = placement.spread(args, kwargs, bound, selection.MEASURED.rounds)
+            placements = placement.spread(args, kwargs, bound, selection.MEASURED.rounds,
+                                          _hooks(kernel, configs, sources))
         launch = hooks.Launcher(kernel, grid, fresh_inputs, placements.sites, sources)  # Triton's hooks around each
-        if rank == "synthetic":
-            candidates, chosen, measure = _synthetic(kernel, key, configs, launch, shipped)
-        else:
-            if not kernel.interpreted:
-                _precompile(kernel, args, kwargs, grid, configs, sources)
-            candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements)
+        try:
+            if rank == "synthetic":
+                candidates, chosen, measure = _synthetic(kernel, key, configs, launch, shipped)
+            else:
+                if not kernel.interpreted:
+                    _precompile(kernel, args, kwargs, grid, configs, sources)
+                candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements)
+        finally:  # the copies go now, even when a traceback keeps this frame alive
+            del placements.sites[1:], launch.sites[1:]
     launch.settle(chosen.winner.config)
     result = SearchResult(chosen.winner, candidates, time.perf_counter() - start, rank, measure.to_json(),
                           chosen.record, sources.get(chosen.winner.config))
@@ -71,6 +76,16 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
             print(f"[flytune]   {c.config}: {t}", file=sys.stderr)
         print(f"[flytune] {kernel.name} search took {result.seconds:.3f} s", file=sys.stderr)
     return result
+
+
+def _hooks(kernel, configs, sources) -> tuple:
+    """Every hook a candidate's launch runs: the autotune pre/post hooks and the configs' pre_hooks."""
+    found = [h for h in kernel.search_hooks if h is not None]
+    for cfg in configs:
+        source = sources.get(cfg) if getattr(sources.get(cfg), "pre_hook", None) else kernel.hooks.by_config.get(cfg)
+        if getattr(source, "pre_hook", None) is not None:
+            found.append(source.pre_hook)
+    return tuple(found)
 
 
 def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config, Any]]:
