@@ -3,7 +3,7 @@
   python benchmarks/determinism.py triton PROJECT PLAN OUT.json
       one pass of the plan with stock `triton.autotune` over the same configs and key (the anchor's
       method): each shape's best config and every config's median time, as JSON
-  python benchmarks/determinism.py report RUN1 RUN2 RUN3 TRITON1.json TRITON2.json
+  python benchmarks/determinism.py report RUN1 RUN2 RUN3 [TRITON1.json TRITON2.json]
       the report: winner agreement of two cold `flytune tune` runs (goal >= 95%), each winner against
       the fastest candidate measured in its own run (goal within 2%), the same for triton.autotune,
       and what a third run into RUN1's output (RUN3, a copy of it re-tuned) kept and replaced
@@ -173,25 +173,28 @@ def retune_section(before: dict, after: dict) -> tuple[list[str], dict]:
     return [table(rows)], counts
 
 
-def report(run1, run2, run3, triton1, triton2) -> None:
+def report(run1, run2, run3, triton1="-", triton2="-") -> None:
+    """The three tables; with TRITON1/TRITON2 given as "-" (TRITON_PASSES=0) the triton.autotune one is left out."""
     a, b, c = load_run(run1), load_run(run2), load_run(run3)
-    t1, t2 = (json.loads(Path(p).read_text())["runs"] for p in (triton1, triton2))
     ft_lines, ft = flytune_section(a, b)
-    tr_lines, tr = triton_section(t1, t2)
     re_lines, re = retune_section(a, c)
     agreed = "met" if ft["agreement"] >= AGREEMENT_GOAL else "NOT met"
     within = "met" if ft["winners_within_2pct"] == ft["winners"] else "NOT met"
     out = ["== flytune tune: two cold runs", *ft_lines, "",
            f"agreement: {ft['agree']}/{ft['shapes']} = {ft['agreement']:.1%} (goal >= {AGREEMENT_GOAL:.0%}: {agreed})",
            (f"winners within {WITHIN_GOAL:.0%} of their run's fastest candidate: {ft['winners_within_2pct']}/"
-            f"{ft['winners']} ({within})"), "",
-           "== stock triton.autotune: two cold runs of the same plan and configs (each winner its run's fastest)",
-           *tr_lines, "",
-           f"agreement: {tr['agree']}/{tr['shapes']} = {tr['agreement']:.1%}", "",
-           "== a third flytune run into run 1's output (--no-resume; kept unless >3% faster in the same search)",
-           *re_lines, "", f"kept {re['kept']}, replaced {re['replaced']}, new {re['new']}"]
+            f"{ft['winners']} ({within})"), ""]
+    summary = {"flytune": ft, "retune": re}
+    if "-" not in (triton1, triton2):
+        t1, t2 = (json.loads(Path(p).read_text())["runs"] for p in (triton1, triton2))
+        tr_lines, tr = triton_section(t1, t2)
+        summary["triton_autotune"] = tr
+        out += ["== stock triton.autotune: two cold runs of the same plan and configs (each winner its run's fastest)",
+                *tr_lines, "", f"agreement: {tr['agree']}/{tr['shapes']} = {tr['agreement']:.1%}", ""]
+    out += ["== a third flytune run into run 1's output (--no-resume; kept unless >3% faster in the same search)",
+            *re_lines, "", f"kept {re['kept']}, replaced {re['replaced']}, new {re['new']}"]
     print("\n".join(out))
-    print(json.dumps({"flytune": ft, "triton_autotune": tr, "retune": re}), file=sys.stderr)
+    print(json.dumps(summary), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_determinism.sh [OUTDIR]          OUTDIR defaults to $OUT
 #   PLAN=path/to/plan.toml bash benchmarks/h200_determinism.sh OUTDIR     another plan (a logic check
 #                                                         under TRITON_INTERPRET=1 uses a tiny one)
+#   TRITON_PASSES=0 bash benchmarks/h200_determinism.sh OUTDIR    the flytune runs alone (about 1 minute)
 # Writes into OUTDIR: report.txt (read this), summary.json, flytune_runs.log, triton_runs.json (both
 # triton passes), artifacts.tgz (the three flytune outputs), gpu.txt. About 4-6 minutes on an H200.
 set -uo pipefail
@@ -50,12 +51,17 @@ flytune run1 "$WORK/run1" || exit 1
 flytune run2 "$WORK/run2" || exit 1
 cp -r "$WORK/run1" "$WORK/run3"           # the third run re-tunes a copy of run 1's output
 flytune run3 "$WORK/run3" || exit 1
-triton_pass triton1 || exit 1
-triton_pass triton2 || exit 1
-$PY -c "import json,sys; print(json.dumps({n: json.load(open(f'$WORK/{n}.json'))['runs'] for n in ('triton1', 'triton2')}))" \
-  > "$DEST/triton_runs.json"
-$PY benchmarks/determinism.py report "$WORK/run1" "$WORK/run2" "$WORK/run3" "$WORK/triton1.json" \
-  "$WORK/triton2.json" > "$DEST/report.txt" 2> "$DEST/summary.json"
+TRITONS=("$WORK/triton1.json" "$WORK/triton2.json")
+if [ "${TRITON_PASSES:-1}" = 0 ]; then      # the flytune runs alone (the triton.autotune table left out)
+  TRITONS=(- -)
+else
+  triton_pass triton1 || exit 1
+  triton_pass triton2 || exit 1
+  $PY -c "import json,sys; print(json.dumps({n: json.load(open(f'$WORK/{n}.json'))['runs'] for n in ('triton1', 'triton2')}))" \
+    > "$DEST/triton_runs.json"
+fi
+$PY benchmarks/determinism.py report "$WORK/run1" "$WORK/run2" "$WORK/run3" "${TRITONS[@]}" \
+  > "$DEST/report.txt" 2> "$DEST/summary.json"
 rc=$?
 tar czf "$DEST/artifacts.tgz" -C "$WORK" run1 run2 run3
 cat "$DEST/report.txt" "$DEST/summary.json"
