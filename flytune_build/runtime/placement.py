@@ -13,10 +13,13 @@ Invariants:
 - placement 0 is the caller's own tensors; every other placement holds a copy of the bytes each device
   tensor argument spans, in a fresh allocation, at an address with the same remainder modulo 1 KiB
   (Triton specialises on 16-byte alignment: every placement runs the same compiled kernel);
-- tensors that share storage share it in every placement (aliasing and views are kept);
-- what cannot be copied exactly (a tensor subclass, a non-strided layout, a dtype mismatch within a
-  storage) or too many bytes (`LIMIT_BYTES`, or a quarter of the device's free memory) leaves one
-  placement, and `note` says why;
+- tensors that share storage share it in every placement (aliasing and views are kept), tensors in
+  tuple arguments and a tensor descriptor's `base` included; memory reached only through addresses
+  stored in the data (an int64 pointer table) stays where it is;
+- what cannot be copied exactly (a tensor subclass, a non-strided layout, a tensor at an address its
+  dtype cannot address, on ROCm a storage over 2 GiB), too many bytes (`LIMIT_BYTES`, or a quarter of
+  the device's free memory), or a hook that reaches an argument other than through `nargs` (it would
+  reset the caller's tensor while a copy is timed) leaves one placement, and `note` says why;
 - copies are never written back: the caller's tensors are only ever placement 0.
 """
 from __future__ import annotations
