@@ -132,7 +132,8 @@ def flytune_section(a: dict, b: dict) -> tuple[list[str], dict]:
         g1, g2 = over_fastest(x, x["winner"]), over_fastest(y, y["winner"])
         within += sum(g is not None and g <= WITHIN_GOAL for g in (g1, g2))
         key = ",".join(f"{k}={v}" for k, v in x["key"].items() if not isinstance(v, str))
-        rows.append((x["kernel"].split(".")[-1], key, x["measurement"].get("timer", "-"), short(x["winner"]),
+        timers = "/".join(dict.fromkeys(r["measurement"].get("timer", "-") for r in (x, y)))   # run 1's/run 2's
+        rows.append((x["kernel"].split(".")[-1], key, timers, short(x["winner"]),
                      short(y["winner"]), "yes" if same else "NO", pct(g1), pct(g2),
                      pct(x["selection"].get("band")), pct(y["selection"].get("band")),
                      "-" if same else pct(cross(x, y["winner"]))))

@@ -9,7 +9,8 @@
 #                                                         under TRITON_INTERPRET=1 uses a tiny one)
 #   TRITON_PASSES=0 bash benchmarks/h200_determinism.sh OUTDIR    the flytune runs alone (about 1 minute)
 # Writes into OUTDIR: report.txt (read this), summary.json, flytune_runs.log, triton_runs.json (both
-# triton passes), artifacts.tgz (the three flytune outputs), gpu.txt. About 4-6 minutes on an H200.
+# triton passes; not with TRITON_PASSES=0), artifacts.tgz (the three flytune outputs), gpu.txt.
+# About 3 minutes on an H200 (1 with TRITON_PASSES=0).
 set -uo pipefail
 DEST=${1:-${OUT:?give OUTDIR or set OUT}}
 PLAN=${PLAN:-sample_pkg/tune/h200.toml}

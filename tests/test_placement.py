@@ -1,5 +1,7 @@
 """The inputs' placements a measured search rotates over (`runtime.placement`), on CPU tensors standing
 in for device ones: copies are exact, keep aliasing and alignment, and never touch the caller's."""
+import functools
+
 import pytest
 import torch
 
@@ -102,6 +104,25 @@ def test_a_hook_reaching_an_argument_other_than_through_nargs_keeps_the_caller_p
         nargs["counter"].zero_()
     assert len(placement.spread((x, counter), {}, {"x": x, "counter": counter}, 5, (through_nargs,))) == 5
 
+    class Resetter:   # the caller's counter held by a bound method's object, or by a callable object
+        def __init__(self):
+            self.counter = counter
+
+        def reset(self, nargs, reset_only=False):
+            self.counter.zero_()
+
+        def __call__(self, nargs, reset_only=False):
+            self.counter.zero_()
+    state = {"counter": counter}
+
+    def from_a_dict(nargs, reset_only=False):
+        state["counter"].zero_()
+    for hook in (Resetter().reset, Resetter(), from_a_dict, functools.partial(lambda c, nargs: c.zero_(), counter)):
+        placed = placement.spread((x, counter), {}, {"x": x, "counter": counter}, 5, (hook,))
+        assert len(placed) == 1 and "other than through nargs" in placed.note, hook
+    harmless = functools.partial(through_nargs, reset_only=True)
+    assert len(placement.spread((x, counter), {}, {"x": x, "counter": counter}, 5, (harmless,))) == 5
+
 
 def test_views_of_one_storage_in_different_dtypes_are_copied_when_each_address_suits_its_dtype(anywhere):
     raw = torch.zeros(4096, dtype=torch.uint8)
@@ -112,14 +133,15 @@ def test_views_of_one_storage_in_different_dtypes_are_copied_when_each_address_s
     assert f2.data_ptr() - h2.data_ptr() == 2 and h2.untyped_storage().data_ptr() == f2.untyped_storage().data_ptr()
 
 
-def test_the_first_estimate_times_launches_queued_behind_a_device_wait(monkeypatch):
-    """Each launch between its own events, all queued behind the wait: the least is the device time, not
-    the CPU's launch path (a fake device: the CPU launch costs 30, the kernel 2)."""
+def test_the_first_estimate_is_device_time_where_the_launch_path_could_decide_the_timer(monkeypatch):
+    """A fake device whose CPU launch path costs 30 us: events around each launch read it, so under
+    REFINE_BELOW_MS a CUDA graph's device time answers; above it, or with no graph, the events do."""
     from triton import runtime
 
     from flytune_build.runtime import bench
 
     clock = {"cpu": 0.0, "gpu": 0.0}
+    kernel_ms = {"t": 0.002}
 
     class FakeEvent:
         def __init__(self, enable_timing):
@@ -139,26 +161,66 @@ def test_the_first_estimate_times_launches_queued_behind_a_device_wait(monkeypat
         def synchronize():
             clock["cpu"] = clock["gpu"] = max(clock["cpu"], clock["gpu"])
 
-        @staticmethod
-        def _sleep(cycles):
-            clock["gpu"] = max(clock["gpu"], clock["cpu"]) + 1000.0   # the device is busy well ahead
-
     def launch():
-        clock["cpu"] += 30.0                                       # Python's launch path
-        clock["gpu"] = max(clock["gpu"], clock["cpu"]) + 2.0       # the kernel, once it is launched
+        clock["cpu"] += 0.030                                               # Python's launch path
+        clock["gpu"] = max(clock["gpu"], clock["cpu"]) + kernel_ms["t"]     # the kernel, once launched
 
     class Driver:
         @staticmethod
         def get_device_interface():
             return Device
 
-    monkeypatch.setattr(runtime.driver, "_active", Driver(), raising=False)
     monkeypatch.setattr(type(runtime.driver), "active", property(lambda self: Driver()), raising=False)
-    assert bench.quick_ms(launch) == 2.0
-    monkeypatch.delattr(Device, "_sleep")
-    assert bench.quick_ms(launch) >= 30.0   # without the wait, the launch path is what is timed
+    graphs = []
+    monkeypatch.setattr(bench, "graph_bench", lambda fn, rep: graphs.append(rep) or kernel_ms["t"])
+    assert bench.quick_ms(launch) == pytest.approx(0.002) and graphs == [bench.GRAPH_BELOW_MS]
+    kernel_ms["t"] = 0.3                                                    # plainly over: no graph needed
+    assert bench.quick_ms(launch) == pytest.approx(0.3) and len(graphs) == 1
 
-    def refused(cycles):
-        raise RuntimeError("no spin kernel on this device")
-    monkeypatch.setattr(Device, "_sleep", staticmethod(refused), raising=False)
-    assert bench.quick_ms(launch) >= 30.0   # a wait that fails costs the estimate its precision, nothing else
+    def no_graph(fn, rep):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(bench, "graph_bench", no_graph)
+    kernel_ms["t"] = 0.002
+    assert bench.quick_ms(launch) == pytest.approx(0.030, abs=0.0025)      # the bound: launch path included
+
+
+def test_a_measured_search_rotates_over_the_placements_and_leaves_the_caller_tensors_as_they_were(
+        anywhere, monkeypatch):
+    """search.run with a stand-in kernel (no GPU here): every placement is timed, `reset_to_zero`
+    zeroes the tensor of the placement being launched, the caller's tensor is restored, and a config
+    pre_hook that reaches an argument other than through nargs keeps the search on the caller's tensors."""
+    import types
+
+    from flytune_build.runtime import bench, search
+
+    monkeypatch.setattr(search, "_precompile", lambda *a, **k: None)
+    monkeypatch.setattr(bench, "on_gpu", lambda w, r, calls: bench.Measurement("cuda-events", w, r, 0.2))
+    monkeypatch.setattr(bench, "gpu_bench", lambda fn, warmup=25, rep=100: fn() or 1.0)
+    seen = []
+
+    class Fn:
+        def run(self, x, acc, grid, warmup, **kw):
+            seen.append((x.data_ptr(), float(acc.sum())))
+            acc.add_(1)
+    configs = [Config({"BLOCK": 16}), Config({"BLOCK": 32})]
+    kernel = types.SimpleNamespace(
+        name="k", configs=configs, declared=configs, prune_configs_by={}, reset_to_zero=["acc"], restore_value=[],
+        interpreted=False, search_hooks=(None, None), hooks=hooks.ConfigHooks(["x", "acc"], configs, configs),
+        fn=Fn(), arg_names=["x", "acc"], do_bench=None, num_warmups=25, num_reps=100)
+    x, acc = torch.ones(8), torch.full((4,), 7.0)
+    result = search.run(kernel, (x, acc), {}, {"x": x, "acc": acc}, {}, None)
+    assert result.measurement["placements"] == 5 and len({p for p, _ in seen}) == 5
+    assert {s for _, s in seen} == {0.0} and torch.equal(acc, torch.full((4,), 7.0))
+
+    class Declared:
+        def __init__(self, config, pre_hook):
+            self.config, self.pre_hook = config, pre_hook
+
+        def all_kwargs(self):
+            return dict(self.config.kwargs)
+
+    def zero(nargs):
+        acc.zero_()
+    kernel.hooks = hooks.ConfigHooks(["x", "acc"], [Declared(configs[0], zero), Declared(configs[1], None)], configs)
+    result = search.run(kernel, (x, acc), {}, {"x": x, "acc": acc}, {}, None)
+    assert result.measurement["placements"] == 1 and "other than through nargs" in result.measurement["placement_note"]

@@ -1,16 +1,17 @@
 """How a search times its candidates: CUDA graphs or device events on a GPU, this process's CPU time
 under the interpreter, the kernel's own `do_bench`, or a synthetic rank.
 
-A search picks its `Measurement` once, before timing anything, and every time it takes comes from it,
-so all candidates of one search are comparable. On a GPU a quick first estimate of the device time
-(`quick_ms`) decides: a kernel faster than GRAPH_BELOW_MS is timed in CUDA graphs
-(`triton.testing.do_bench_cudagraph`: many launches replayed back to back, no launch gaps, warm L2), since a few-microsecond kernel timed one launch at a
-time measures mostly launch noise and the events' resolution; anything slower is timed launch by
-launch with device events and an L2 flush before each (`triton.testing.do_bench`). The choice and the
-budgets are recorded in each artifact's `provenance.measurement`. Under the interpreter a kernel
-runs on this process's threads: its CPU time is the work, while the wall clock of a shared CPU also
-counts every other process's (on a loaded 2-core machine, twice the time from one call to the next).
-How the winner is chosen from the times is `selection`.
+A search picks its `Measurement` once, before timing anything, and every time it takes comes from
+it, so all candidates of one search are comparable. On a GPU a quick first estimate of the device
+time (`quick_ms`) decides: a kernel faster than GRAPH_BELOW_MS is timed in CUDA graphs
+(`triton.testing.do_bench_cudagraph`: many launches replayed back to back, no launch gaps, warm L2),
+since a few-microsecond kernel timed one launch at a time measures mostly launch noise and the
+events' resolution; anything slower is timed launch by launch with device events and an L2 flush
+before each (`triton.testing.do_bench`). The choice and the budgets are recorded in each artifact's
+`provenance.measurement`. Under the interpreter a kernel runs on this process's threads: its CPU
+time is the work, while the wall clock of a shared CPU also counts every other process's (on a
+loaded 2-core machine, twice the time from one call to the next). How the winner is chosen from the
+times is `selection`.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ SCREEN_FRACTION = 10    # screening times each candidate on 1/10 of the warmup a
 SCREEN_PASSES = 3       # in three interleaved passes, keeping each candidate's least time
 GRAPH_BELOW_MS = 0.05   # a kernel whose quick estimate is under 50 us is timed in CUDA graphs
 GRAPH_REPLAYS = 10      # do_bench_cudagraph replays its graph 10 times: its `rep` is a tenth of its time
-QUEUE_CYCLES = 2_000_000   # the device-side wait the first estimate's launches queue behind (~1 ms at 2 GHz)
+REFINE_BELOW_MS = 0.2   # a first estimate under 200 us may be mostly launch path: `quick_ms` refines it
 
 
 @dataclass
@@ -84,27 +85,30 @@ def graph_bench(fn: Callable[[], object], rep: float) -> float:
 
 
 def quick_ms(fn: Callable[[], object]) -> float:
-    """A first estimate of the kernel's device time: the least of five launches, each between device
-    events, queued behind a device-side wait (`torch.cuda._sleep`, about 1 ms) so that no launch waits
-    for the CPU. Without the wait the events time Python's launch path: on an H200 a 2 us rmsnorm read
-    28-32 us and a 7 us matmul anywhere from 27 to 51 us, on both sides of GRAPH_BELOW_MS, so two cold
-    runs timed one kernel with different timers. Where there is no such wait, launch overhead counts."""
+    """A first estimate of the kernel's device time. Five launches, each between device events, bound
+    it from above: they also time Python's launch path (on an H200 a 2 us rmsnorm read 28-32 us and a
+    7 us matmul 27 to 51 us, on both sides of GRAPH_BELOW_MS, so two cold runs timed one kernel with
+    different timers). Under REFINE_BELOW_MS, where that path could decide the timer, a short CUDA
+    graph of back-to-back launches (`graph_bench`) gives the device time; where no graph can be
+    captured, the bound stands."""
     from triton import runtime
 
     di = runtime.driver.active.get_device_interface()
     fn()
     di.synchronize()
     events = [(di.Event(enable_timing=True), di.Event(enable_timing=True)) for _ in range(5)]
-    try:
-        di._sleep(QUEUE_CYCLES)   # torch.cuda._sleep: a spin kernel of about QUEUE_CYCLES clock cycles
-    except Exception:  # noqa: BLE001 - no device-side wait here: launch overhead counts in the estimate
-        pass
     for start, end in events:
         start.record()
         fn()
         end.record()
     di.synchronize()
-    return min(start.elapsed_time(end) for start, end in events)
+    bound = min(start.elapsed_time(end) for start, end in events)
+    if bound >= REFINE_BELOW_MS:
+        return bound
+    try:
+        return min(bound, graph_bench(fn, GRAPH_BELOW_MS))
+    except Exception:  # noqa: BLE001 - no graph of this call: the bound decides (on_gpu checks graphs again)
+        return bound
 
 
 @dataclass(frozen=True)

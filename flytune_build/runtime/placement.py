@@ -2,12 +2,12 @@
 data lies as well as how long the kernel runs.
 
 Why: on an H200 a few-microsecond kernel's time moves with the addresses of its inputs and from one
-process to the next, by far more than it moves between repeats. Timed on the caller's tensors alone,
-rmsnorm (256 x 1024, fp16) measured one config 20% slower than another in one cold process and 2.5%
-faster in the next, while each process repeated its own figures within 0.5%
-(`benchmarks/timing_bias.py`: 2-11% across six placements in one process, the same again across
-processes). A search that times each round on another placement turns that bias into dispersion,
-which the tie band then sees (`selection`), and its medians agree from one process to the next.
+process to the next, more than it moves between repeats (`benchmarks/timing_bias.py`, 72 configs of
+four small shapes: a median 4.4% across six placements in one process, up to 11%; 3.6% across three
+processes at the same addresses, one config 106%; a median 1.4% between repeats). Timed on the
+caller's tensors alone, a cold run screened out (+20.5%) the rmsnorm 256 x 1024 config that the next
+run chose. A search that times each pass and round on another placement turns that per-process bias
+into dispersion, which the tie band then sees (`selection`), instead of a ranking of one placement.
 
 Invariants:
 - placement 0 is the caller's own tensors; every other placement holds a copy of the bytes each device
@@ -115,23 +115,39 @@ def _device_tensors(torch, values) -> list:
 
 
 def _hook_reaches(torch, hooks, groups) -> bool:
-    """Whether a hook's closure, globals or partial arguments hold a tensor over a placed storage."""
+    """Whether a hook's partial arguments, closure, globals, or the attributes of the object it is bound
+    to hold a tensor over a placed storage (directly or as a dict's value); a hook that cannot be
+    inspected counts as one that does."""
     ranges = [(lo, hi) for lo, hi, _ in groups.values()]
     for fn in hooks:
-        seen = []
-        while isinstance(fn, functools.partial):
-            seen += [*fn.args, *fn.keywords.values()]
-            fn = fn.func
-        try:
-            found = inspect.getclosurevars(fn)
-            seen += [*found.nonlocals.values(), *found.globals.values()]
-        except TypeError:
-            pass
+        seen = _reachable(fn)
+        if seen is None:
+            return True
         for v in seen:
-            for t in _members(torch, v):
-                if t.numel() and any(lo < _end(t) and t.data_ptr() < hi for lo, hi in ranges):
-                    return True
+            for item in (v.values() if isinstance(v, dict) else (v,)):
+                for t in _members(torch, item):
+                    if t.numel() and any(lo < _end(t) and t.data_ptr() < hi for lo, hi in ranges):
+                        return True
     return False
+
+
+def _reachable(fn) -> list | None:
+    """What `fn` can reach other than through its arguments; None when that cannot be told."""
+    seen: list = []
+    while isinstance(fn, functools.partial):
+        seen += [*fn.args, *fn.keywords.values()]
+        fn = fn.func
+    if inspect.isbuiltin(fn):
+        return seen
+    owner = fn.__self__ if inspect.ismethod(fn) else None
+    if not inspect.isfunction(fn) and not inspect.ismethod(fn):   # a callable object
+        owner, fn = fn, getattr(type(fn), "__call__", None)
+        if not inspect.isfunction(fn):
+            return None
+    if owner is not None:
+        seen += list(getattr(owner, "__dict__", {}).values())
+    found = inspect.getclosurevars(fn)
+    return [*seen, *found.nonlocals.values(), *found.globals.values()]
 
 
 def _groups(torch, tensors) -> tuple[dict, str | None]:

@@ -1,4 +1,4 @@
-"""The search tier: time every candidate config on the caller's own inputs and pick the winner.
+"""The search tier: time every candidate config on the caller's inputs and pick the winner.
 
 Invariants (pinned by tests/test_runtime.py):
 - the caller's inputs are as they were when the search returns or raises: each candidate starts from
@@ -10,7 +10,10 @@ Invariants (pinned by tests/test_runtime.py):
 - with FLYTUNE_RANKING=synthetic each candidate still runs once (one that cannot launch never wins),
   but the ranking is a deterministic hash, never a measurement;
 - candidates are timed in declared order (the tie rule's order, `selection`), with one `bench.Measurement`
-  chosen before any is timed; inside `selection.keeping` the shipped winner is a finalist.
+  chosen before any is timed; inside `selection.keeping` the shipped winner is a finalist;
+- on a GPU the passes and rounds rotate over `placement` copies of the inputs: the caller's tensors are
+  placement 0, no copy is ever written back to them, and the copies are released before `run`
+  returns or raises (tests/test_placement.py).
 """
 from __future__ import annotations
 

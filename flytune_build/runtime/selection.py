@@ -23,7 +23,7 @@ next of five placements of its inputs (`placement`), so the times sample where t
    when m_I / m_W - 1 > margin (`flytune tune --min-improvement`, 3% by default); otherwise I stays.
 
 The band, each finalist's median and dispersion, and why the winner won are the artifact's
-`provenance.selection`. Under the interpreter (`CPU_TIME`) the screening band is 100% and the cap
+`provenance.selection`. Under the interpreter (`CPU_TIME`) the floor is 1%, the screening band 100% and the cap
 50%: on a loaded machine a kernel's CPU time jumps by a third from one round to the next (14 ms, then
 19 ms, for one config), and those winners order configs for tests, not for speed; declare the config
 you prefer first. A synthetic ranking (`SYNTHETIC`) has no noise and keeps the fixed 3% band.
@@ -63,7 +63,7 @@ class Rule:
 
 
 MEASURED = Rule()   # a GPU's device events or CUDA graphs, or the kernel's own do_bench
-CPU_TIME = Rule(cap=0.5, screen_band=1.0)   # the interpreter
+CPU_TIME = Rule(floor=0.01, cap=0.5, screen_band=1.0)   # the interpreter
 # A synthetic ranking has no noise: it keeps the fixed 3% band and the three fastest finalists that the
 # committed interpreter artifacts were ranked with, so re-making them gives the same bytes.
 SYNTHETIC = Rule(k=0.0, floor=0.03, cap=0.03, rounds=1, max_finalists=3, prefer="fastest")
