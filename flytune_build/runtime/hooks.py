@@ -47,11 +47,14 @@ class ConfigHooks:
     def __bool__(self) -> bool:
         return bool(self.by_config)
 
+    def owner(self, config: Config, source: Any = None) -> Any:
+        """The object whose pre_hook `config` launches with: `source` when it has one (a `triton.Config` a
+        heuristic or a pruner returned), else the declared config with the same data; None when none has."""
+        return source if getattr(source, "pre_hook", None) is not None else self.by_config.get(config)
+
     def bind(self, config: Config, source: Any = None) -> Callable[[tuple, dict], None] | None:
-        """`hook(args, kwargs)` calling the pre_hook for `config`: `source`'s own (a `triton.Config` a
-        heuristic returned), else the declared config's with the same data; None when there is none."""
-        if getattr(source, "pre_hook", None) is None:
-            source = self.by_config.get(config)
+        """`hook(args, kwargs)` calling the pre_hook for `config` (`owner`); None when there is none."""
+        source = self.owner(config, source)
         if source is None:
             return None
         names, pre_hook, launch = self.arg_names, source.pre_hook, all_kwargs(source)
@@ -91,8 +94,8 @@ class Launcher:
     `post_hook`; `settle(winner)` is Triton's closing `pre_hook(nargs, reset_only=True)`. A launch runs
     on one of the call's `placement.Site`s, the caller's own tensors unless `at` chose another."""
 
-    def __init__(self, kernel, grid, fresh_inputs: Callable[..., None], sites: Sequence, sources: dict | None = None):
-        self.kernel, self.grid, self.fresh_inputs, self.sites = kernel, grid, fresh_inputs, list(sites)
+    def __init__(self, kernel, grid, fresh_inputs: Callable[..., None], sites: list, sources: dict | None = None):
+        self.kernel, self.grid, self.fresh_inputs, self.sites = kernel, grid, fresh_inputs, sites  # shared, not copied
         self.sources = sources or {}  # config -> the pruner-made triton.Config carrying its pre_hook
         self.pre_hook, self.post_hook = kernel.search_hooks
         self._turns: dict[Config, int] = {}

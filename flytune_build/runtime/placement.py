@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ALIGN = 1024                # every copy keeps its original's address modulo 1 KiB
@@ -39,8 +39,7 @@ class Site:
     """One placement of the call: its arguments and its bound parameters (name -> value)."""
     args: tuple
     kwargs: dict
-    bound: dict
-    buffers: list = field(default_factory=list, repr=False)   # the allocations the copies live in
+    bound: dict   # a copy's tensors are views of its allocations, which they keep alive
 
 
 @dataclass
@@ -186,7 +185,6 @@ def _free_bytes(torch, device) -> int | None:
 
 def _copy(torch, own: Site, groups: dict) -> Site:
     swapped: dict[int, Any] = {}
-    buffers = []
     for lo, hi, members in groups.values():
         first = members[0]
         extent = hi - lo
@@ -195,7 +193,6 @@ def _copy(torch, own: Site, groups: dict) -> Site:
         source = torch.empty(0, dtype=torch.uint8, device=first.device).set_(
             first.untyped_storage(), lo - first.untyped_storage().data_ptr(), (extent,), (1,))
         buf[start:start + extent].copy_(source)
-        buffers.append(buf)
         for t in members:
             offset = start + t.data_ptr() - lo
             swapped[id(t)] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
@@ -214,4 +211,4 @@ def _copy(torch, own: Site, groups: dict) -> Site:
             swapped[id(v)] = out
         return out
     return Site(tuple(swap(a) for a in own.args), {k: swap(v) for k, v in own.kwargs.items()},
-                {k: swap(v) for k, v in own.bound.items()}, buffers)
+                {k: swap(v) for k, v in own.bound.items()})

@@ -68,8 +68,8 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
                 if not kernel.interpreted:
                     _precompile(kernel, args, kwargs, grid, configs, sources)
                 candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements)
-        finally:  # the copies go now, even when a traceback keeps this frame alive
-            del placements.sites[1:], launch.sites[1:]
+        finally:  # the copies go now, even when a traceback keeps this frame alive (`launch` shares the list)
+            del placements.sites[1:]
     launch.settle(chosen.winner.config)
     result = SearchResult(chosen.winner, candidates, time.perf_counter() - start, rank, measure.to_json(),
                           chosen.record, sources.get(chosen.winner.config))
@@ -83,12 +83,8 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
 
 def _hooks(kernel, configs, sources) -> tuple:
     """Every hook a candidate's launch runs: the autotune pre/post hooks and the configs' pre_hooks."""
-    found = [h for h in kernel.search_hooks if h is not None]
-    for cfg in configs:
-        source = sources.get(cfg) if getattr(sources.get(cfg), "pre_hook", None) else kernel.hooks.by_config.get(cfg)
-        if getattr(source, "pre_hook", None) is not None:
-            found.append(source.pre_hook)
-    return tuple(found)
+    owners = (kernel.hooks.owner(cfg, sources.get(cfg)) for cfg in configs)
+    return tuple(h for h in (*kernel.search_hooks, *(o.pre_hook for o in owners if o is not None)) if h is not None)
 
 
 def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config, Any]]:
