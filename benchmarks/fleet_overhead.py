@@ -4,8 +4,9 @@ Jobs are searches of a stub kernel (its launch does nothing) ranked syntheticall
 the whole way (search, artifact, JSON over the worker's pipe, atomic publish with the resume state)
 at almost no cost of its own.
 
-- overhead: the same K trivial jobs tuned in process (`flytune tune`) and by a fleet of one local
-  worker; (fleet job phase - in-process time) / K is what the fleet adds per job (goal <= 5 ms).
+- overhead: the same K trivial jobs tuned by the in-process executor (`flytune tune`'s default) and by a
+  fleet of one local worker; (fleet job phase - in-process job phase) / K is what a worker process adds
+  per job (goal <= 5 ms).
 - scaling: J CPU-bound jobs (each spins the CPU for S seconds) on 1 worker and on N; the ratio of
   the job phases, from every worker up to the last job done (goal for 2 workers on 2 cores:
   <= 0.6). Start-up (a worker imports torch and triton) and shutdown are reported apart.
@@ -13,22 +14,20 @@ at almost no cost of its own.
     python benchmarks/fleet_overhead.py [--jobs 200] [--cpu-jobs 8] [--seconds 0.5] [--workers 2] [--rounds 3]
 """
 import argparse
-import io
 import os
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"   # CPU workers, the interpreter's device identity
 os.environ["FLYTUNE_AUTOTUNE"] = "0"
 
-from flytune_build.cli import executors, fleet, tune
+from flytune_build.tuning import driver as fleet
+from flytune_build.tuning import executors
 from flytune_build.core import project as project_mod
 
 SETUPS = '''
-import time
 import flytune_build as ft
 from flytune_build import Config
 
@@ -85,11 +84,12 @@ def make_project(root: Path, jobs: int, cpu_jobs: int, seconds: float) -> Path:
     return root
 
 
-def fleet_run(proj, entries, workers: int, output: Path, log_dir: Path):
-    options = fleet.Options("local", workers, output=str(output), ranking="synthetic", progress=False,
-                            resume=False)
-    ex = executors.local(proj, "synthetic", workers, log_dir, sum(len(e.shapes) for e in entries))
-    report = fleet.Fleet(proj, entries, options, ex, out=io.StringIO()).run()
+def fleet_run(proj, entries, workers: int, output: Path, log_dir: Path, kind: str = "local"):
+    options = fleet.Options(kind, workers, output=str(output), ranking="synthetic", resume=False)
+    ex = executors.open_executor(kind, proj, "synthetic", workers=None if kind == "inprocess" else workers,
+                                 address=None, job_timeout=None, jobs=sum(len(e.shapes) for e in entries),
+                                 log_dir=log_dir)
+    report = fleet.Driver(proj, entries, options, ex).run()
     assert not report.failed, [o.reason for o in report.failed]
     return report
 
@@ -106,10 +106,7 @@ def overhead(proj, tmp: Path, rounds: int) -> None:
         from flytune_build.runtime import autotuner
 
         autotuner.reset_stats()
-        t = time.perf_counter()
-        tune.run(proj, (entry,), output=tmp / f"inproc-{r}", resume=False, progress=False, ranking="synthetic",
-                 out=io.StringIO())
-        best_in = min(best_in, time.perf_counter() - t)
+        best_in = min(best_in, fleet_run(proj, (entry,), 1, tmp / f"inproc-{r}", tmp / "logs", "inprocess").jobs_s)
         report = fleet_run(proj, (entry,), 1, tmp / f"fleet-{r}", tmp / "logs")
         best_fleet = min(best_fleet, report.jobs_s)
     print(f"overhead: {k} trivial jobs; in process {best_in * 1e3 / k:.2f} ms/job, fleet of 1 local worker "

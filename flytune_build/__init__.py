@@ -22,13 +22,44 @@ from .core.errors import (
     SettingsError,
     TierMissError,
     TuneError,
+    UsageError,
 )
 from .core.version import VERSION as __version__
 
-__all__ = ["Config", "autotune", "stats", "reset_stats", "on_decision", "warmup", "pow2", "nearest", "FlytuneError",
-           "ArtifactError", "ArtifactExecutionError", "BuildFailure", "BundleError", "DeclarationError",
-           "DeviceError", "InputError", "OutputError", "ProjectError", "ScratchError", "SearchError", "SettingsError",
-           "TierMissError", "TuneError", "FlytuneWarning", "__version__"]
+__all__ = [
+    "ArtifactError",
+    "ArtifactExecutionError",
+    "BuildFailure",
+    "BundleError",
+    "Config",
+    "DeclarationError",
+    "DeviceError",
+    "FlytuneError",
+    "FlytuneWarning",
+    "InputError",
+    "OutputError",
+    "ProjectError",
+    "ScratchError",
+    "SearchError",
+    "SettingsError",
+    "TierMissError",
+    "TuneError",
+    "UsageError",
+    "__version__",
+    "autotune",
+    "nearest",
+    "on_decision",
+    "pow2",
+    "reset_stats",
+    "stats",
+    "warmup",
+    "tune",
+    "verify",
+    "inspect",
+    "diff",
+    "merge",
+    "fmt",
+]
 
 
 def __getattr__(name):  # loaded on first use: `import flytune_build` (and the build backend) stays light
@@ -47,4 +78,16 @@ def __getattr__(name):  # loaded on first use: `import flytune_build` (and the b
     if name == "warmup":
         from .runtime.warmup import warmup
         return warmup
+    if name == "tune":
+        from .tuning import tune
+        return tune
+    if name in ("verify", "inspect", "diff"):
+        from . import audit
+        return getattr(audit, name)
+    if name == "merge":
+        from .store.merge import merge
+        return merge
+    if name == "fmt":
+        from .store.canonical import fmt
+        return fmt
     raise AttributeError(f"module 'flytune_build' has no attribute {name!r}")

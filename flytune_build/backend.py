@@ -2,7 +2,7 @@
 
 `build-backend = "flytune_build.backend"`. Without `[tool.flytune]` every hook is setuptools' own.
 With it, the wheel hooks collect -> verify -> assemble the bundle beside setuptools' build, add it
-and its entry point, and make the wheel reproducible (`flytune_build.pipeline.hooks`).
+and its entry point, and make the wheel reproducible (`flytune_build.pipeline.pep517`).
 """
 import sys
 
@@ -40,27 +40,27 @@ def _backend():
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    from .pipeline import hooks
-    return hooks.build_wheel(_backend().build_wheel, wheel_directory, config_settings, metadata_directory)
+    from .pipeline import pep517
+    return pep517.build_wheel(_backend().build_wheel, wheel_directory, config_settings, metadata_directory)
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
-    from .pipeline import hooks
-    return hooks.build_wheel(_backend().build_editable, wheel_directory, config_settings, metadata_directory,
+    from .pipeline import pep517
+    return pep517.build_wheel(_backend().build_editable, wheel_directory, config_settings, metadata_directory,
                              editable=True)
 
 
 def build_sdist(sdist_directory, config_settings=None):
-    from .pipeline import hooks
-    return hooks.build_sdist(_backend().build_sdist, sdist_directory, config_settings)
+    from .pipeline import pep517
+    return pep517.build_sdist(_backend().build_sdist, sdist_directory, config_settings)
 
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
-    from .pipeline import hooks
-    return hooks.prepare_metadata(_backend().prepare_metadata_for_build_wheel, metadata_directory, config_settings)
+    from .pipeline import pep517
+    return pep517.prepare_metadata(_backend().prepare_metadata_for_build_wheel, metadata_directory, config_settings)
 
 
 def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
-    from .pipeline import hooks
-    return hooks.prepare_metadata(_backend().prepare_metadata_for_build_editable, metadata_directory,
+    from .pipeline import pep517
+    return pep517.prepare_metadata(_backend().prepare_metadata_for_build_editable, metadata_directory,
                                   config_settings, editable=True)

@@ -34,16 +34,16 @@ class FlytuneBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict) -> None:
         from .core import bundle
         from .core import project as project_mod
-        from .pipeline import assemble, hooks, run
+        from .pipeline import assemble, pep517, run
 
-        proj = hooks.or_exit(project_mod.load, self.root)
+        proj = pep517.or_exit(project_mod.load, self.root)
         if proj is None:
             self.app.display_warning("flytune: [tool.hatch.build.hooks.flytune] is enabled but pyproject.toml "
                                      "has no [tool.flytune] table: nothing to bundle")
             return
-        state = hooks.or_exit(lambda: run(proj.root, project=proj))
+        state = pep517.or_exit(lambda: run(proj.root, project=proj))
         if self.target_name == "sdist":
-            for rel, path in hooks.or_exit(hooks.sdist_sources, proj).items():
+            for rel, path in pep517.or_exit(pep517.sdist_sources, proj).items():
                 build_data["force_include"][str(path)] = rel
             return
         if self.target_name != "wheel":
@@ -73,9 +73,9 @@ class FlytuneBuildHook(BuildHookInterface):
                         if n.endswith(".dist-info/entry_points.txt") and n.count("/") == 1), "")
         if f"[{group}]" not in eps or f"{name} = {value}" not in eps:  # a hatchling that stopped honouring it
             os.remove(artifact_path)
-            from .pipeline import hooks
+            from .pipeline import pep517
 
-            hooks.or_exit(self.missing_entry_point, group, name, value)
+            pep517.or_exit(self.missing_entry_point, group, name, value)
 
     @staticmethod
     def missing_entry_point(group: str, name: str, value: str) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flytune_build.cli import archive, audit
-from flytune_build.pipeline import wheel
+from flytune_build.audit import source as audit
+from flytune_build.dist import archive
+from flytune_build.dist import wheel
 
 ODD = ["fixpkg/a,b.txt", 'fixpkg/say "hi".txt', "fixpkg/plain.txt"]
 

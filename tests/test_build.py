@@ -12,7 +12,7 @@ import pytest
 from buildkit import H200, ROOT, artifact, child_install, child_venv, make_project, pip_wheel, run_child
 
 from flytune_build import pipeline
-from flytune_build.cli import audit
+from flytune_build.audit import source as audit
 from flytune_build.core import bundle, codec
 from flytune_build.pipeline import BuildFailure
 

@@ -326,7 +326,7 @@ def test_closed_stdout_ends_quietly(wheel):
 
 
 def test_unexpected_error_is_one_line_without_traceback(monkeypatch, capsys, tmp_path):
-    from flytune_build.cli import audit
+    from flytune_build.audit import source as audit
     from flytune_build.cli.main import main
 
     def boom(*args):
@@ -338,13 +338,14 @@ def test_unexpected_error_is_one_line_without_traceback(monkeypatch, capsys, tmp
     assert capsys.readouterr().err == "flytune: error: RuntimeError: boom\n"
 
 
-def test_tune_progress_off_a_terminal_is_one_plain_line(tmp_path):
+def test_tune_progress_off_a_terminal_is_one_plain_line_per_job(tmp_path):
     env = dict(TRITON_INTERPRET=1, FLYTUNE_CACHE_DIR=tmp_path / "cache", PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}")
     r = flytune("tune", "--project", ROOT / "sample_pkg", "--kernel", "sample_pkg.matmul", "--ranking", "synthetic",
                 "--output", tmp_path / "out", "--allow-ci", **env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr  # stderr is a pipe here: no progress frames
-    assert len([line for line in r.stderr.splitlines() if line.startswith("flytune: 2/2 shape(s) in ")]) == 1
+    lines = [line for line in r.stderr.splitlines() if line.startswith("flytune: [")]
+    assert [line[:14] for line in lines] == ["flytune: [1/2]", "flytune: [2/2]"], r.stderr
 
 
 def test_control_characters_from_data_never_reach_the_terminal(tmp_path):
@@ -393,9 +394,9 @@ def test_tune_state_and_table_values_are_read_safely(tmp_path):
     table: no crash, no escape sequence reaches the terminal."""
     proj = make_project(tmp_path / "p", extra='[tool.flytune.tune]\nentries = [{ kernel = "fixpkg.add", '
                                               'setup = "fixpkg:setup", shapes = [{ n = 8 }] }]\n')
-    from flytune_build.cli.job import job_id
     from flytune_build.core.device import INTERPRETER
     from flytune_build.core.project import load
+    from flytune_build.tuning.job import job_id
 
     entry = load(proj).tune_entries[0]
     out = tmp_path / "out"

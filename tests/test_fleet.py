@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import python_env
 
-from flytune_build.cli.job import job_id
-from flytune_build.cli.resume import read_state
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
 from flytune_build.core.project import TuneEntry
 from flytune_build.pipeline import reader
+from flytune_build.tuning.job import job_id
+from flytune_build.tuning.ledger import read_state
 
 TIMEOUT = 240  # seconds for any one flytune run (a worker imports torch and triton: seconds each)
 
@@ -138,6 +138,49 @@ def comparable(path: Path) -> dict:
     return doc
 
 
+def seeded(src: Path, dst: Path) -> dict[str, bytes]:
+    """`dst`: `src`'s identities, each holding another declared config than the winner `src` chose."""
+    dst.mkdir()
+    for p in sorted(src.glob("*.json")):
+        a = Artifact.load(p)
+        other = Config({"BLOCK": 16 if a.config.kwargs["BLOCK"] != 16 else 32}, num_warps=1)
+        Artifact(a.kernel, a.key, a.device, other, a.provenance).save(dst)
+    return {p.name: p.read_bytes() for p in dst.glob("*.json")}
+
+
+EXECUTOR_ARGS = {"inprocess": (), "local": ("--executor", "local", "--workers", "2"),
+                 "ray": ("--executor", "ray", "--workers", "2")}
+
+
+@pytest.mark.parametrize("executor", ["inprocess", "local", "ray"])
+def test_every_executor_keeps_and_replaces_winners_as_the_sequential_run(tmp_path, executor):
+    """One engine: repeat, min-improvement and the keep-or-replace rule against the output's winners give
+    the same files and the same changes on every executor."""
+    if executor == "ray":
+        pytest.importorskip("ray", reason="Ray is in the test extra; without it --executor ray is not tested")
+    proj = make_project(tmp_path / "p", add_entry(100, 200, 300))
+    env = env_for(tmp_path)
+    seq = flytune(proj, "--output", tmp_path / "seq", "--no-progress", env=env)
+    assert seq.returncode == 0, seq.stderr[-3000:]
+    assert "3 tuned, 0 resumed, 0 failed" in seq.stdout and "on 1 inprocess worker(s)" in seq.stdout
+    assert "3 new, 0 kept, 0 replaced" in seq.stdout
+    before = seeded(tmp_path / "seq", tmp_path / "keep")
+    r = flytune(proj, "--output", tmp_path / "keep", "--repeat", "2", "--min-improvement", "900",
+                *EXECUTOR_ARGS[executor], env=env_for(tmp_path, FLYTUNE_CACHE_DIR=tmp_path / "c1"))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "0 new, 3 kept, 0 replaced" in r.stdout and r.stdout.count(" 2/2 ") == 3, r.stdout
+    assert {p.name: p.read_bytes() for p in (tmp_path / "keep").glob("*.json")} == before  # kept: byte for byte
+    seeded(tmp_path / "seq", tmp_path / "replace")
+    r = flytune(proj, "--output", tmp_path / "replace", "--repeat", "2", "--min-improvement", "0",
+                *EXECUTOR_ARGS[executor], env=env_for(tmp_path, FLYTUNE_CACHE_DIR=tmp_path / "c2"))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "0 new, 0 kept, 3 replaced" in r.stdout, r.stdout
+    for p in (tmp_path / "seq").glob("*.json"):
+        got = comparable(tmp_path / "replace" / p.name)
+        assert got["config"] == comparable(p)["config"]
+        assert got["provenance"]["selection"]["stability"] == {"runs": 2, "agreed": 2}
+
+
 def test_fleet_artifacts_equal_a_sequential_run(tmp_path):
     proj = make_project(tmp_path / "p", add_entry(100, 200, 300, 400, 500))
     env = env_for(tmp_path)
@@ -247,19 +290,21 @@ def test_sigkilled_driver_leaves_no_worker_and_resumes_without_redoing(tmp_path)
 DEVICES = '''
 import sys
 from pathlib import Path
+from flytune_build.cli.tune import summary
 from flytune_build.core import project
-from flytune_build.cli import executors, fleet
+from flytune_build.tuning import driver as fleet
+from flytune_build.tuning import executors
 
 specs = ["cuda:sm_90:132:NVIDIA H200", "cuda:sm_90:114:NVIDIA H100 PCIe"]
 proj = project.load(Path(sys.argv[1]))
-options = fleet.Options("local", 2, output=sys.argv[2], ranking="synthetic", progress=False)
+options = fleet.Options("local", 2, output=sys.argv[2], ranking="synthetic")
 ex = executors.LocalExecutor(proj, "synthetic", 2, lambda slot: {"FLYTUNE_DEVICE": specs[slot]}, Path(sys.argv[3]))
 try:
-    report = fleet.Fleet(proj, proj.tune_entries, options, ex).run()
+    report = fleet.Driver(proj, proj.tune_entries, options, ex).run()
 except fleet.Refused as e:
     print("refused:", e)
     raise SystemExit(2)
-print(fleet.summary(report))
+print(summary(report))
 '''
 
 
@@ -362,7 +407,7 @@ def test_merge_into_one_of_its_inputs_swaps_the_whole_directory(tmp_path):
 
 
 def test_device_slug_and_separation():
-    from flytune_build.cli import placement
+    from flytune_build.tuning import layout as placement
     from flytune_build.core.errors import FlytuneError
 
     h200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
@@ -399,8 +444,8 @@ def test_ray_executor_matches_a_sequential_run_and_survives_a_dying_actor(tmp_pa
 RAY_BATCH = '''
 import sys, time
 from pathlib import Path
-from flytune_build.cli.executors import RayExecutor
-from flytune_build.cli.job import Job
+from flytune_build.tuning.executors import RayExecutor
+from flytune_build.tuning.job import Job
 from flytune_build.core import project
 from flytune_build.core.device import INTERPRETER
 
@@ -417,7 +462,7 @@ def batch(*entries):
         events = ex.poll(1.0)
     assert [e[0] for e in events] == ["hello"], events
     for e in entries:
-        ex.submit(0, Job(e, e.shapes[0], INTERPRETER.spec()))
+        ex.submit(0, Job(e, e.shapes[0], INTERPRETER.spec()), {"repeat": 1, "min_improvement": 3.0, "winners": {}})
     time.sleep(12)
     print("EVENTS", [e[0] for e in ex.poll(5.0)], ex.pending)
 
@@ -450,7 +495,7 @@ def test_the_resume_state_keeps_what_other_runs_add_and_drops_what_this_run_redo
     """`write_state(dir, done, base)`: records another run added or changed since `base` (the state as
     this run found it) stay; the rest is this run's view, so a `--no-resume` run (done empty at its
     start) drops the records it set out to redo, even if it is interrupted."""
-    from flytune_build.cli.resume import snapshot, write_state
+    from flytune_build.tuning.ledger import snapshot, write_state
 
     old = {"a": {"winner": "w", "time_ms": 1.0}, "b": {"winner": "w", "time_ms": 2.0}}
     write_state(tmp_path, old)
@@ -459,3 +504,23 @@ def test_the_resume_state_keeps_what_other_runs_add_and_drops_what_this_run_redo
     write_state(tmp_path, other, base)            # another run finishes c meanwhile
     write_state(tmp_path, {"a": {"winner": "v", "time_ms": 0.5}}, base)  # this run redid a, then stops
     assert read_state(tmp_path) == {"a": {"winner": "v", "time_ms": 0.5}, "c": {"winner": "x", "time_ms": 3.0}}
+
+
+def test_an_incumbent_in_an_earlier_releases_key_form_is_kept_or_replaced_in_that_form(tmp_path, monkeypatch):
+    """An earlier release wrote an adopted kernel's None arguments as no axis: a re-tune finds that file as
+    the incumbent, keeps it byte for byte, or replaces it under its own name (never one identity twice)."""
+    from flytune_build.tuning.incumbent import Incumbents, read_output
+
+    monkeypatch.setenv("FLYTUNE_DEVICE", "interpreter")
+    old = Artifact("fleetpkg.cumsum", {"T": 64}, INTERPRETER, Config({"BLOCK": 16}, num_warps=1))
+    old.save(tmp_path)
+    held = Incumbents(read_output(tmp_path)["fleetpkg.cumsum"], 3.0)
+    assert held.lookup("fleetpkg.cumsum", {"T": 64, "scale": None}).config == old.config
+    same = Artifact("fleetpkg.cumsum", {"T": 64, "scale": None}, INTERPRETER, old.config)
+    assert held.change(same) == ("kept", None)
+    other = Artifact("fleetpkg.cumsum", {"T": 64, "scale": None}, INTERPRETER, Config({"BLOCK": 32}, num_warps=1))
+    change, written = held.change(other)
+    assert change == "replaced" and written.filename == old.filename and dict(written.key) == {"T": 64}
+    assert written.config == other.config
+    fresh = Artifact("fleetpkg.cumsum", {"T": 128, "scale": None}, INTERPRETER, old.config)
+    assert held.change(fresh) == ("new", fresh)

@@ -59,7 +59,7 @@ SETUPTOOLS_HANGS = {"loop-exponential-glob", "deep-double-star", "escape-to-root
 
 def bundle_step(proj: Path):
     """The pipeline the backend runs beside setuptools, as the backend runs it (errors via or_exit)."""
-    code = ("from flytune_build.pipeline import hooks, run; state = hooks.or_exit(run, '.'); "
+    code = ("from flytune_build.pipeline import pep517, run; state = pep517.or_exit(run, '.'); "
             "print('ARTIFACTS', len(state.artifacts))")
     return child([sys.executable, "-c", code], cwd=proj)
 
@@ -289,7 +289,7 @@ def test_verify_of_an_sdist_names_the_member_not_a_vanished_temporary_path(tmp_p
 
 
 def test_verify_of_an_sdist_that_unpacks_past_the_cap_is_refused(tmp_path, monkeypatch):
-    from flytune_build.cli import audit
+    from flytune_build.audit import source as audit
 
     proj = make_project(tmp_path / "p")
     sdist = tmp_path / "fixpkg-1.0.tar.gz"
@@ -331,7 +331,7 @@ def plan_project(tmp_path, plan, make_plan):
 ], ids=["through-root-link", "link-to-environ", "fifo"])
 def test_sdist_never_packs_a_plan_outside_the_root_or_not_a_file(tmp_path, plan, make_plan, rule):
     from flytune_build.core import project
-    from flytune_build.pipeline import hooks
+    from flytune_build.pipeline import pep517 as hooks
 
     proj = plan_project(tmp_path, plan, make_plan)
     with pytest.raises(ProjectError) as e:
@@ -346,7 +346,7 @@ def test_sdist_never_packs_a_plan_outside_the_root_or_not_a_file(tmp_path, plan,
 KILLED = """
 import os, sys, time
 from pathlib import Path
-from flytune_build.pipeline import hooks
+from flytune_build.pipeline import pep517 as hooks
 def build(tmp, config_settings, metadata_directory):
     (Path(tmp) / "fixpkg-1.0-py3-none-any.whl").write_bytes(b"a bundle-less wheel")
     print("built", flush=True)
@@ -424,7 +424,7 @@ def test_runtime_equal_duplicate_is_kept_once(tmp_path):
 def test_default_group_is_not_copied_into_every_group():
     from importlib.metadata import Distribution
 
-    from flytune_build.pipeline.wheel import add_entry_point
+    from flytune_build.dist.wheel import add_entry_point
 
     text = add_entry_point("[DEFAULT]\nx = a:b\n[console_scripts]\nc = m:f\n", "flytune.bundles", "p", "p._flytune")
 

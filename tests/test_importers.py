@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import python_env
 
-from flytune_build.cli import importers
+from flytune_build.interop import moe as importers
 from flytune_build.core.artifact import Artifact, load_dir
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
 from flytune_build.core.errors import ArtifactError

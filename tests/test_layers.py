@@ -13,12 +13,19 @@ HEAVY = {"torch", "triton", "setuptools", "numpy"}
 ALLOWED = {
     "core": {"core"},
     "runtime": {"core", "runtime"},
-    "pipeline": {"core", "pipeline"},
-    "cli": {"core", "runtime", "pipeline", "cli", "top"},
+    "dist": {"core", "dist"},                       # wheel/sdist read and write
+    "pipeline": {"core", "dist", "pipeline"},
+    "tuning": {"core", "runtime", "tuning"},        # the tuning engine, under every executor
+    "audit": {"core", "dist", "pipeline", "runtime", "audit"},  # runtime: --deep only, imported lazily
+    "store": {"core", "store"},                     # artifact directories: fmt, merge
+    "interop": {"core", "store", "interop"},        # other tools' config formats
+    "review": {"core", "audit", "dist", "store", "review"},     # `flytune report`: pages
+    "cli": {"core", "runtime", "pipeline", "dist", "tuning", "audit", "store", "interop", "review", "cli", "top"},
     "backend": {"pipeline"},
     "build_hook": {"pipeline", "core"},  # the hatchling hook, beside backend: loaded only by hatchling
-    "top": {"core", "runtime"},
+    "top": {"core", "runtime", "tuning", "audit", "store", "interop"},
 }
+ENGINES = ("tuning", "audit", "store", "interop", "review", "dist")
 
 
 def _modules() -> dict[str, Path]:
@@ -63,8 +70,9 @@ def imports(module: str):
             for n in names:  # `from . import x` imports the module x when there is one
                 if f"{target}.{n}" in MODULES:
                     yield f"{target}.{n}", (), node.lineno, id(node) in top_level
-            yield target, tuple(n for n in names if f"{target}.{n}" not in MODULES), node.lineno, \
-                id(node) in top_level
+            rest = tuple(n for n in names if f"{target}.{n}" not in MODULES)
+            if rest or len(rest) == len(names):  # `from .. import pipeline` imports only the module
+                yield target, rest, node.lineno, id(node) in top_level
 
 
 def ours(name: str) -> bool:
@@ -79,17 +87,49 @@ def test_layer_imports_only_what_it_may(module):
             assert layer(target) in ALLOWED[mine], f"{module}:{line} ({mine}) imports {target} ({layer(target)})"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in ("core", "pipeline")))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in ("core", "pipeline", "dist", "store",
+                                                                                 "interop", "review")))
 def test_core_and_pipeline_never_import_heavy_libraries(module):
     for target, _, line, _ in imports(module):
         assert target.split(".")[0] not in HEAVY, f"{module}:{line} imports {target}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in ("runtime", "top")))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in ("runtime", "top", "tuning", "audit",
+                                                                                 "cli")))
 def test_runtime_imports_heavy_libraries_lazily(module):
     for target, _, line, top in imports(module):
         if target.split(".")[0] in HEAVY:
             assert not top, f"{module}:{line} imports {target} at import time"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == "audit" and m != "flytune_build.audit.execution"))
+def test_audit_imports_the_runtime_only_lazily(module):
+    """verify, inspect and diff run without torch: the runtime is loaded only for --deep (audit.execution,
+    itself imported only then)."""
+    for target, _, line, top in imports(module):
+        if layer(target) == "runtime" and ours(target):
+            assert not top, f"{module}:{line} imports {target} at import time"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_ray_only_in_the_executors_and_tqdm_only_in_the_progress_module(module):
+    for target, _, line, _ in imports(module):
+        if target.split(".")[0] == "ray":
+            assert module == "flytune_build.tuning.executors", f"{module}:{line} imports ray"
+        if target.split(".")[0] == "tqdm":
+            assert module == "flytune_build.cli.progress", f"{module}:{line} imports tqdm"
+
+
+def test_no_engine_lives_under_the_cli():
+    """cli/ parses arguments, prints, and maps outcomes to exit codes; the work is in the engines."""
+    for module, path in MODULES.items():
+        if layer(module) != "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert not {"subprocess", "selectors", "zipfile", "tarfile", "threading", "ray"} & set(names), \
+                    f"{module}:{node.lineno} does an engine's work ({names})"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -149,8 +189,9 @@ def test_no_import_cycles():
 
 
 def test_the_tree_shows_the_layers():
-    assert {p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("__")} == \
-        {"core", "runtime", "pipeline", "cli"}
+    folders = {p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert {"core", "runtime", "pipeline", "cli", "tuning", "audit", "dist", "store"} <= folders
+    assert folders <= {"core", "runtime", "pipeline", "cli", *ENGINES}
     assert (PKG / "runtime" / "adapters").is_dir()
 
 

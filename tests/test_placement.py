@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from flytune_build.core.config import Config
-from flytune_build.runtime import hooks, placement
+from flytune_build.runtime import callbacks as hooks
+from flytune_build.runtime import placement
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def run(py, tmp, shapes, **env):
 
 
 def test_sample_wheel_verifies(installed):
-    from flytune_build.cli import audit
+    from flytune_build.audit import source as audit
 
     src = audit.verify(str(installed[1]))
     assert src.ok, src.render()

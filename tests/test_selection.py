@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import python_env
 
-from flytune_build.cli import stability
-from flytune_build.cli.job import Tuned
-from flytune_build.cli.shipped import OutputWinners
+from flytune_build.tuning import stability
+from flytune_build.tuning.job import Tuned
+from flytune_build.tuning.incumbent import Incumbents, read_output
 from flytune_build.core import codec
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
@@ -147,16 +147,16 @@ def test_shipped_reports_new_kept_replaced_and_rewrites_a_kept_artifact_only_for
                                                                                                     monkeypatch):
     monkeypatch.setenv("FLYTUNE_DEVICE", "interpreter")
     art(32).save(tmp_path)
-    held = OutputWinners(tmp_path, 3.0)
+    held = Incumbents(read_output(tmp_path)["fixpkg.add"], 3.0)
     assert held.lookup("fixpkg.add", {"x": "float32", "n": 100}) == selection.Shipped(Config({"BLOCK": 32}), 0.03)
     assert held.lookup("fixpkg.add", {"x": "float32", "n": 7}) is None
-    assert held.change(art(32, {"triton": "3.6.0"})) == ("kept", False)
+    assert held.change(art(32, {"triton": "3.6.0"}))[0] == "kept" and held.change(art(32, {"triton": "3.6.0"}))[1] is None
     assert held.change(art(32, {"triton": "3.6.0", "selection": {"winner": 0, "shipped": {
-        "outcome": "kept", "gain": 0.012}}})) == ("kept (+1.2%)", False)
-    assert held.change(art(32, {"triton": "3.7.0"})) == ("kept", True)
+        "outcome": "kept", "gain": 0.012}}}))[0] == "kept (+1.2%)"
+    assert held.change(art(32, {"triton": "3.7.0"}))[0] == "kept" and held.change(art(32, {"triton": "3.7.0"}))[1]
     assert held.change(art(64, {"selection": {"winner": 1, "shipped": {"outcome": "replaced", "gain": 0.042}}})) \
-        == ("replaced (+4.2%)", True)
-    assert held.change(art(64, n=7)) == ("new", True)
+        [0] == "replaced (+4.2%)"
+    assert held.change(art(64, n=7))[0] == "new"
 
 
 # -- the provenance records ----------------------------------------------------------------------------------

@@ -414,7 +414,7 @@ def test_tune_names_an_unknown_kernel_and_lists_the_known_ones(tmp_path):
                                       'autotuner = "adoptpkg:add_bias", shapes = [{ n = 100, bias = true }] }]')
     r = flytune("tune", "--project", proj, "--allow-ci", "--kernel", "adoptpkg.add_bais", TRITON_INTERPRET=1)
     assert r.returncode == 2
-    assert "--kernel adoptpkg.add_bais: not in the tuning plan (its kernels: adoptpkg.add_bias)" in r.stderr
+    assert "kernel adoptpkg.add_bais: not in the tuning plan (its kernels: adoptpkg.add_bias)" in r.stderr
 
 
 def test_a_failing_setup_is_that_entrys_failure_and_the_rest_is_tuned(tmp_path):

@@ -15,12 +15,12 @@ from pathlib import Path
 from buildkit import H200, artifact, make_project
 
 from flytune_build import pipeline
-from flytune_build.cli import audit
+from flytune_build.audit import source as audit
 from flytune_build.core import codec, project, table, verification
 from flytune_build.core.device import INTERPRETER
 from flytune_build.pipeline import collect, verify
 from flytune_build.pipeline.state import BuildState
-from flytune_build.pipeline.wheel import record_hash
+from flytune_build.dist.wheel import record_hash
 
 BUNDLE = "fixpkg/_flytune/"
 SHARD, MANIFEST = BUNDLE + "fixpkg.add.json", BUNDLE + "manifest.json"

@@ -24,7 +24,8 @@ from flytune_build.core.artifact import Artifact, load_dir
 from flytune_build.core.config import Config
 from flytune_build.core.errors import ArtifactError, FlytuneError, FlytuneWarning
 from flytune_build.pipeline import directory, reader
-from flytune_build.runtime import events, specialization
+from flytune_build.runtime import binder as specialization
+from flytune_build.runtime import events
 
 
 @triton.jit

@@ -11,7 +11,6 @@ import os
 import sys
 from pathlib import Path
 
-from ..core import settings
 from ..core.errors import FlytuneError, printable
 from ..core.version import VERSION
 
@@ -44,27 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, epilog=f"exit codes: {codes}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    t = command("tune", "search a tuning plan on this device and write artifacts",
-                "0 tuned, 1 failed, 2 usage error or refused where CI is set, 130 interrupted")
-    t.add_argument("--project", default=".", help="project root holding pyproject.toml (default: .)")
-    t.add_argument("--plan", help="a plan TOML file (default: [tool.flytune.tune])")
-    t.add_argument("--output", help="artifact directory (default: tool.flytune.tune.output)")
-    t.add_argument("--kernel", action="append", help="tune only this kernel (repeatable)")
-    t.add_argument("--ranking", choices=("measured", "synthetic"), default=None,
-                   help="synthetic: deterministic ranking, never a measurement (interpreter/CI artifacts)")
-    t.add_argument("--no-resume", action="store_true", help="re-tune entries finished by an earlier run")
-    t.add_argument("--min-improvement", type=float, default=None, metavar="PCT",
-                   help="keep a winner the output already holds unless another config is faster by more than "
-                        "PCT percent, measured in the same search (default: 3; in-process runs only)")
-    t.add_argument("--repeat", type=int, default=1, metavar="K",
-                   help="search each shape K times and report how many agreed; the majority winner is written")
-    t.add_argument("--allow-ci", action="store_true", help="run even where CI is set")
-    t.add_argument("--no-progress", action="store_true", help="no progress at all (off a terminal there is "
-                                                              "no bar anyway, only one plain line at the end)")
-    from .fleet import add_options  # --executor, --workers, --address, --job-timeout
+    from . import merge, tune, warmup
 
-    add_options(t)
-
+    tune.add_command(command)
     v = command("verify", "verify wheels, sdists, artifact directories or installed distributions",
                 "0 clean, 1 violations, 2 usage error")
     v.add_argument("paths", nargs="+", metavar="PATH",
@@ -86,11 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("new", metavar="B", help="the new bundle, of any kind A may be")
     d.add_argument("--json", action="store_true", help=f"machine-readable output (\"format\": {JSON_FORMAT})")
     add_data_commands(command)
-    from .merge import add_command
-    from .warmup import add_command as add_warmup
-
-    add_command(command)
-    add_warmup(command)
+    merge.add_command(command)
+    warmup.add_command(command)
     return parser
 
 
@@ -163,65 +141,15 @@ def dump(doc: dict) -> str:
 
 
 def _tune(args) -> int:
-    if settings.current().ci and not args.allow_ci:
-        print("flytune: error: refusing to tune where CI is set: shared runners do not choose winners "
-              "(tune on the intended GPU; pass --allow-ci to override)", file=sys.stderr)
-        return EXIT_USAGE
-    from ..core import project as project_mod
     from . import tune
 
-    root = Path(args.project).resolve()
-    proj = project_mod.load(root)
-    if proj is None:
-        print(f"flytune: error: {root / 'pyproject.toml'} has no [tool.flytune] table", file=sys.stderr)
-        return EXIT_USAGE
-    plan = Path(args.plan).resolve() if args.plan else proj.tune_plan  # --plan is relative to the cwd
-    entries = project_mod.load_plan(root, plan) if plan else proj.tune_entries
-    if args.kernel:
-        unknown = sorted(set(args.kernel) - {e.kernel for e in entries})
-        if unknown:
-            known = ", ".join(sorted({e.kernel for e in entries})) or "none"
-            print(f"flytune: error: --kernel {', '.join(unknown)}: not in the tuning plan (its kernels: {known})",
-                  file=sys.stderr)
-            return EXIT_USAGE
-        entries = tuple(e for e in entries if e.kernel in args.kernel)
-    if not entries:
-        print("flytune: error: the tuning plan is empty (declare [tool.flytune.tune] or pass --plan)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    if args.repeat < 1 or not 0 <= (args.min_improvement or 0) < 1000:
-        print("flytune: error: --repeat must be at least 1 and --min-improvement a percentage >= 0", file=sys.stderr)
-        return EXIT_USAGE
-    if args.executor or args.workers is not None or args.address or args.job_timeout is not None:  # a fleet
-        from . import fleet
-
-        if args.repeat != 1 or args.min_improvement is not None:
-            print("flytune: error: --repeat and --min-improvement run in this process (a fleet replaces the "
-                  "output's winners): drop --executor, --workers, --address and --job-timeout", file=sys.stderr)
-            return EXIT_USAGE
-        return fleet.command(args, proj, entries)
-    import time
-
-    start = time.perf_counter()
-    margin = tune.MIN_IMPROVEMENT_PCT if args.min_improvement is None else args.min_improvement
-    results = tune.run(proj, entries, output=Path(args.output).resolve() if args.output else None,
-                       resume=not args.no_resume, progress=not args.no_progress, ranking=args.ranking,
-                       min_improvement=margin, repeat=args.repeat)
-    print(tune.summary(results))
-    tuned = [r for r in results if r.status == "tuned"]
-    changes = ", ".join(f"{sum(r.change.startswith(c) for r in tuned)} {c}" for c in ("new", "kept", "replaced"))
-    print(f"flytune: {len(tuned)} tuned, {sum(r.status == 'resumed' for r in results)} resumed, "
-          f"in {time.perf_counter() - start:.1f} s; against the output's winners: {changes}")
-    failed = sum(r.status == "failed" for r in results)
-    if failed:
-        print(f"flytune: error: {failed} shape(s) failed (see the table)", file=sys.stderr)
-    return EXIT_VIOLATIONS if failed else EXIT_OK
+    return tune.command(args)
 
 
 def _verify(args) -> int:
-    from . import audit
+    from ..audit import source
 
-    reports = [audit.verify(p, strict=args.strict, deep=args.deep, execute=args.execute) for p in args.paths]
+    reports = [source.verify(p, strict=args.strict, deep=args.deep, execute=args.execute) for p in args.paths]
     ok = all(r.ok for r in reports)
     if args.json:
         print(dump({"ok": ok, "reports": [r.to_json() for r in reports]}))
@@ -232,28 +160,28 @@ def _verify(args) -> int:
 
 
 def _inspect(args) -> int:
-    from . import audit
+    from ..audit import source
 
-    view = audit.open_source(args.path)
-    info = audit.inspect(view)
-    print(dump(info) if args.json else audit.render_inspect(info))
+    view = source.open_source(args.path)
+    info = source.inspect(view)
+    print(dump(info) if args.json else source.render_inspect(info))
     return EXIT_OK if not view.errors else EXIT_VIOLATIONS
 
 
 def _diff(args) -> int:
-    from . import audit
+    from ..audit import source
 
-    old, new = audit.open_source(args.old), audit.open_source(args.new)
-    changes = audit.diff(old, new)
-    print(dump(changes) if args.json else audit.render_diff(changes))
+    old, new = source.open_source(args.old), source.open_source(args.new)
+    changes = source.diff(old, new)
+    print(dump(changes) if args.json else source.render_diff(changes))
     return EXIT_OK if old.ok and new.ok else EXIT_VIOLATIONS
 
 
 def _export(args) -> int:
+    from ..audit import source
     from ..runtime.adapters import flydsl
-    from . import audit
 
-    src = audit.open_source(args.path)
+    src = source.open_source(args.path)
     if src.errors:
         for e in src.errors:
             print(f"flytune: error: {e}", file=sys.stderr)
@@ -271,8 +199,8 @@ def _import(args) -> int:
             print("flytune: error: --device applies to --format vllm and sglang (FlyDSL files name their "
                   "device)", file=sys.stderr)
             return EXIT_USAGE
+        from ..interop.moe import save_all
         from ..runtime.adapters import flydsl
-        from .importers import save_all
 
         arts = [flydsl.from_flydsl(p, name=args.kernel) for p in args.paths]  # all or nothing
         written, there = save_all(arts, args.output)
@@ -281,24 +209,33 @@ def _import(args) -> int:
         return EXIT_OK
     from ..core.artifact import KERNEL_NAME, KERNEL_NAME_MAX
     from ..core.device import parse_spec
-    from . import importers
+    from ..interop import moe
 
     if not args.kernel or not KERNEL_NAME.fullmatch(args.kernel) or len(args.kernel) > KERNEL_NAME_MAX:
         print(f"flytune: error: --format {args.format} needs --kernel NAME, a dotted Python name of at most "
               f"{KERNEL_NAME_MAX} characters (the kernel's `name`, e.g. mylib.fused_moe)", file=sys.stderr)
         return EXIT_USAGE
     device = parse_spec(args.device, source="--device") if args.device else None
-    arts = importers.import_files(args.paths, args.format, args.kernel, device)  # all or nothing
-    written, there = importers.save_all(arts, args.output)
+    arts = moe.import_files(args.paths, args.format, args.kernel, device)  # all or nothing
+    written, there = moe.save_all(arts, args.output)
     print(f"flytune: imported {written} artifact(s) of {args.kernel} from {len(args.paths)} {args.format} "
           f"file(s) into {args.output}" + (f" ({there} already there)" if there else ""))
     return EXIT_OK
 
 
 def _fmt(args) -> int:
-    from . import fmt
+    from ..store.canonical import fmt
 
-    return fmt.command(args)
+    report = fmt(args.paths)
+    for e in report.errors:
+        print(f"flytune: error: {printable(str(e))}", file=sys.stderr)
+    if report.errors:
+        print(f"flytune: {len(report.errors)} problem(s); nothing was rewritten", file=sys.stderr)
+        return EXIT_VIOLATIONS
+    for line in report.actions:
+        print(line)
+    print(f"flytune: {len(report.actions)} file(s) rewritten")
+    return EXIT_OK
 
 
 def _bundle(args) -> int:

@@ -1,23 +1,27 @@
-"""The fleet's progress: one tqdm bar on a terminal (jobs done and failed, what each worker is doing,
-the ETA), one plain line per finished job elsewhere (a log, CI, a pipe). Notes always print."""
+"""A tuning run's progress (a `tuning.Reporter`): one tqdm bar on a terminal (jobs done and failed, what
+each worker is doing, the ETA), one plain line per finished job elsewhere (a log, CI, a pipe). Notes
+always print."""
 from __future__ import annotations
 
 import sys
 
 
-class FleetProgress:
-    def __init__(self, total: int, finished: int, *, enabled: bool = True, out=sys.stderr):
-        self.out, self.total, self.count, self.failed = out, total, finished, 0
+class Progress:
+    def __init__(self, *, enabled: bool = True, out=sys.stderr):
+        self.out, self.total, self.count, self.failed = out, 0, 0, 0
         self.enabled = enabled
         self.activity: dict[str, str] = {}
         self.bar = None
-        if enabled and _isatty(out):
+
+    def start(self, total: int, finished: int) -> None:
+        self.total, self.count = total, finished
+        if self.enabled and _isatty(self.out):
             try:
                 from tqdm import tqdm
             except ImportError:  # a dependency; an environment that removed it gets plain lines
                 pass
             else:
-                self.bar = tqdm(total=total, initial=finished, unit="job", file=out, dynamic_ncols=True,
+                self.bar = tqdm(total=total, initial=finished, unit="job", file=self.out, dynamic_ncols=True,
                                 desc="flytune tune")
 
     def working(self, worker: str, what: str | None) -> None:

@@ -1,139 +1,101 @@
-"""`flytune tune`: run a tuning plan on this device and write artifacts with full provenance.
-
-Each plan entry names a setup `module:function`; `function(**shape)` builds inputs and returns the
-call to tune. The call runs with search forced; each search's winner becomes an artifact. Finished
-entries are recorded in `<output>/.flytune-tune-state`, so an interrupted plan resumes where it stopped.
-A winner the output already holds is kept unless beaten by more than `min_improvement` percent in the
-same search (`shipped`); `repeat` searches each shape that many times and reports its stability.
-"""
+"""`flytune tune`: the arguments of `tuning.tune`, its progress on stderr, its report on stdout."""
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
-from ..core import fsutil
-from ..core.errors import foreign_failure
-from ..core.project import Project, TuneEntry
-from ..runtime import device, selection
-from . import job, placement, stability
-from .resume import read_state, snapshot, write_state
-from .shipped import MIN_IMPROVEMENT_PCT, OutputWinners
+from ..core import settings, table
+from ..core.errors import UsageError, printable
+from .progress import Progress
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-@dataclass
-class Result:
-    kernel: str
-    shape: dict
-    key: dict | None
-    winner: str
-    time_ms: float
-    margin: float | None     # runner-up time / winner time - 1
-    status: str              # tuned | resumed | no-search | failed (winner: the error)
-    change: str = "-"        # new | kept | replaced (+gain%): against the winner the output held
-    stable: stability.Stability | None = None   # with --repeat: how many repetitions agreed
+def add_command(command) -> None:
+    t = command("tune", "search a tuning plan on this device and write artifacts",
+                "0 tuned, 1 failed, 2 usage error or refused where CI is set, 130 interrupted")
+    t.add_argument("--project", default=".", help="project root holding pyproject.toml (default: .)")
+    t.add_argument("--plan", help="a plan TOML file (default: [tool.flytune.tune])")
+    t.add_argument("--output", help="artifact directory (default: tool.flytune.tune.output)")
+    t.add_argument("--kernel", action="append", help="tune only this kernel (repeatable)")
+    t.add_argument("--ranking", choices=("measured", "synthetic"), default=None,
+                   help="synthetic: deterministic ranking, never a measurement (interpreter/CI artifacts)")
+    t.add_argument("--no-resume", action="store_true", help="re-tune entries finished by an earlier run")
+    t.add_argument("--min-improvement", type=float, default=None, metavar="PCT",
+                   help="keep a winner the output already holds unless another config is faster by more than "
+                        "PCT percent, measured in the same search (default: 3)")
+    t.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help="search each shape K times and report how many agreed; the majority winner is written")
+    t.add_argument("--allow-ci", action="store_true", help="run even where CI is set")
+    t.add_argument("--no-progress", action="store_true", help="no progress at all (off a terminal there is "
+                                                              "no bar, only one plain line per job)")
+    g = t.add_argument_group("executors (where the jobs run; the same rules on each)")
+    g.add_argument("--executor", choices=("inprocess", "local", "ray"), default=None,
+                   help="inprocess (default): this process; local: one worker process per visible GPU; "
+                        "ray: one Ray actor per GPU of a cluster")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="how many workers (default: one per GPU; under TRITON_INTERPRET=1, one per CPU)")
+    g.add_argument("--address", metavar="ADDR", help="ray: the cluster to join, as ray.init takes it "
+                                                     "(default: start a local one)")
+    g.add_argument("--job-timeout", type=float, metavar="SECONDS",
+                   help="a job running longer fails: its worker is replaced and the job retried once "
+                        "(local and ray)")
 
 
-def run(project: Project, entries: tuple[TuneEntry, ...], *, output: Path | None = None, resume: bool = True,
-        progress: bool = True, ranking: str | None = None, out=sys.stderr,
-        min_improvement: float = MIN_IMPROVEMENT_PCT, repeat: int = 1) -> list[Result]:
-    """Tune every (entry, shape) not finished by an earlier run; the process's settings, `sys.path` and
-    hooks are as they were when it returns."""
-    with job.tuning(project.root, ranking):
-        return _run(project, entries, output, resume, progress, out, min_improvement, repeat)
+def command(args) -> int:
+    if settings.current().ci and not args.allow_ci:
+        print("flytune: error: refusing to tune where CI is set: shared runners do not choose winners "
+              "(tune on the intended GPU; pass --allow-ci to override)", file=sys.stderr)
+        return EXIT_USAGE
+    from .. import tuning
 
-
-def _run(project, entries, output, resume, progress, out, min_improvement=MIN_IMPROVEMENT_PCT,
-         repeat=1) -> list[Result]:
-    dev = device.current()
-    out_dir = placement.expand(output or project.tune_dir, dev)  # {arch}, {backend}, {device}
-    fsutil.output_directory(out_dir)
-    done = read_state(out_dir) if resume else {}
-    base = dict(done) if resume else snapshot(out_dir)  # what other runs add to the state from now on is kept
-    jobs = [(e, s) for e in entries for s in e.shapes]
-    results: list[Result] = []
-    held = OutputWinners(out_dir, min_improvement)
-    bar = _bar(len(jobs), progress, out)
+    if args.executor is None and (args.workers is not None or args.address or args.job_timeout is not None):
+        print("flytune: error: --workers, --address and --job-timeout need --executor local or ray", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        for entry, shape in jobs:
-            jid = job.job_id(entry, shape, dev.spec())
-            bar.set_description(f"{entry.kernel} {shape}"[:60])
-            if jid in done:
-                t_ms = done[jid]["time_ms"]  # null: a time that was not a number
-                results.append(Result(entry.kernel, shape, None, done[jid]["winner"],
-                                      math.nan if t_ms is None else t_ms, done[jid].get("margin"), "resumed"))
-                bar.update(1)
-                continue
-            try:
-                with selection.keeping(held.lookup):  # job.run (a fleet worker's body), `repeat` times
-                    tuned = stability.run(project.root, entry, shape, repeat)
-            except BaseException as e:  # the user's setup or kernel (sys.exit, pytest.skip too): this entry failed
-                if not foreign_failure(e):
-                    raise
-                results.append(Result(entry.kernel, shape, None, f"{type(e).__name__}: {e}"[:200], math.nan, None,
-                                      "failed"))
-                print(f"flytune: error: {entry.kernel} {shape}: {type(e).__name__}: {e}", file=out)
-                bar.update(1)
-                continue
-            if not tuned:
-                results.append(Result(entry.kernel, shape, None, "-", math.nan, None, "no-search"))
-                print(f"flytune: warning: {job.no_search_note(entry, shape)}", file=out)
-            for t, stable in tuned:
-                change, write = held.change(t.artifact)
-                if write:
-                    t.artifact.save(out_dir)
-                    held.saved(t.artifact)
-                results.append(Result(entry.kernel, shape, dict(t.artifact.key), t.winner, t.time_ms, t.margin,
-                                      "tuned", change, stable))
-                done[jid] = {"winner": t.winner, "time_ms": t.time_ms, "margin": t.margin}
-            write_state(out_dir, done, base)
-            bar.update(1)
-    finally:
-        bar.close()
-    return results
+        report = tuning.tune(args.project, plan=args.plan, kernels=args.kernel, output=args.output,
+                             executor=args.executor, repeat=args.repeat, min_improvement=args.min_improvement,
+                             resume=not args.no_resume, ranking=args.ranking, job_timeout=args.job_timeout,
+                             workers=args.workers, address=args.address, allow_ci=True,
+                             reporter=Progress(enabled=not args.no_progress))
+    except UsageError as e:
+        print(f"flytune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(summary(report))
+    workers = sum(s.state != "retired" for s in report.slots)
+    changes = ", ".join(f"{n} {c}" for c, n in report.changes().items())
+    print(f"flytune: {report.count('tuned')} tuned, {report.count('resumed')} resumed, {len(report.failed)} failed, "
+          f"in {report.elapsed_s:.1f} s on {workers} {report.executor} worker(s); against the output's winners: "
+          f"{changes}")
+    if report.logs is not None:
+        print(f"flytune: worker logs in {report.logs}", file=sys.stderr)
+    for o in report.failed:
+        print(printable(f"flytune: error: {o.job.label()}: {o.reason}"), file=sys.stderr)
+    if report.failed:
+        print(f"flytune: error: {len(report.failed)} job(s) failed (see the table)", file=sys.stderr)
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _bar(total: int, enabled: bool, out):
-    """tqdm's bar on a terminal; elsewhere (a log file, CI) no carriage-return frames, only one plain
-    line when the plan is done."""
-    tty = getattr(out, "isatty", lambda: False)()
-    try:
-        from tqdm import tqdm
-    except ImportError:  # a dependency; an environment that removed it just gets the plain line
-        tqdm = None
-    if enabled and tty and tqdm is not None:
-        return tqdm(total=total, unit="shape", file=out, dynamic_ncols=True)
-    import time
+def summary(report) -> str:
+    """The table of outcomes; with repeat > 1, followed by the stability table; then each failure."""
+    from ..tuning import stability
+    from ..tuning.job import shape_text
 
-    class _Plain:
-        def __init__(self):
-            self.done, self.start = 0, time.perf_counter()
-
-        def update(self, n):
-            self.done += n
-
-        def set_description(self, d):
-            pass
-
-        def close(self):
-            if enabled:
-                print(f"flytune: {self.done}/{total} shape(s) in {time.perf_counter() - self.start:.1f} s",
-                      file=out, flush=True)
-
-    return _Plain()
-
-
-def summary(results: list[Result]) -> str:
-    """The table of winners; with `--repeat`, followed by the stability report."""
-    from ..core import table
-
-    rows = [("kernel", "shape", "winner", "time (ms)", "margin", "status", "change")]
-    for r in results:
-        t = "-" if math.isnan(r.time_ms) else f"{r.time_ms:.4f}"
-        m = "-" if r.margin is None else f"{r.margin:+.1%}"
-        shape = ",".join(f"{k}={v}" for k, v in r.shape.items())
-        rows.append((r.kernel, shape, r.winner, t, m, r.status, r.change))
-    text = table.render(rows)
-    stable = [(r.kernel, job.shape_text(r.shape), r.stable) for r in results if r.stable is not None]
-    return text + "\n\n" + stability.report(stable) if stable else text
+    several = len(report.directories) > 1
+    fleet = report.executor != "inprocess"
+    rows = [("kernel", "shape") + (("device",) if several else ()) +
+            ("winner", "time (ms)", "margin", "status", "change") + (("worker",) if fleet else ())]
+    for o in report.outcomes:
+        t = "-" if o.time_ms is None or math.isnan(o.time_ms) else f"{o.time_ms:.4f}"
+        m = "-" if o.margin is None else f"{o.margin:+.1%}"
+        where = "-" if o.worker == "-" else f"{o.worker}@{o.host}"
+        rows.append((o.job.entry.kernel, shape_text(o.job.shape)) + ((o.job.device,) if several else ()) +
+                    (o.winner, t, m, o.status, o.change) + ((where,) if fleet else ()))
+    lines = [table.render(rows)]
+    stable = [(o.job.entry.kernel, shape_text(o.job.shape), o.stable) for o in report.outcomes if o.stable]
+    if stable:
+        lines.append("\n" + stability.report(stable))
+    for o in report.failed:
+        on = f" on {o.job.device}" if several else ""
+        lines.append(printable(f"failed: {o.job.label()}{on}: {o.reason}"))
+    return "\n".join(lines)

@@ -74,7 +74,7 @@ class Config:
         """Accept our Config, a `triton.Config` (duck-typed, no import) or a JSON dict.
 
         Of a `triton.Config` only the data is kept: its `pre_hook` is code, which the runtime keeps
-        beside the declared config and re-attaches (`runtime.hooks`); an `ir_override` is refused."""
+        beside the declared config and re-attaches (`runtime.callbacks`); an `ir_override` is refused."""
         if isinstance(config, Config):
             return config
         if isinstance(config, Mapping):

@@ -85,6 +85,11 @@ class TuneError(FlytuneError, RuntimeError):
     """A tuning run could not go on (no worker started, a result from the wrong device)."""
 
 
+class UsageError(FlytuneError, ValueError):
+    """A request that cannot run as asked (a bad option, an empty plan, an executor that is not here);
+    nothing was done. The CLI's exit code 2."""
+
+
 class BuildFailure(FlytuneError):
     """Verification failed in strict mode: no wheel is written."""
 

@@ -14,19 +14,7 @@ from .codec import Fields
 from .device import ARCH, NAME
 from .errors import ProjectError
 from .fsutil import read_regular
-from .schema.rules import (
-    Array,
-    Boolean,
-    Choice,
-    Either,
-    Integer,
-    Key,
-    Object,
-    Parsed,
-    Scalar,
-    Table,
-    Text,
-)
+from .schema.rules import Array, Boolean, Choice, Either, Integer, Key, Object, Parsed, Scalar, Table, Text
 from .specifier import SPECIFIER
 from .target import DEFAULT_ACCEPT, LEVELS, Target, parse_targets
 

@@ -21,7 +21,7 @@ from ..core.artifact import Artifact, kernel_name
 from ..core.codec import Fields, did_you_mean
 from ..core.config import Config, space_hash
 from ..core.errors import ArtifactError, DeclarationError, FlytuneError
-from . import device, events, hooks, identity, registry, search, specialization, warning
+from . import device, events, callbacks, identity, registry, search, binder, warning
 from .binding import Binding
 from .decision import TIERS, Decision, Stats, failure, miss
 from .offline import TIER
@@ -73,7 +73,7 @@ class Autotuned:
         self._key = keys.getter([self.arg_names.index(a) for a in self.axis_names])
         self.reset_to_zero = _parameters(reset_to_zero, self.arg_names, self.name, "reset_to_zero")
         self.restore_value = _parameters(restore_value, self.arg_names, self.name, "restore_value")
-        self.hooks = hooks.ConfigHooks(self.arg_names, self.declared, self.configs)
+        self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
         self.binding = Binding(self.name, tuple(self.arg_names), self.axis_names, self.tuned_kwargs,
                                self.hooks.declared)
         for c in self.configs:
@@ -82,7 +82,7 @@ class Autotuned:
         self.prune_configs_by = prune_configs_by or {}
         self.interpreted = type(fn).__module__.endswith("interpreter")
         self.num_warmups, self.num_reps = WARMUP if warmup is None else warmup, REP if rep is None else rep  # Triton's
-        self.do_bench = hooks.timer(do_bench, use_cuda_graph, self.num_reps, self.interpreted)
+        self.do_bench = callbacks.timer(do_bench, use_cuda_graph, self.num_reps, self.interpreted)
         self.search_hooks = (pre_hook, post_hook)
         self.cache_results = cache_results  # Triton's disk cache: the scratch tier keeps every winner anyway
         self.space_hash = space_hash(self.configs)
@@ -347,7 +347,7 @@ def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit:
     address = k.scratch_key(bound, key)
     if address is not None:
         k._scratch.put(address, {"config": winner.config.to_json(), "time_ms": winner.time_ms})
-    spec = specialization.record(k.name, k.fn, args, kwargs, winner.config)  # for `flytune warmup`
+    spec = binder.record(k.name, k.fn, args, kwargs, winner.config)  # for `flytune warmup`
     artifact = Artifact(k.name, key, device.current(), winner.config,
                         identity.provenance(found.candidates, k.space_hash, found.ranking, spec,
                                             measurement=found.measurement, selection=found.selection))

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from ..core import settings
 from ..core.config import Config
 from ..core.errors import DeclarationError
-from . import bench, hooks, placement, selection, warning
+from . import bench, callbacks, placement, selection, warning
 from .bench import Candidate
 
 
@@ -60,7 +60,7 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
         else:
             placements = placement.spread(args, kwargs, bound, selection.MEASURED.rounds,
                                           _hooks(kernel, configs, sources))
-        launch = hooks.Launcher(kernel, grid, fresh_inputs, placements.sites, sources)  # Triton's hooks around each
+        launch = callbacks.Launcher(kernel, grid, fresh_inputs, placements.sites, sources)  # Triton's hooks around each
         try:
             if rank == "synthetic":
                 candidates, chosen, measure = _synthetic(kernel, key, configs, launch, shipped)
@@ -113,7 +113,7 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
             raise DeclarationError(f"must be a float <= 1.0 or an int, not {top_k!r}", file=kernel.name,
                                    field="prune_configs_by.top_k")
         if len(configs) > top_k:
-            configs = sorted(configs, key=lambda c: model(**nargs, **kwargs, **hooks.all_kwargs(sources.get(c, c))))
+            configs = sorted(configs, key=lambda c: model(**nargs, **kwargs, **callbacks.all_kwargs(sources.get(c, c))))
             configs = configs[:max(top_k, 1)]
     return configs, sources
 
@@ -154,7 +154,7 @@ def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Confi
     return candidates, chosen, bench.Measurement("synthetic", kernel.num_warmups, kernel.num_reps)
 
 
-def _measured(kernel, configs: list[Config], launch: hooks.Launcher, shipped, placements: placement.Placements):
+def _measured(kernel, configs: list[Config], launch: callbacks.Launcher, shipped, placements: placement.Placements):
     """Screening passes and finalist rounds each time a config on its next placement (`placement`)."""
     measure = dataclasses.replace(_measurement(kernel, configs, launch), placements=len(placements),
                                   placement_note=placements.note)

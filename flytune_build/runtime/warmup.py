@@ -33,7 +33,7 @@ from ..core.config import Config
 from ..core.device import DeviceIdentity
 from ..core.errors import BundleError, FlytuneError, foreign_failure
 from ..core.target import match_level
-from . import device, offline, specialization, warning
+from . import device, offline, binder, warning
 
 STATUSES = ("compiled", "cached", "interpreter", "skipped", "failed")
 
@@ -226,11 +226,11 @@ def _resolve(unit: Unit):
     module = path.partition(":")[0]
     try:
         if module != unit.package and not module.startswith(unit.package + "."):
-            raise specialization.Mismatch(f"records kernel {path}, outside package {unit.package}: not imported")
-        jit = specialization.resolve(path, importlib.import_module(module))
-        specialization.compile_inputs(unit.spec, jit, unit.config)  # the kernel as it is now must fit
+            raise binder.Mismatch(f"records kernel {path}, outside package {unit.package}: not imported")
+        jit = binder.resolve(path, importlib.import_module(module))
+        binder.compile_inputs(unit.spec, jit, unit.config)  # the kernel as it is now must fit
         return jit
-    except specialization.Mismatch as e:
+    except binder.Mismatch as e:
         unit.status, unit.note = "skipped", str(e)
     except BaseException as e:  # the package's own import failed (sys.exit too): report it, warm the rest
         if not foreign_failure(e):
@@ -275,8 +275,8 @@ class Toolchain:
 
         start = time.perf_counter()
         try:
-            jit = specialization.compilable(jit)
-            src, options, digest = specialization.cache_hash(unit.spec, jit, unit.config, self.backend)
+            jit = binder.compilable(jit)
+            src, options, digest = binder.cache_hash(unit.spec, jit, unit.config, self.backend)
             unit.cache_key = digest
             cached = self._cached(digest, src.name)
             kernel = triton.compile(src, target=self.target, options=options.__dict__)

@@ -10,9 +10,7 @@ ID = "https://flytune-build.invalid/schema/tool_flytune.schema.json"
 
 def tool_schema(tool_name: str = "flytune") -> dict:
     """flytune-build's `[tool.${tool}]` table"""
-    from ..project import (
-        TOOL_FLYTUNE,  # the parser's module imports this package's rules
-    )
+    from ..project import TOOL_FLYTUNE
 
     return {"$schema": "http://json-schema.org/draft-07/schema#", "$id": ID, "title": f"[tool.{tool_name}]",
             **TOOL_FLYTUNE.documented()}

@@ -31,7 +31,7 @@ from ...core.codec import Fields
 from ...core.config import Config, space_hash
 from ...core.errors import DeclarationError, FlytuneError
 from ...core.target import LEVELS, match_level
-from .. import device, events, hooks, registry, warning
+from .. import device, events, callbacks, registry, warning
 from ..binding import Binding
 from ..decision import Decision, Stats, failure, miss
 from ..offline import TIER, Index
@@ -48,7 +48,7 @@ class Adopted:
         self.declared = list(tuner.configs)
         self.configs = [Config.coerce(c) for c in self.declared]
         self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
-        self.hooks = hooks.ConfigHooks(self.arg_names, self.declared, self.configs)
+        self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
         self.binding = Binding(name, tuple(self.arg_names), tuple(tuner.keys), self.tuned_kwargs,
                                self.hooks.declared, open_axes=True, optional_axes=optional_keys(tuner))
         self.space_hash = space_hash(self.configs)

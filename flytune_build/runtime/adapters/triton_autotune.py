@@ -27,7 +27,7 @@ import math
 from ...core import settings
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
-from .. import bench, device, identity, specialization
+from .. import bench, device, identity, binder
 from ..bench import Candidate
 from .adopted import Adopted
 from .triton_keys import artifact_key, autotuner_of
@@ -116,7 +116,7 @@ def _capturing(tuner, name: str, ranking: str, captured: list):
         if new:
             key = artifact_key(tuner, dict(zip(tuner.arg_names, args)), kwargs)
             winner = Config.coerce(tuner.cache[new[-1]])  # its data: a pre_hook stays in the declaration
-            spec = specialization.record(name, tuner.fn, args, kwargs, winner)  # for `flytune warmup`
+            spec = binder.record(name, tuner.fn, args, kwargs, winner)  # for `flytune warmup`
             captured.append(Artifact(name, key, device.current(), winner, _provenance(tuner, ranking, spec)))
         return ret
     return run

@@ -3,7 +3,7 @@ distribution, opened without a GPU and without importing the package (unless `--
 
 Bundles are read by core.bundle and judged by core.verification, the rules the build applies, so a
 defect reads the same here as in the build; toolchain drift is a warning unless `--strict`. A wheel
-is read as installers and the runtime read it (cli.wheelfile); every file is read through
+is read as installers and the runtime read it (dist.wheelfile); every file is read through
 core.fsutil (regular files only, capped) and every directory walked by core.fsutil.find (contained,
 loop-free, bounded). Anything that holds no bundle is a violation, never "ok". Rendered text escapes
 control characters in names; JSON output stays JSON.
@@ -20,17 +20,10 @@ from pathlib import Path
 
 from ..core import bundle, codec, fsutil, table, verification
 from ..core.artifact import Artifact
-from ..core.errors import (
-    ArtifactError,
-    BundleError,
-    FlytuneError,
-    InputError,
-    ProjectError,
-    printable,
-)
+from ..core.errors import ArtifactError, BundleError, FlytuneError, InputError, ProjectError, printable
 from ..core.target import Target
 from ..pipeline.assemble import EDITABLE_ROOT
-from . import wheelfile
+from ..dist import wheelfile
 
 NO_BUNDLE = "holds no flytune bundle: the runtime would serve nothing from it"
 MAX_SDIST_BYTES = 1 << 30     # unpacked, all members together
@@ -186,7 +179,7 @@ SDIST_ERRORS = (tarfile.TarError, ValueError, *wheelfile.DECOMPRESS_ERRORS)
 
 
 def _sdist(path: Path) -> Source:
-    from . import archive
+    from ..dist import archive
 
     src = Source(str(path), "sdist")
     with tempfile.TemporaryDirectory() as tmp:
@@ -345,7 +338,7 @@ def verify(path: str, *, strict: bool = False, deep: bool = False, execute: bool
     for drift in src.drift:
         (src.errors.append(drift) if strict else src.warnings.append(str(drift)))
     if (deep or execute) and src.ok:
-        from . import deep as deep_mod
+        from . import execution as deep_mod
 
         deep_mod.check(src, execute=execute)
     return src

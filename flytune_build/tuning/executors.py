@@ -1,4 +1,5 @@
-"""Where fleet workers run: local processes (one per GPU), or Ray actors across a cluster.
+"""Where a tuning run's workers run: this process (`inprocess`, the default), local processes (one per
+GPU), or Ray actors across a cluster. The driver (`tuning.driver`) is the same for all three.
 
 An executor starts a worker in a numbered slot, gives it one job at a time and reports what happened
 as events, tuples whose second item is the slot:
@@ -13,6 +14,7 @@ as events, tuples whose second item is the slot:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -24,16 +26,93 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core import settings
-from ..core.errors import FlytuneError
+from ..core.errors import UsageError
 from ..core.project import Project
+from . import job as job_mod
 from . import worker
 from .job import Job
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding flytune_build
 
 
-class Unavailable(FlytuneError):
+KINDS = ("inprocess", "local", "ray")
+
+
+class Unavailable(UsageError):
     """The executor cannot run here (Ray is missing, no GPU is visible, too many workers asked for)."""
+
+
+def open_executor(kind: str, project: Project, ranking: str | None, *, workers: int | None, address: str | None,
+                  job_timeout: float | None, jobs: int, log_dir: Path):
+    """The executor `kind` names, started for this project; Unavailable when it cannot run as asked."""
+    if kind not in KINDS:
+        raise Unavailable(f"executor {kind!r}: must be one of {', '.join(KINDS)}")
+    if workers is not None and workers < 1:
+        raise Unavailable(f"--workers must be at least 1, not {workers}")
+    if address and kind != "ray":
+        raise Unavailable("--address needs --executor ray")
+    if kind == "inprocess":
+        if workers not in (None, 1):
+            raise Unavailable(f"--workers {workers}: the in-process executor is one worker (use --executor local)")
+        if job_timeout is not None:
+            raise Unavailable("--job-timeout stops a job's worker, which this process cannot do to itself "
+                              "(use --executor local or ray)")
+        return InProcessExecutor(project, ranking)
+    if kind == "ray":
+        return RayExecutor(project, ranking, workers, address)
+    return local(project, ranking, workers, log_dir, jobs)
+
+
+class InProcessExecutor:
+    """One worker: this process. A job runs when the driver polls, in this thread; the settings,
+    `sys.path` and hooks `job.tuning` changes are as they were once the executor is closed."""
+
+    kind = "inprocess"
+    slots = 1
+
+    def __init__(self, project: Project, ranking: str | None):
+        self.project, self.ranking = project, ranking
+        self.context: contextlib.ExitStack | None = None
+        self.events: list[tuple] = []
+        self.jobs: list[Job] = []
+
+    def name(self, slot: int) -> str:
+        return "inprocess"
+
+    def log(self, slot: int) -> Path | None:
+        return None
+
+    def start(self, slot: int) -> None:
+        if self.context is None:
+            self.context = contextlib.ExitStack()
+            self.context.enter_context(job_mod.tuning(self.project.root, self.ranking))
+        message = worker.hello()
+        self.events.append((message[0], slot, *message[1:]))
+
+    def submit(self, slot: int, job: Job, options: dict) -> None:
+        self.jobs.append((job, options))
+
+    def poll(self, timeout: float) -> list[tuple]:
+        if not self.events and self.jobs:
+            job, options = self.jobs.pop(0)
+            e = job.entry
+            message = worker.execute(self.project.root, self.name(0), job.id, e.kernel, e.setup, e.autotuner,
+                                     job.shape, options)
+            self.events.append((message[0], 0, *message[1:]))
+        events, self.events = self.events, []
+        return events
+
+    def kill(self, slot: int) -> None:
+        self.events, self.jobs = [], []
+
+    def pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        self.kill(0)
+        if self.context is not None:
+            self.context.close()
+            self.context = None
 
 
 def gpu_ids() -> tuple[str, list[str]]:
@@ -63,7 +142,7 @@ def local(project: Project, ranking: str | None, workers: int | None, log_dir: P
 
 
 class LocalExecutor:
-    """Worker processes on this machine (`python -m flytune_build.cli.worker`), one pipe each."""
+    """Worker processes on this machine (`python -m flytune_build.tuning.worker`), one pipe each."""
 
     kind = "local"
 
@@ -88,15 +167,15 @@ class LocalExecutor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log(slot), "ab") as log:  # spawned from this thread: PDEATHSIG follows it
             self.log_start[slot] = log.seek(0, os.SEEK_END)
-            proc = subprocess.Popen([sys.executable, "-m", "flytune_build.cli.worker", "--parent", str(os.getpid())],
+            proc = subprocess.Popen([sys.executable, "-m", "flytune_build.tuning.worker", "--parent", str(os.getpid())],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, bufsize=0)
         self.procs[slot] = proc
         self.selector.register(proc.stdout, selectors.EVENT_READ, slot)
         self._send(slot, ["setup", str(self.project.root), self.ranking, self.name(slot)])
 
-    def submit(self, slot: int, job: Job) -> None:
+    def submit(self, slot: int, job: Job, options: dict) -> None:
         e = job.entry
-        self._send(slot, ["job", job.id, e.kernel, e.setup, e.autotuner, job.shape])
+        self._send(slot, ["job", job.id, e.kernel, e.setup, e.autotuner, job.shape, options])
 
     def _send(self, slot, message):
         try:
@@ -220,9 +299,10 @@ class RayExecutor:
         self.actors[slot] = actor
         self.pending[actor.hello.remote()] = (slot, None)
 
-    def submit(self, slot: int, job: Job) -> None:
+    def submit(self, slot: int, job: Job, options: dict) -> None:
         e = job.entry
-        self.pending[self.actors[slot].run.remote(job.id, e.kernel, e.setup, e.autotuner, job.shape)] = (slot, job.id)
+        ref = self.actors[slot].run.remote(job.id, e.kernel, e.setup, e.autotuner, job.shape, options)
+        self.pending[ref] = (slot, job.id)
 
     def poll(self, timeout: float) -> list[tuple]:
         if not self.pending:

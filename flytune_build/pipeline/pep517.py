@@ -18,7 +18,8 @@ from pathlib import Path
 from ..core import bundle, codec, fsutil
 from ..core import project as project_mod
 from ..core.errors import ArtifactError, FlytuneError, ProjectError
-from . import assemble, collect, run, sdist, wheel
+from . import assemble, collect, run
+from ..dist import sdist, wheel
 from .process import BackgroundBundle
 
 

@@ -1,4 +1,4 @@
-"""`flytune fmt DIR...`: rewrite artifact files in canonical form under their content address.
+"""Artifact directories in canonical form (`flytune fmt DIR...`): rewrite artifact files in canonical form under their content address.
 
 All or nothing: every file of every directory is read first (regular files only, capped: a FIFO
 named like an artifact is an error, not a hang) and checked; two files that are one identity to the
@@ -9,7 +9,6 @@ source that is not a target removed (names may overlap in any order: nothing rea
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,47 +17,54 @@ from ..core.artifact import Artifact
 from ..core.errors import ArtifactError, FlytuneError, InputError, printable
 from ..core.fsutil import read_regular
 
-EXIT_OK, EXIT_VIOLATIONS = 0, 1
+
+@dataclass
+class Formatted:
+    """What `fmt` did: `errors` non-empty means nothing was rewritten."""
+    errors: list[FlytuneError]
+    actions: list[str] = field(default_factory=list)   # one line per file rewritten or removed
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
 
 
-def command(args) -> int:
-    for given in args.paths:  # every input checked before anything is rewritten
+def fmt(paths) -> Formatted:
+    """Rewrite the artifact files of the directories `paths` canonically under their content address:
+    all or nothing (any error, and nothing is rewritten). InputError for a path that is no directory."""
+    for given in paths:  # every input checked before anything is rewritten
         if not Path(given).is_dir():
             raise InputError("is not a directory of artifact files", file=given)
-    directories = list(dict.fromkeys(Path(d).resolve() for d in args.paths))  # a directory named twice: once
+    directories = list(dict.fromkeys(Path(d).resolve() for d in paths))  # a directory named twice: once
     plans, errors = [], []
     for d in directories:
         plan, problems = read_directory(d)
         plans.append(plan)
         errors += problems
-    for e in errors:
-        print(f"flytune: error: {printable(str(e))}", file=sys.stderr)
-    if errors:
-        print(f"flytune: {len(errors)} problem(s); nothing was rewritten", file=sys.stderr)
-        return EXIT_VIOLATIONS
-    changed = sum(rewrite(plan) for plan in plans)
-    print(f"flytune: {changed} file(s) rewritten")
-    return EXIT_OK
+    report = Formatted(errors)
+    if not errors:
+        for plan in plans:
+            report.actions += rewrite(plan)
+    return report
 
 
-def rewrite(plan: "Plan") -> int:
+def rewrite(plan: Plan) -> list[str]:
     """Write every target, then remove every source that is not one: whatever order the names overlap
-    in (a misnamed file may hold another's address), no artifact read is lost. Returns the files changed."""
-    changed, moved = 0, set()
+    in (a misnamed file may hold another's address), no artifact read is lost. Returns a line per file
+    changed."""
+    actions, moved = [], set()
     for target, (source, art) in plan.targets.items():
         if plan.current.get(target) != art.to_bytes():
             art.save(target.parent)
-            changed += 1
             moved.add(source)
-            print(f"rewrote {printable(str(source))} -> {target.name}")
+            actions.append(f"rewrote {printable(str(source))} -> {target.name}")
     for source in plan.current:
         if source in plan.targets:
             continue
         source.unlink()
         if source not in moved:
-            changed += 1
-            print(f"removed {printable(str(source))}: its artifact is {plan.kept_as[source].name}")
-    return changed
+            actions.append(f"removed {printable(str(source))}: its artifact is {plan.kept_as[source].name}")
+    return actions
 
 
 @dataclass

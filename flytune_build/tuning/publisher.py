@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..core.fsutil import atomic_write
 from .job import Job
-from .resume import write_state
+from .ledger import write_state
 
 
 class Publisher:

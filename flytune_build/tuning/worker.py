@@ -1,13 +1,14 @@
 """A fleet worker: runs jobs of a tuning plan, one at a time, for the driver that started it.
 
-A local worker is `python -m flytune_build.cli.worker --parent PID`, talking to its driver over its
+A local worker is `python -m flytune_build.tuning.worker --parent PID`, talking to its driver over its
 stdin and stdout in frames: an 8-byte little-endian length, then a JSON array (data only: nothing a
 worker sends is executed by the driver):
 
     driver -> worker   ["setup", project root, ranking, name], then ["job", job id, kernel, setup,
-                       autotuner, shape] ...
+                       autotuner, shape, {"repeat", "min_improvement", "winners"}] ...
     worker -> driver   ["hello", device spec, host, pid] | ["start-failed", reason]
-                       ["done", job id, device spec, [[file name, artifact JSON, winner, time_ms, margin]]]
+                       ["done", job id, device spec, [{"file", "artifact", "winner", "time_ms", "margin",
+                       "change", "write", "stability"}, ...]]
                        ["failed", job id, reason, fatal]
 
 It dies with its driver: on Linux the kernel kills it when the driver goes (PR_SET_PDEATHSIG), and it
@@ -30,7 +31,8 @@ from pathlib import Path
 from ..core.artifact import Artifact
 from ..core.errors import foreign_failure
 from ..core.project import TuneEntry
-from . import job
+from . import job, stability
+from .incumbent import MIN_IMPROVEMENT_PCT, Incumbents
 
 HEADER = struct.Struct("<Q")
 PR_SET_PDEATHSIG = 1
@@ -79,24 +81,37 @@ def hello() -> list:
         return ["start-failed", reason(e)]
 
 
-def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner: str | None, shape: dict) -> list:
-    """Run one job (inside `job.tuning`); its artifacts come back as JSON text, their provenance
-    naming this host and worker."""
-    from ..runtime import device
+def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner: str | None, shape: dict,
+            options: dict) -> list:
+    """Run one job (inside `job.tuning`): `options["repeat"]` searches of it, each keeping the output's
+    incumbents (`options["winners"]`: file name -> artifact text, the incumbents of this job's kernel)
+    unless beaten by more than `options["min_improvement"]` percent. Its artifacts come back as JSON
+    text, their provenance naming this host and worker, each with what it did to the output
+    (`incumbent.Incumbents.change`) and whether it is to be written."""
+    from ..runtime import device, selection
 
     entry = TuneEntry(kernel, setup, (shape,), autotuner)
+    held = Incumbents({n: text.encode() for n, text in (options.get("winners") or {}).items()},
+                      options.get("min_improvement", MIN_IMPROVEMENT_PCT))
     try:
-        tuned = job.run(root, entry, shape)
+        with selection.keeping(held.lookup):
+            tuned = stability.run(root, entry, shape, int(options.get("repeat", 1)))
     except BaseException as e:
         if not foreign_failure(e):
             raise
         return ["failed", jid, reason(e), not job.device_healthy()]
     host = socket.gethostname()
     out = []
-    for t in tuned:
+    for t, stable in tuned:
         a = t.artifact
         a = Artifact(a.kernel, a.key, a.device, a.config, {**(a.provenance or {}), "host": host, "worker": name})
-        out.append([a.filename, a.to_bytes().decode(), t.winner, t.time_ms, t.margin])
+        change, written = held.change(a)
+        if written is not None:
+            a = written
+            held.saved(a)
+        out.append({"file": a.filename, "artifact": a.to_bytes().decode(), "winner": t.winner, "time_ms": t.time_ms,
+                    "margin": t.margin, "change": change, "write": written is not None,
+                    "stability": None if stable is None else stable.to_json()})
     return ["done", jid, device.current().spec(), out]
 
 
@@ -118,8 +133,8 @@ class Resident:
     def hello(self) -> list:
         return hello()
 
-    def run(self, jid: str, kernel: str, setup: str, autotuner: str | None, shape: dict) -> list:
-        return execute(self.root, self.name, jid, kernel, setup, autotuner, shape)
+    def run(self, jid: str, kernel: str, setup: str, autotuner: str | None, shape: dict, options: dict) -> list:
+        return execute(self.root, self.name, jid, kernel, setup, autotuner, shape, options)
 
 
 def die_with_parent(parent: int) -> None:
@@ -159,9 +174,9 @@ def serve(rx, tx, root: Path, name: str) -> int:
         message = receive(rx)
         if message is None or message[0] != "job":
             return 0
-        _, jid, kernel, setup, autotuner, shape = message
+        _, jid, kernel, setup, autotuner, shape, options = message
         start = time.perf_counter()
-        result = execute(root, name, jid, kernel, setup, autotuner, shape)
+        result = execute(root, name, jid, kernel, setup, autotuner, shape, options)
         print(f"[{name}] {kernel} {shape}: {result[0]} in {time.perf_counter() - start:.2f} s",
               file=sys.stderr, flush=True)
         send(tx, result)

@@ -1,4 +1,5 @@
-"""`flytune tune --executor local|ray`: one tuning plan over many GPUs and machines.
+"""The tuning driver: one plan over an executor's workers (this process, local processes pinned to
+GPUs, or Ray actors across machines), the same rules on every executor.
 
 The driver starts every worker and learns the device each one measured, before any job. The plan
 becomes jobs, one per (plan entry, shape) for each distinct device, each written under the output
@@ -10,28 +11,31 @@ A job that kills its worker (a crash, a signal, a broken GPU context) or runs pa
 fails alone: its worker is replaced and the job retried once, then reported failed. A job whose setup
 or call raises fails at once (it would raise again). Either way the rest of the plan completes and
 the run exits 1, the summary naming each failed job and why.
+
+Every job carries the run's options and the output's incumbents for its kernel (`incumbent`): repeat,
+min_improvement and the keep-or-replace rule run where the job runs, so whether an output keeps its
+winners never depends on the executor. The driver prints nothing: what it has to tell goes to the
+`Reporter` it is given and into the `Report` it returns.
 """
 from __future__ import annotations
 
 import math
-import shutil
-import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import fsutil, table
+from ..core import fsutil
 from ..core.artifact import Artifact
 from ..core.device import DeviceIdentity, parse_spec
-from ..core.errors import DeviceError, FlytuneError, TuneError, printable
+from ..core.errors import DeviceError, FlytuneError, TuneError, UsageError
 from ..core.project import Project, TuneEntry
-from . import executors, placement
-from .job import Job, no_search_note, shape_text
-from .progress import FleetProgress
+from . import layout
+from .incumbent import MIN_IMPROVEMENT_PCT, read_output
+from .job import Job, no_search_note
+from .ledger import read_state, snapshot
 from .publisher import Publisher
-from .resume import read_state, snapshot
+from .stability import Stability
 
 START_TIMEOUT = 300.0   # seconds a worker may take to import, start and report its device
 ATTEMPTS = 2            # a job that kills its worker runs at most this often
@@ -42,21 +46,41 @@ ATTEMPTS = 2            # a job that kills its worker runs at most this often
 PREFETCH, SHORT_JOB = 2, 0.5
 
 
-class Refused(FlytuneError):
-    """The fleet will not run as asked (workers on devices the output template does not separate)."""
+class Refused(UsageError):
+    """The run will not go as asked (workers on devices the output template does not separate)."""
 
 
 @dataclass
 class Options:
-    executor: str = "local"          # local | ray
+    executor: str = "inprocess"      # inprocess | local | ray
     workers: int | None = None       # default: one per visible GPU (local), per GPU in the cluster (ray)
     address: str | None = None       # ray: the cluster to join (default: start a local one)
     job_timeout: float | None = None
     resume: bool = True
-    progress: bool = True
     ranking: str | None = None
     output: str | None = None        # the output template (default: tool.flytune.tune.output)
+    repeat: int = 1                  # searches per shape; the majority winner is written
+    min_improvement: float = MIN_IMPROVEMENT_PCT   # percent a config must beat an incumbent by
     start_timeout: float = START_TIMEOUT
+
+
+class Reporter:
+    """What a run tells while it goes. This one tells nobody: the `Report` holds everything."""
+
+    def start(self, total: int, finished: int) -> None:
+        """`total` jobs in the plan, `finished` of them by earlier runs."""
+
+    def working(self, worker: str, what: str | None) -> None:
+        """`worker` now runs `what` (None: idle)."""
+
+    def finished(self, line: str, *, failed: bool = False) -> None:
+        """One job ended: `line` says how, and on which worker."""
+
+    def note(self, text: str) -> None:
+        """A warning or an account of a worker's end."""
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -71,6 +95,8 @@ class Outcome:
     time_ms: float = math.nan
     margin: float | None = None
     reason: str | None = None
+    change: str = "-"                # new | kept | replaced (+gain%): against the output's incumbent
+    stable: Stability | None = None  # with repeat > 1: how many searches agreed
 
 
 @dataclass
@@ -95,21 +121,34 @@ class Report:
     startup_s: float                 # until every worker reported its device
     jobs_s: float                    # from then until the last job ended (the workers still up)
     elapsed_s: float                 # all of it, the workers' shutdown included
+    notes: list[str] = field(default_factory=list)   # warnings and workers' ends, as the reporter got them
+    logs: Path | None = None         # local workers' logs, kept when a job failed
 
     @property
     def failed(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == "failed"]
 
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
 
+    def changes(self) -> dict[str, int]:
+        """How many tuned outcomes were new, kept and replaced against the output's incumbents."""
+        tuned = [o for o in self.outcomes if o.status == "tuned"]
+        return {c: sum(o.change.startswith(c) for o in tuned) for c in ("new", "kept", "replaced")}
 
-class Fleet:
+
+class Driver:
     """One run of a plan over an executor's workers; `run()` returns the report."""
 
     def __init__(self, project: Project, entries: tuple[TuneEntry, ...], options: Options, executor,
-                 out=sys.stderr):
-        self.project, self.entries, self.options, self.executor, self.out = project, entries, options, executor, out
+                 reporter: Reporter | None = None):
+        self.project, self.entries, self.options, self.executor = project, entries, options, executor
+        self.reporter = reporter or Reporter()
+        self.notes: list[str] = []
         self.slots = [Slot(i, executor.name(i)) for i in range(executor.slots)]
         self.jobs: list[Job] = []
         self.queues: dict[str, deque[Job]] = {}
@@ -119,7 +158,8 @@ class Fleet:
         self.done: dict[str, dict] = {}
         self.published: dict[Path, Job] = {}
         self.seconds: dict[str, float] = {}     # device spec -> a running mean of its jobs' duration
-        self.progress: FleetProgress | None = None
+        self.incumbents: dict[str, dict[str, dict[str, bytes]]] = {}   # device spec -> kernel -> file -> bytes
+        self.progress: Reporter | None = None
         self.publisher: Publisher | None = None
 
     def run(self) -> Report:
@@ -140,7 +180,7 @@ class Fleet:
                 self.progress.close()
         outcomes = [o for j in self.jobs for o in self.outcomes.get(j.id, ())]
         return Report(outcomes, self.directories, self.slots, self.executor.kind, startup, jobs,
-                      time.perf_counter() - begin)
+                      time.perf_counter() - begin, self.notes)
 
     # -- workers -------------------------------------------------------------------------------
     def _start(self, slot: Slot) -> None:
@@ -182,7 +222,7 @@ class Fleet:
         devices = {s.device for s in self.slots if s.state == "idle"}
         template = self.options.output or str(self.project.tune_dir)
         try:
-            directories = placement.check_separates(template, devices)
+            directories = layout.check_separates(template, devices)
         except FlytuneError as e:
             raise Refused(e.rule) from None
         finished = 0
@@ -191,11 +231,13 @@ class Fleet:
             fsutil.output_directory(directory)
             self.directories[spec] = directory
             self.done[spec] = read_state(directory) if self.options.resume else {}
+            self.incumbents[spec] = read_output(directory)
             jobs, self.queues[spec], resumed = lay_out(self.entries, spec, self.done[spec])
             self.jobs += jobs
             self.outcomes.update(resumed)
             finished += len(resumed)
-        self.progress = FleetProgress(len(self.jobs), finished, enabled=self.options.progress, out=self.out)
+        self.progress = self.reporter
+        self.progress.start(len(self.jobs), finished)
         self.publisher = Publisher({self.directories[spec]: dict(done) for spec, done in self.done.items()},
                                    {d: dict(self.done[spec]) if self.options.resume else snapshot(d)
                                     for spec, d in self.directories.items()})
@@ -223,7 +265,7 @@ class Fleet:
                         self.progress.working(slot.name, job.label())
                     slot.jobs.append(job)
                     slot.state = "busy"
-                    self.executor.submit(slot.index, job)
+                    self.executor.submit(slot.index, job, job_options(self.options, self.incumbents, job))
 
     def _short(self, spec: str) -> bool:
         return self.seconds.get(spec, SHORT_JOB) < SHORT_JOB
@@ -337,32 +379,49 @@ class Fleet:
 
     def _publish(self, job: Job, slot: Slot, results) -> list[Outcome]:
         """Hand the job's artifacts to the publisher, which writes them, then records the job done."""
-        directory, outcomes, files, record = self.directories[job.device], [], [], None
-        for name, text, winner, time_ms, margin in results:
-            data = text.encode()
-            art = Artifact.from_bytes(data, file=name)  # checks the name is its content address
-            if art.device.spec() != job.device:
-                raise DeviceError(f"is for {art.device.spec()}, not {job.device}", file=name, field="device")
-            path = directory / name
+        directory, outcomes, files = self.directories[job.device], [], []
+        for outcome, art, data in received(job, slot, results):
+            path = directory / art.filename
             first = self.published.setdefault(path, job)
             if first is not job:  # a key another job of this run tuned: the first one's artifact stays
-                outcomes.append(Outcome(job, "duplicate", slot.name, slot.host, dict(art.key), winner, time_ms,
-                                        margin, f"same artifact as {first.label()}"))
-            else:
+                outcome.status, outcome.reason, outcome.change = "duplicate", f"same artifact as {first.label()}", "-"
+            elif outcome.change != "-" and data is not None:
                 files.append((path, data))
-                outcomes.append(Outcome(job, "tuned", slot.name, slot.host, dict(art.key), winner, time_ms, margin))
-            record = {"winner": winner, "time_ms": time_ms, "margin": margin}
-        if record is None:
+                self.incumbents[job.device].setdefault(art.kernel, {})[art.filename] = data
+            outcomes.append(outcome)
+        if not outcomes:
             self._note(f"flytune: warning: {no_search_note(job.entry, job.shape)}")
             return [Outcome(job, "no-search", slot.name, slot.host)]
-        self.publisher.publish(job, directory, files, record)
+        last = outcomes[-1]
+        self.publisher.publish(job, directory, files, {"winner": last.winner, "time_ms": last.time_ms,
+                                                       "margin": last.margin})
         return outcomes
 
     def _note(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.note(text)
-        else:
-            print(text, file=self.out, flush=True)
+        self.notes.append(text)
+        self.reporter.note(text)
+
+
+def job_options(options: Options, incumbents: dict, job: Job) -> dict:
+    """What travels with a job: the run's options and the output's incumbents of its kernel."""
+    files = incumbents[job.device].get(job.entry.kernel, {})
+    return {"repeat": options.repeat, "min_improvement": options.min_improvement,
+            "winners": {name: data.decode() for name, data in files.items()}}
+
+
+def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, bytes | None]]:
+    """A worker's results for `job`, checked: (the outcome, the artifact, its bytes if it is to be
+    written). Each artifact's name must be its content address and its device the job's."""
+    out = []
+    for r in results:
+        name, data = r["file"], r["artifact"].encode()
+        art = Artifact.from_bytes(data, file=name)
+        if art.device.spec() != job.device:
+            raise DeviceError(f"is for {art.device.spec()}, not {job.device}", file=name, field="device")
+        stable = None if r.get("stability") is None else Stability.from_json(r["stability"])
+        out.append((Outcome(job, "tuned", slot.name, slot.host, dict(art.key), r["winner"], r["time_ms"], r["margin"],
+                            change=r["change"], stable=stable), art, data if r["write"] else None))
+    return out
 
 
 def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict):
@@ -379,76 +438,3 @@ def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict):
                 resumed[job.id] = [Outcome(job, "resumed", winner=record["winner"], time_ms=record["time_ms"],
                                            margin=record.get("margin"))]
     return jobs, pending, resumed
-
-
-def add_options(parser) -> None:
-    """`flytune tune`'s fleet options."""
-    g = parser.add_argument_group("fleet (many GPUs, crash-isolated jobs)")
-    g.add_argument("--executor", choices=("local", "ray"), default=None,
-                   help="local: one worker process per visible GPU; ray: one Ray actor per GPU of a cluster "
-                        "(default: tune in this process)")
-    g.add_argument("--workers", type=int, metavar="N",
-                   help="how many workers (default: one per GPU; under TRITON_INTERPRET=1, one per CPU)")
-    g.add_argument("--address", metavar="ADDR", help="ray: the cluster to join, as ray.init takes it "
-                                                     "(default: start a local one)")
-    g.add_argument("--job-timeout", type=float, metavar="SECONDS",
-                   help="a job running longer fails: its worker is replaced and the job retried once")
-
-
-def open_executor(options: Options, project: Project, jobs: int, log_dir: Path):
-    if options.workers is not None and options.workers < 1:
-        raise executors.Unavailable(f"--workers must be at least 1, not {options.workers}")
-    if options.executor == "ray":
-        return executors.RayExecutor(project, options.ranking, options.workers, options.address)
-    return executors.local(project, options.ranking, options.workers, log_dir, jobs)
-
-
-def summary(report: Report) -> str:
-    several = len(report.directories) > 1
-    rows = [("kernel", "shape") + (("device",) if several else ()) +
-            ("winner", "time (ms)", "margin", "status", "worker")]
-    for o in report.outcomes:
-        t = "-" if math.isnan(o.time_ms) else f"{o.time_ms:.4f}"
-        m = "-" if o.margin is None else f"{o.margin:+.1%}"
-        where = "-" if o.worker == "-" else f"{o.worker}@{o.host}"
-        rows.append((o.job.entry.kernel, shape_text(o.job.shape)) + ((o.job.device,) if several else ()) +
-                    (o.winner, t, m, o.status, where))
-    lines = [table.render(rows)]
-    for o in report.failed:
-        on = f" on {o.job.device}" if several else ""
-        lines.append(printable(f"failed: {o.job.label()}{on}: {o.reason}"))
-    return "\n".join(lines)
-
-
-def command(args, project: Project, entries: tuple[TuneEntry, ...]) -> int:
-    """`flytune tune --executor ...`: run, print the summary; 0 all done, 1 a job failed, 2 refused."""
-    if not args.executor:
-        print("flytune: error: --workers, --address and --job-timeout need --executor local or ray", file=sys.stderr)
-        return 2
-    if args.address and args.executor != "ray":
-        print("flytune: error: --address needs --executor ray", file=sys.stderr)
-        return 2
-    output = str(Path(args.output).resolve()) if args.output else None
-    options = Options(args.executor, args.workers, args.address, args.job_timeout, not args.no_resume,
-                      not args.no_progress, args.ranking, output)
-    log_dir = Path(tempfile.mkdtemp(prefix="flytune-fleet-"))
-    keep_logs = True  # unless the run went well: they say why a worker died
-    try:
-        try:
-            executor = open_executor(options, project, sum(len(e.shapes) for e in entries), log_dir)
-            report = Fleet(project, entries, options, executor).run()
-        except (executors.Unavailable, Refused) as e:
-            keep_logs = False
-            print(f"flytune: error: {e}", file=sys.stderr)
-            return 2
-        print(summary(report))
-        workers = sum(s.state != "retired" for s in report.slots)
-        print(f"flytune: {report.count('tuned')} tuned, {report.count('resumed')} resumed, "
-              f"{len(report.failed)} failed, in {report.elapsed_s:.1f} s on {workers} {report.executor} worker(s)")
-        keep_logs = bool(report.failed) and executor.kind == "local"
-        return 1 if report.failed else 0
-    finally:
-        if keep_logs and any(log_dir.iterdir()):
-            print(f"flytune: worker logs in {log_dir}", file=sys.stderr)
-        else:
-            shutil.rmtree(log_dir, ignore_errors=True)

@@ -31,9 +31,22 @@ class Stability:
     def label(self) -> str:
         return f"{self.agreed}/{self.runs}"
 
+    def to_json(self) -> dict:
+        return {"runs": self.runs, "agreed": self.agreed, "spread": self.spread,
+                "others": [[c, n] for c, n in self.others]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Stability:
+        """The worker's own `to_json` (data from a worker, never executed)."""
+        return cls(int(d["runs"]), int(d["agreed"]), None if d.get("spread") is None else float(d["spread"]),
+                   tuple((str(c), int(n)) for c, n in d.get("others") or ()))
+
 
 def run(root: Path, entry: TuneEntry, shape: dict, repeat: int) -> list[tuple[job.Tuned, Stability | None]]:
     """`job.run` `repeat` times; each searched key's majority winner with its stability."""
+    kernel = autotuner.kernel(entry.kernel)
+    if kernel is not None:  # a job searches whatever this process decided before (an earlier run, a job)
+        kernel.reset()
     runs = [job.run(root, entry, shape)]
     kernel = autotuner.kernel(entry.kernel)
     if repeat <= 1 or entry.autotuner or kernel is None or not runs[0]:  # a @triton.autotune recording: once

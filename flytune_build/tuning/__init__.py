@@ -1,0 +1,89 @@
+"""The tuning engine: a plan of (kernel, shape) jobs searched on the target device, winners written as
+artifacts with their provenance. `tune()` is the one entry; the `flytune tune` command is one caller.
+
+Every executor (`inprocess`, the default; `local`; `ray`) runs the same driver (`driver`), the same job
+body (`job`, `worker.execute`) and the same keep-or-replace rule (`incumbent`): an output's winners are
+kept or replaced the same way wherever the jobs run.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..core import project as project_mod
+from ..core import settings
+from ..core.errors import ProjectError, UsageError
+from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
+
+__all__ = ["MIN_IMPROVEMENT_PCT", "Outcome", "Report", "Reporter", "tune"]
+
+
+def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | None = None, kernels=None,
+         output: str | Path | None = None, executor: str | None = None, repeat: int = 1,
+         min_improvement: float | None = None, resume: bool = True, ranking: str | None = None,
+         job_timeout: float | None = None, reporter: Reporter | None = None, workers: int | None = None,
+         address: str | None = None, allow_ci: bool = False) -> Report:
+    """Tune the project's plan (or `plan`, a TOML file) on `executor`'s workers and write the winners
+    under `output` (a template: {arch}, {backend}, {device}; default `tool.flytune.tune.output`).
+
+    Returns the `Report`: an `Outcome` per job and artifact (status, winner, change against the
+    output's incumbents, stability with `repeat` > 1, failures with their reason). Prints nothing;
+    `reporter` hears of progress as it happens. Raises UsageError when the run cannot start as asked
+    (nothing is written), ProjectError for a project without `[tool.flytune]`; a job that fails is
+    an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.
+    """
+    proj = project if isinstance(project, project_mod.Project) else _load(Path(project).resolve())
+    entries = _entries(proj, plan, kernels)
+    if repeat < 1:
+        raise UsageError(f"repeat must be at least 1, not {repeat}")
+    margin = MIN_IMPROVEMENT_PCT if min_improvement is None else float(min_improvement)
+    if not 0 <= margin < 1000:
+        raise UsageError(f"min_improvement must be a percentage >= 0, not {min_improvement}")
+    if settings.current().ci and not allow_ci and ranking != "synthetic":
+        raise UsageError("refusing to tune where CI is set: shared runners do not choose winners (tune on the "
+                         "intended GPU; allow_ci=True or --allow-ci overrides)")
+    options = Options(executor or "inprocess", workers, address, job_timeout, resume, ranking,
+                      str(Path(output).resolve()) if output else None, repeat, margin)
+    return _run(proj, entries, options, reporter)
+
+
+def _load(root: Path) -> project_mod.Project:
+    proj = project_mod.load(root)
+    if proj is None:
+        raise ProjectError("has no [tool.flytune] table", file=root / "pyproject.toml")
+    return proj
+
+
+def _entries(proj: project_mod.Project, plan, kernels) -> tuple:
+    plan = Path(plan).resolve() if plan else proj.tune_plan  # a plan argument is relative to the cwd
+    entries = project_mod.load_plan(proj.root, plan) if plan else proj.tune_entries
+    if kernels:
+        kernels = [kernels] if isinstance(kernels, str) else list(kernels)
+        unknown = sorted(set(kernels) - {e.kernel for e in entries})
+        if unknown:
+            known = ", ".join(sorted({e.kernel for e in entries})) or "none"
+            raise UsageError(f"kernel {', '.join(unknown)}: not in the tuning plan (its kernels: {known})")
+        entries = tuple(e for e in entries if e.kernel in kernels)
+    if not entries:
+        raise UsageError("the tuning plan is empty (declare [tool.flytune.tune] or pass a plan)")
+    return entries
+
+
+def _run(proj, entries, options: Options, reporter) -> Report:
+    from . import executors
+    from .driver import Driver
+
+    log_dir = Path(tempfile.mkdtemp(prefix="flytune-tune-"))
+    report = None
+    try:
+        executor = executors.open_executor(options.executor, proj, options.ranking, workers=options.workers,
+                                           address=options.address, job_timeout=options.job_timeout,
+                                           jobs=sum(len(e.shapes) for e in entries), log_dir=log_dir)
+        report = Driver(proj, entries, options, executor, reporter).run()
+        return report
+    finally:  # a local worker's log says why it died: kept when a job failed
+        if report is not None and report.failed and any(log_dir.iterdir()):
+            report.logs = log_dir
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)

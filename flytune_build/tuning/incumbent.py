@@ -1,0 +1,101 @@
+"""The winners a tune's output directory already holds (the incumbents), and what a re-tune did to each.
+
+A job searches inside `selection.keeping(incumbents.lookup)`: a search whose kernel and key have an
+artifact in the output keeps that artifact's config unless its own winner, timed in the same rounds,
+is faster by more than `min_improvement` (`runtime.selection`). Each result is then one of
+
+    new                  no artifact for this identity was there: written
+    kept (+1.2%)         the incumbent config stays (this search's own winner was 1.2% faster: within the
+                         margin); the file is left as it was, byte for byte (re-written only when the
+                         toolchain or the config space changed, so its provenance says what it was last
+                         measured with)
+    replaced (+4.2%)     another config was faster by more than the margin: written
+
+The rule runs where the job runs, on every executor alike: the driver reads the output once and sends
+each job the incumbents of its kernel as file name -> bytes (a Ray node shares no disk with the driver);
+they are parsed only when a search asks for one.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..core.artifact import Artifact, read_capped
+from ..core.config import Config
+from ..core.errors import ArtifactError, FlytuneError
+from ..runtime import device, selection
+
+MIN_IMPROVEMENT_PCT = 3.0
+TOOLCHAIN = ("triton", "torch", "cuda", "hip", "space_hash")  # what re-writes a kept artifact's provenance
+
+
+class Incumbents:
+    """One kernel's artifacts of one output directory (file name -> bytes), read when a search asks."""
+
+    def __init__(self, files: Mapping[str, bytes], min_improvement_pct: float = MIN_IMPROVEMENT_PCT):
+        self.files, self.margin = dict(files), min_improvement_pct / 100.0
+        self.found: dict[str, Artifact | None] = {}   # file name -> the artifact there (None: none, unreadable)
+
+    def _read(self, name: str) -> Artifact | None:
+        if name not in self.found:
+            data = self.files.get(name)
+            try:
+                self.found[name] = None if data is None else Artifact.from_bytes(data, file=name)
+            except FlytuneError:
+                self.found[name] = None  # an unreadable file is replaced, as if none were there
+        return self.found[name]
+
+    def _held(self, kernel: str, key: dict) -> tuple[str, Artifact] | tuple[None, None]:
+        """(file name, artifact) the output holds for `kernel` at `key` on this device. An earlier
+        release wrote an adopted kernel's None arguments as no axis at all (`core.verification`'s one
+        key-axes rule reads both forms as one identity): that file is the incumbent too."""
+        names = [Artifact(kernel, key, device.current(), Config({})).filename]
+        legacy = {k: v for k, v in key.items() if v is not None}
+        if legacy != dict(key):
+            names.append(Artifact(kernel, legacy, device.current(), Config({})).filename)
+        for name in names:
+            found = self._read(name)
+            if found is not None:
+                return name, found
+        return None, None
+
+    def lookup(self, kernel: str, key: dict) -> selection.Shipped | None:
+        """The winner the output holds for `kernel` at `key` on this device, for `selection.keeping`."""
+        _, old = self._held(kernel, key)
+        return None if old is None else selection.Shipped(old.config, self.margin)
+
+    def change(self, art: Artifact) -> tuple[str, Artifact | None]:
+        """(new | kept | replaced (+gain%), the artifact to write or None) for a search's artifact. An
+        incumbent in an earlier release's key form is replaced in that form, under its own file name,
+        so that the directory never holds one identity twice."""
+        name, old = self._held(art.kernel, dict(art.key))
+        if old is None:
+            return "new", art
+        if name != art.filename:
+            art = Artifact(art.kernel, dict(old.key), art.device, art.config, art.provenance)
+        prov = art.provenance or {}
+        gain = ((prov.get("selection") or {}).get("shipped") or {}).get("gain")
+        if art.config == old.config:
+            was = old.provenance or {}
+            rewrite = any(was.get(k) != prov.get(k) for k in TOOLCHAIN)
+            return ("kept" if not gain else f"kept ({gain:+.1%})"), art if rewrite else None
+        return ("replaced" if gain is None else f"replaced (+{gain:.1%})"), art
+
+    def saved(self, art: Artifact) -> None:
+        """`art` is now the output's artifact for its identity (a later search of it compares to it)."""
+        self.found[art.filename] = art
+
+
+def read_output(directory: Path) -> dict[str, dict[str, bytes]]:
+    """kernel -> {file name: bytes} of every artifact file in an output directory (capped reads; a file
+    that cannot be read is left out, as if it were not there: the re-tune replaces it)."""
+    out: dict[str, dict[str, bytes]] = {}
+    if not Path(directory).is_dir():
+        return out
+    for path in sorted(Path(directory).glob("*-*.json")):
+        kernel = path.name.rsplit("-", 1)[0]
+        try:
+            out.setdefault(kernel, {})[path.name] = read_capped(path, ArtifactError)
+        except (FlytuneError, OSError):
+            continue
+    return out

@@ -1,0 +1,100 @@
+"""The public Python API: `flytune_build.tune`, `verify`, `inspect`, `diff`, `merge`, `fmt` return data and
+print nothing; the CLI is one caller of them. Real kernels on Triton's interpreter."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+import flytune_build as ft
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_pkg"
+
+
+@pytest.fixture
+def sample_importable(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(SAMPLE))
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+TUNE_TWICE = """
+import json, sys
+from pathlib import Path
+import flytune_build as ft
+from flytune_build.tuning import Reporter
+
+class Heard(Reporter):
+    def __init__(self):
+        self.lines = []
+    def finished(self, line, *, failed=False):
+        self.lines.append(line)
+
+out, heard = Path(sys.argv[1]), Heard()
+first = ft.tune(sys.argv[2], kernels=["sample_pkg.matmul"], output=out, ranking="synthetic", reporter=heard)
+files = {p.name: p.read_bytes() for p in out.glob("*.json")}
+again = ft.tune(sys.argv[2], kernels=["sample_pkg.matmul"], output=out, ranking="synthetic", resume=False, repeat=2)
+print(json.dumps({
+    "ok": first.ok, "executor": first.executor, "statuses": sorted({o.status for o in first.outcomes}),
+    "outcomes": len(first.outcomes), "jobs": len({o.job.id for o in first.outcomes}), "heard": len(heard.lines),
+    "files": len(files), "winners": all(o.winner for o in first.outcomes), "first": first.changes(),
+    "again": again.changes(), "stable": sorted({o.stable.label for o in again.outcomes if o.stable}),
+    "unchanged": files == {p.name: p.read_bytes() for p in out.glob("*.json")}}))
+"""
+
+
+def test_tune_returns_outcomes_prints_nothing_and_a_re_tune_keeps_every_winner(tmp_path):
+    """In a process of its own: the in-process executor imports the sample's kernels."""
+    script = tmp_path / "tune_twice.py"
+    script.write_text(TUNE_TWICE)
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "cache",
+                     PYTHONPATH=SAMPLE)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(SAMPLE)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1, r.stdout  # the script's own line: tune() printed nothing
+    got = json.loads(lines[0])
+    n = got["outcomes"]
+    assert got["ok"] and got["executor"] == "inprocess" and got["statuses"] == ["tuned"] and n >= 2
+    assert got["heard"] == got["jobs"] and got["files"] == n and got["winners"]
+    assert got["first"] == {"new": n, "kept": 0, "replaced": 0}
+    assert got["again"] == {"new": 0, "kept": n, "replaced": 0} and got["stable"] == ["2/2"]
+    assert got["unchanged"]  # kept: byte for byte
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kernels": ["sample_pkg.nope"]}, "not in the tuning plan"),
+    ({"repeat": 0}, "repeat must be at least 1"),
+    ({"min_improvement": -1}, "min_improvement must be a percentage"),
+    ({"executor": "inprocess", "job_timeout": 5}, "cannot do to itself"),
+    ({"executor": "spark"}, "must be one of inprocess, local, ray"),
+])
+def test_tune_refuses_what_it_cannot_run_and_writes_nothing(tmp_path, kwargs, message, sample_importable):
+    with pytest.raises(ft.UsageError, match=message):
+        ft.tune(SAMPLE, output=tmp_path / "out", ranking="synthetic", **kwargs)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.json"))
+
+
+def test_tune_of_a_project_without_a_table_is_a_project_error(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\nversion = '1'\n")
+    with pytest.raises(ft.ProjectError, match=r"has no \[tool.flytune\] table"):
+        ft.tune(tmp_path)
+
+
+def test_verify_inspect_diff_merge_fmt_return_data_and_print_nothing(tmp_path, capsys):
+    a = ROOT / "sample_pkg" / "artifacts" / "interpreter"
+    report = ft.verify(a)
+    assert report.ok and report.artifacts and not report.errors
+    info = ft.inspect(a)
+    assert info["ok"] and info["coverage"]
+    assert ft.diff(a, a)["changed"] == []
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    merged = ft.merge([a, b], tmp_path / "m")
+    assert merged.ok and len(merged.chosen) == len(report.artifacts)
+    assert ft.fmt([tmp_path / "m"]).actions == []
+    assert capsys.readouterr() == ("", "")
