@@ -111,6 +111,14 @@ def pct(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:+.2f}%"
 
 
+def sure(run: dict) -> str:
+    """provenance.selection's confidence, and `?` where a test that decided the winner was unresolved."""
+    sel = run["selection"]
+    if "confidence" not in sel:
+        return "-"
+    return f"{sel['confidence']:.3f}" + ("" if sel.get("resolved") else "?")
+
+
 def table(rows) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -118,27 +126,28 @@ def table(rows) -> str:
 
 def flytune_section(a: dict, b: dict) -> tuple[list[str], dict]:
     rows = [("kernel", "key", "timer", "winner run 1", "winner run 2", "same", "w1 vs fastest", "w2 vs fastest",
-             "band 1", "band 2", "other's winner in run 1")]
-    agree = within = shapes = 0
+             "band 1", "band 2", "sure 1", "sure 2", "other's winner in run 1")]
+    agree = within = shapes = resolved = 0
     for name in sorted(set(a) | set(b)):
         x, y = a.get(name), b.get(name)
         if x is None or y is None:
-            rows.append((name, "-", "-", "-", "-", "missing in one run", "", "", "", "", ""))
+            rows.append((name, "-", "-", "-", "-", "missing in one run", "", "", "", "", "", "", ""))
             shapes += 1
             continue
         shapes += 1
         same = x["winner"] == y["winner"]
         agree += same
         g1, g2 = over_fastest(x, x["winner"]), over_fastest(y, y["winner"])
-        within += sum(g is not None and g <= WITHIN_GOAL for g in (g1, g2))
+        within += sum(g is not None and g <= WITHIN_GOAL + 1e-9 for g in (g1, g2))
+        resolved += sum(bool(r["selection"].get("resolved")) for r in (x, y))
         key = ",".join(f"{k}={v}" for k, v in x["key"].items() if not isinstance(v, str))
         timers = "/".join(dict.fromkeys(r["measurement"].get("timer", "-") for r in (x, y)))   # run 1's/run 2's
         rows.append((x["kernel"].split(".")[-1], key, timers, short(x["winner"]),
                      short(y["winner"]), "yes" if same else "NO", pct(g1), pct(g2),
-                     pct(x["selection"].get("band")), pct(y["selection"].get("band")),
+                     pct(x["selection"].get("band")), pct(y["selection"].get("band")), sure(x), sure(y),
                      "-" if same else pct(cross(x, y["winner"]))))
     summary = {"shapes": shapes, "agree": agree, "agreement": agree / shapes if shapes else None,
-               "winners_within_2pct": within, "winners": 2 * shapes}
+               "winners_within_2pct": within, "winners": 2 * shapes, "resolved": resolved}
     return [table(rows)], summary
 
 
@@ -175,25 +184,30 @@ def retune_section(before: dict, after: dict) -> tuple[list[str], dict]:
 
 
 def report(run1, run2, run3, triton1="-", triton2="-") -> None:
-    """The three tables; with TRITON1/TRITON2 given as "-" (TRITON_PASSES=0) the triton.autotune one is left out."""
-    a, b, c = load_run(run1), load_run(run2), load_run(run3)
+    """The three tables; with TRITON1/TRITON2 given as "-" (TRITON_PASSES=0) the triton.autotune one is left out,
+    with RUN3 given as "-" (THIRD=0) the re-tune one."""
+    a, b = load_run(run1), load_run(run2)
     ft_lines, ft = flytune_section(a, b)
-    re_lines, re = retune_section(a, c)
     agreed = "met" if ft["agreement"] >= AGREEMENT_GOAL else "NOT met"
     within = "met" if ft["winners_within_2pct"] == ft["winners"] else "NOT met"
     out = ["== flytune tune: two cold runs", *ft_lines, "",
            f"agreement: {ft['agree']}/{ft['shapes']} = {ft['agreement']:.1%} (goal >= {AGREEMENT_GOAL:.0%}: {agreed})",
            (f"winners within {WITHIN_GOAL:.0%} of their run's fastest candidate: {ft['winners_within_2pct']}/"
-            f"{ft['winners']} ({within})"), ""]
-    summary = {"flytune": ft, "retune": re}
+            f"{ft['winners']} ({within})"),
+           f"selections resolved (every deciding test settled; `?` in the sure columns where not): {ft['resolved']}/"
+           f"{ft['winners']}", ""]
+    summary = {"flytune": ft}
     if "-" not in (triton1, triton2):
         t1, t2 = (json.loads(Path(p).read_text())["runs"] for p in (triton1, triton2))
         tr_lines, tr = triton_section(t1, t2)
         summary["triton_autotune"] = tr
         out += ["== stock triton.autotune: two cold runs of the same plan and configs (each winner its run's fastest)",
                 *tr_lines, "", f"agreement: {tr['agree']}/{tr['shapes']} = {tr['agreement']:.1%}", ""]
-    out += ["== a third flytune run into run 1's output (--no-resume; kept unless >3% faster in the same search)",
-            *re_lines, "", f"kept {re['kept']}, replaced {re['replaced']}, new {re['new']}"]
+    if run3 != "-":   # THIRD=0: no re-tune
+        re_lines, summary["retune"] = retune_section(a, load_run(run3))
+        re = summary["retune"]
+        out += ["== a third flytune run into run 1's output (--no-resume; kept unless >3% faster in the same search)",
+                *re_lines, "", f"kept {re['kept']}, replaced {re['replaced']}, new {re['new']}"]
     print("\n".join(out))
     print(json.dumps(summary), file=sys.stderr)
 

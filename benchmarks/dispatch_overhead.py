@@ -49,6 +49,11 @@ def adopted_stub(stub, blocks, x):
     dtype = str(x.dtype).removeprefix("torch.")
     Artifact("bench.adopted", {"N": 8, "x": dtype, "w": dtype, "y": dtype}, INTERPRETER, Config({"BLOCK": 512})).save(d)
     os.environ["FLYTUNE_ARTIFACT_DIR"] = d
+    from flytune_build.core import settings
+    from flytune_build.runtime.offline import TIER
+
+    settings.reload()  # the settings are read once per process: the first kernel's registration already did
+    TIER.reset()
     tuner = Autotuner(stub, stub.arg_names, [TritonConfig({"BLOCK": b}, num_warps=w) for b, w in blocks],
                       key=["N"], reset_to_zero=None, restore_value=None)
     assert adopt(tuner, name="bench.adopted") == 1

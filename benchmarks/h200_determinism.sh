@@ -8,6 +8,7 @@
 #   PLAN=path/to/plan.toml bash benchmarks/h200_determinism.sh OUTDIR     another plan (a logic check
 #                                                         under TRITON_INTERPRET=1 uses a tiny one)
 #   TRITON_PASSES=0 bash benchmarks/h200_determinism.sh OUTDIR    the flytune runs alone (about 1 minute)
+#   THIRD=0 ...                                           the two cold runs alone, no re-tune
 # Writes into OUTDIR: report.txt (read this), summary.json, flytune_runs.log, triton_runs.json (both
 # triton passes; not with TRITON_PASSES=0), artifacts.tgz (the three flytune outputs), gpu.txt.
 # About 3 minutes on an H200 (1 with TRITON_PASSES=0).
@@ -50,8 +51,13 @@ triton_pass() {  # triton_pass RUN_NAME: one cold pass with stock triton.autotun
 
 flytune run1 "$WORK/run1" || exit 1
 flytune run2 "$WORK/run2" || exit 1
-cp -r "$WORK/run1" "$WORK/run3"           # the third run re-tunes a copy of run 1's output
-flytune run3 "$WORK/run3" || exit 1
+RUN3="$WORK/run3"
+if [ "${THIRD:-1}" = 0 ]; then              # the two cold runs alone (the re-tune table left out)
+  RUN3=-
+else
+  cp -r "$WORK/run1" "$WORK/run3"         # the third run re-tunes a copy of run 1's output
+  flytune run3 "$WORK/run3" || exit 1
+fi
 TRITONS=("$WORK/triton1.json" "$WORK/triton2.json")
 if [ "${TRITON_PASSES:-1}" = 0 ]; then      # the flytune runs alone (the triton.autotune table left out)
   TRITONS=(- -)
@@ -61,9 +67,9 @@ else
   $PY -c "import json,sys; print(json.dumps({n: json.load(open(f'$WORK/{n}.json'))['runs'] for n in ('triton1', 'triton2')}))" \
     > "$DEST/triton_runs.json"
 fi
-$PY benchmarks/determinism.py report "$WORK/run1" "$WORK/run2" "$WORK/run3" "${TRITONS[@]}" \
+$PY benchmarks/determinism.py report "$WORK/run1" "$WORK/run2" "$RUN3" "${TRITONS[@]}" \
   > "$DEST/report.txt" 2> "$DEST/summary.json"
 rc=$?
-tar czf "$DEST/artifacts.tgz" -C "$WORK" run1 run2 run3
+tar czf "$DEST/artifacts.tgz" -C "$WORK" run1 run2 $([ "$RUN3" = - ] || echo run3)
 cat "$DEST/report.txt" "$DEST/summary.json"
 exit $rc

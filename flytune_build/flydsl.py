@@ -4,4 +4,4 @@ The code lives in `flytune_build.runtime.adapters.flydsl`; this module imports n
 """
 from .runtime.adapters.flydsl import export, expose, from_flydsl, to_flydsl
 
-__all__ = ["expose", "export", "from_flydsl", "to_flydsl"]
+__all__ = ["export", "expose", "from_flydsl", "to_flydsl"]

@@ -98,3 +98,22 @@ def test_verify_inspect_diff_merge_fmt_return_data_and_print_nothing(tmp_path, c
     assert merged.ok and len(merged.chosen) == len(report.artifacts)
     assert ft.fmt([tmp_path / "m"]).actions == []
     assert capsys.readouterr() == ("", "")
+
+
+def test_tune_json_is_the_report_and_the_table_says_how_sure_each_choice_is(tmp_path):
+    from flytune_build.cli.tune import sure
+    from flytune_build.tuning.driver import Outcome
+
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "cache", PYTHONPATH=SAMPLE)
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project", str(SAMPLE), "--kernel",
+                        "sample_pkg.matmul", "--ranking", "synthetic", "--output", str(tmp_path / "out"), "--allow-ci",
+                        "--no-progress", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["format"] == 1 and doc["ok"] and doc["changes"]["new"] == len(doc["outcomes"]) >= 2
+    assert {o["status"] for o in doc["outcomes"]} == {"tuned"} and all(o["winner"] for o in doc["outcomes"])
+    assert all(o["confidence"] is None for o in doc["outcomes"])  # a synthetic ranking is sure of nothing
+    job = type("J", (), {})()
+    assert sure(Outcome(job, "tuned", confidence=0.9991, resolved=True)) == "0.999"
+    assert sure(Outcome(job, "tuned", confidence=0.81, resolved=False)) == "0.810?"
+    assert sure(Outcome(job, "tuned")) == "-"

@@ -41,7 +41,9 @@ def test_record_quotes_paths_with_commas_and_quotes_so_installers_accept_the_whe
     assert {r[0] for r in rows} >= set(ODD) and all(len(r) == 3 for r in rows)
     assert '"fixpkg/a,b.txt",' in record and "fixpkg/plain.txt,sha256=" in record  # quoted only when needed
 
-    from wheel.wheelfile import WheelFile  # reads RECORD with csv and checks each member's hash on read
+    from wheel.wheelfile import (
+        WheelFile,  # reads RECORD with csv and checks each member's hash on read
+    )
 
     with WheelFile(whl) as wf:
         for name in ODD:

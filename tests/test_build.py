@@ -9,7 +9,16 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from buildkit import H200, ROOT, artifact, child_install, child_venv, make_project, pip_wheel, run_child
+from buildkit import (
+    H200,
+    ROOT,
+    artifact,
+    child_install,
+    child_venv,
+    make_project,
+    pip_wheel,
+    run_child,
+)
 
 from flytune_build import pipeline
 from flytune_build.audit import source as audit

@@ -110,6 +110,7 @@ def test_installed_bundle_is_materialised_for_flydsl(tmp_path, monkeypatch, fake
     (proj / "pyproject.toml").write_text(text)
     state = pipeline.run(proj, out=io.StringIO())
     install_fake_dist(tmp_path, monkeypatch, state)
+    monkeypatch.setenv("FLYTUNE_PACKS", "fixpkg")  # fixpkg's bundle holds sample.add: a config pack, opted into
     monkeypatch.delenv("FLYDSL_AUTOTUNE_CONFIG_DIR", raising=False)
     monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "ft-cache" / "scratch"))
     where = fly.expose()
@@ -134,3 +135,14 @@ def test_cli_export_and_import(tmp_path):
     r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "import", "--format", "flydsl", str(f),
                         "--output", str(tmp_path / "back")], capture_output=True, text=True, env=python_env())
     assert r.returncode == 0 and [p.name for p in (tmp_path / "back").iterdir()] == [hip_artifact().filename]
+
+
+def test_rocm_options_of_an_artifact_are_exported_to_flydsl_and_read_back(tmp_path):
+    dev = DeviceIdentity("hip", "gfx942", "AMD Instinct MI300X", 304)
+    art = Artifact("sample.add", {"n": 1024}, dev,
+                   Config({"BLOCK": 64, "waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}, num_warps=8))
+    (written,), skipped = fly.export([art], tmp_path)
+    assert not skipped
+    assert json.loads(written.read_text())["config"] == {"BLOCK": 64, "waves_per_eu": 2, "matrix_instr_nonkdim": 16,
+                                                         "kpack": 2, "num_warps": 8}
+    assert fly.from_flydsl(written).config == art.config

@@ -118,6 +118,26 @@ def test_rocm_options_away_from_their_default_stay_among_the_kwargs(tmp_path):
     assert art.config.launch_kwargs() == {k: v for k, v in body.items() if k != "kpack"}  # as Triton launches it
 
 
+
+def test_an_mi300_config_with_every_rocm_option_imports_verifies_and_a_value_triton_refuses_is_named(tmp_path):
+    from flytune_build.core import verification
+
+    body = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4,
+            "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}
+    path = write(tmp_path, "E=8,N=14336,device_name=AMD_Instinct_MI300X.json", {"1": body})
+    arts = importers.import_files([path], "vllm", "mylib.moe")
+    assert {k: arts[0].config.kwargs[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack")} == \
+        {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}
+    assert not verification.check(arts, lambda a: a.filename).errors
+    bad = write(tmp_path / "bad", path.name, {"1": {**body, "kpack": 4}})
+    with pytest.raises(ArtifactError, match="kpack compiler option takes 1 or 2") as e:
+        importers.import_files([bad], "vllm", "mylib.moe")
+    assert e.value.field == "1.kpack"
+    refused = Artifact("mylib.moe", arts[0].key, arts[0].device,
+                       type(arts[0].config)({**arts[0].config.kwargs, "matrix_instr_nonkdim": 8}))
+    (err,) = verification.check([refused], lambda a: a.filename).errors
+    assert err.field == "config.kwargs.matrix_instr_nonkdim" and "0, 4, 16 or 32" in err.rule
+
 MALFORMED = [  # (file name, document, field named, rule fragment)
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"abc": CONFIGS["1"]}, "abc", "batch size M"),
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "num_warps": "4"}}, "64.num_warps",

@@ -7,14 +7,25 @@ import torch
 import triton
 import triton.language as tl
 from conftest import python_env
-from kernels import ADD_CONFIGS, grid, make_accumulate, make_add, make_iadd, nearest, pow2
+from kernels import (
+    ADD_CONFIGS,
+    grid,
+    make_accumulate,
+    make_add,
+    make_iadd,
+    nearest,
+    pow2,
+)
 
 import flytune_build as ft
-from flytune_build import reset_stats
-from flytune_build import Config, FlytuneWarning
+from flytune_build import Config, FlytuneWarning, reset_stats
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
-from flytune_build.core.errors import ArtifactExecutionError, DeclarationError, SearchError
+from flytune_build.core.errors import (
+    ArtifactExecutionError,
+    DeclarationError,
+    SearchError,
+)
 from flytune_build.runtime import autotuner, bench, selection
 
 N = 100

@@ -70,7 +70,8 @@ def test_adopting_again_under_another_name_reports_the_kernel_once(bundle_dir):
     assert "t.adopted" not in ft.stats() and "t.renamed" in ft.stats()
 
 
-def test_untuned_shapes_behave_as_before(bundle_dir):
+def test_untuned_shapes_behave_as_before(bundle_dir, monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "auto")  # where search is allowed (=0 never searches)
     k = make()
     adapter.adopt(k, name="ext.add")
     calls.clear()
@@ -83,6 +84,7 @@ def test_untuned_shapes_behave_as_before(bundle_dir):
 
 def test_other_device_seeds_nothing(bundle_dir, monkeypatch):
     monkeypatch.setenv("FLYTUNE_DEVICE", "hip:gfx942:304:AMD Instinct MI300X")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "auto")  # where search is allowed (=0 never searches)
     autotuner.reset_stats()
     k = make()
     with pytest.warns(FlytuneWarning, match="no artifact matches this device") as seen:

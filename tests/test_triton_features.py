@@ -88,6 +88,7 @@ def test_artifact_matching_no_declared_config_of_a_hooked_kernel_is_refused(tmp_
 def test_adopt_serves_the_declared_config_with_its_pre_hook(tmp_path, monkeypatch):
     arts_dir(tmp_path, monkeypatch, Artifact("t.ahook", {"n": 100}, INTERPRETER, Config({"BLOCK": 64})),
              Artifact("t.ahook", {"n": 200}, INTERPRETER, Config({"BLOCK": 128})))  # matches no declared config
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "auto")  # an untuned key searches (=0 never searches)
     do_bench, seen = counting_bench()
     k = fk.triton_scale(do_bench=do_bench)
     with pytest.warns(FlytuneWarning, match="rejected: .*matches none of kernel t.ahook's declared configs"):
@@ -136,7 +137,9 @@ def test_retuning_an_adopted_kernel_searches_and_restores_the_seeded_cache(tmp_p
     k = fk.add_bias_kernel(cache_results=True)
     k.fn.cache_results = True  # as on a GPU (Triton turns its disk cache off under the interpreter)
     assert adapter.adopt(k, name="t.retune") == 1
+    assert fk.add_bias(k, 100, True)  # the bundled config enters Triton's cache on the key's first call
     seeded = dict(k.fn.cache)
+    assert len(seeded) == 1
     monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
     with adapter.recording(k, name="t.retune") as got:
         assert k.fn.cache == {} and k.fn.cache_results is False  # nothing answers but a search
@@ -300,6 +303,7 @@ def test_adopted_kernel_reports_decisions_and_stats(tmp_path, monkeypatch, capsy
     arts_dir(tmp_path, monkeypatch, Artifact("t.rep", {"n": 100, "x": "float32", "total": "float32"}, INTERPRETER,
                                              Config({"BLOCK": 32})))
     monkeypatch.setenv("FLYTUNE_PRINT_AUTOTUNING", "1")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "auto")  # an untuned key searches (=0 never searches)
     do_bench, seen = counting_bench()
     k = fk.triton_total(do_bench=do_bench)
     adapter.adopt(k, name="t.rep")

@@ -11,19 +11,24 @@ control characters in names; JSON output stays JSON.
 from __future__ import annotations
 
 import csv
-import math
-import os
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import bundle, codec, fsutil, table, verification
+from ..core import artifactdir, bundle, serving, table, verification
 from ..core.artifact import Artifact
-from ..core.errors import ArtifactError, BundleError, FlytuneError, InputError, ProjectError, printable
+from ..core.errors import (
+    ArtifactError,
+    BundleError,
+    FlytuneError,
+    InputError,
+    ProjectError,
+    printable,
+)
 from ..core.target import Target
-from ..pipeline.assemble import EDITABLE_ROOT
 from ..dist import wheelfile
+from ..pipeline.assemble import EDITABLE_ROOT
 
 NO_BUNDLE = "holds no flytune bundle: the runtime would serve nothing from it"
 MAX_SDIST_BYTES = 1 << 30     # unpacked, all members together
@@ -43,6 +48,7 @@ class Source:
     package: str | None = None
     drift: list[FlytuneError] = field(default_factory=list)  # toolchain drift: warnings unless --strict
     modules: set[str] = field(default_factory=set)  # packages the project or distribution itself declares
+    execution: list[dict] | None = None  # verify --execute: per artifact, executed (ok) or skipped and why
 
     @property
     def ok(self) -> bool:
@@ -52,7 +58,7 @@ class Source:
         kernels = sorted({a.kernel for a in self.artifacts})
         return {"path": self.path, "kind": self.kind, "ok": self.ok, "kernels": len(kernels),
                 "artifacts": len(self.artifacts), "errors": [e.to_json() for e in self.errors],
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), **({} if self.execution is None else {"execution": self.execution})}
 
     def render(self) -> str:
         head = "ok" if self.ok else f"{len(self.errors)} violation(s)"
@@ -103,7 +109,11 @@ def _wheel_bundles(src: Source, whl: wheelfile.Wheel, eps: list) -> None:
     ep_file = f"{whl.path}!{whl.dist_info}/entry_points.txt"
     reached = set()
     for ep in eps:
-        base = ep.value.split(":")[0].strip().replace(".", "/") + "/"  # where runtime.offline.locate looks
+        parts = serving.bundle_parts(ep.value)  # where runtime.offline.locate looks
+        if parts is None:
+            src.errors.append(_not_a_module(ep, ep_file))
+            continue
+        base = "/".join(parts) + "/"
         name = base + bundle.MANIFEST
         if name not in whl.members:
             src.errors.append(BundleError(f"names {ep.value!r}, but the wheel has no {name}: the runtime will not "
@@ -120,6 +130,7 @@ def _wheel_bundles(src: Source, whl: wheelfile.Wheel, eps: list) -> None:
             continue
         manifest = _bundle(src, f"{whl.path}!{base}", data, lambda n, b=base: whl.read(b + n, bundle.MAX_SHARD_BYTES))
         _check_entry_value(src, ep, manifest, ep_file)
+        _check_owner(src, ep, manifest, whl.members, f"{whl.path}!{name}")
     for name in sorted(n for n in whl.members if _is_manifest(n) and n not in reached):
         src.errors.append(BundleError(f"no entry point in group {bundle.ENTRY_POINT_GROUP} names this bundle: the "
                                       f"runtime will not find it", file=f"{whl.path}!{name}"))
@@ -136,7 +147,31 @@ def _check_entry_value(src: Source, ep, manifest: bundle.Manifest | None, file: 
 
 def _entry_values(manifest: bundle.Manifest, name: str) -> tuple[str, ...]:
     """The values an entry point for this bundle may have: the package's, or an editable wheel's."""
-    return f"{manifest.package}.{bundle.DIRNAME}", f"{EDITABLE_ROOT}.{name}"
+    return serving.bundle_value(manifest.package), f"{EDITABLE_ROOT}.{name}"
+
+
+def _not_a_module(ep, file: str) -> BundleError:
+    return BundleError(f"is {ep.value!r}, not a dotted module name: the runtime follows no path, it looks for "
+                       f"<package>/{bundle.DIRNAME}/ among the distribution's own files", file=file,
+                       field=f"{bundle.ENTRY_POINT_GROUP}.{ep.name}")
+
+
+def _check_owner(src: Source, ep, manifest: bundle.Manifest | None, files, file: str) -> None:
+    """A bundle must sit in a package the distribution itself installs (never `numpy/`); artifacts it
+    holds for kernels outside that package are a config pack, said as a warning."""
+    if manifest is None:
+        return
+    if not serving.is_editable_value(ep.value) and not serving.installs(files, manifest.package):
+        src.errors.append(BundleError(f"places a bundle under package {manifest.package!r}, which this {src.kind} "
+                                      f"does not otherwise contain: the runtime serves no kernel from it as their "
+                                      f"owner (a bundle goes only into the distribution's own package)", file=file,
+                                      field="package"))
+    foreign = sorted(k for k in manifest.kernels if not serving.under(k, manifest.package))
+    if foreign:
+        src.warnings.append(f"{file}: holds artifacts for {len(foreign)} kernel(s) outside package "
+                            f"{manifest.package} ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): a "
+                            f"config pack, served only where the kernel's owner accepts it ([tool.flytune] packs) or "
+                            f"the user sets FLYTUNE_PACKS, and only for keys the owner lacks")
 
 
 def _is_manifest(name: str) -> bool:
@@ -242,16 +277,10 @@ def _project(root: Path, label: str) -> Source:
 def _directory(root: Path) -> Source:
     src = Source(str(root), "directory")
     origin: dict[int, str] = {}
-    try:
-        found = fsutil.find(root, ".", suffix=".json", error=ArtifactError, file=root, root_name="the directory")
-    except FlytuneError as e:
-        src.errors.append(e)
-        return src
+    found = artifactdir.read_all(root, recursive=True)  # contained, bounded, capped
     src.errors += found.problems
-    for real, rel in sorted(found.files.items(), key=lambda t: t[1]):
-        path = root / rel
+    for path, data in found.files:
         try:
-            data = fsutil.read_regular(real, ArtifactError, codec.MAX_DOCUMENT_BYTES)
             art = Artifact.from_bytes(data, file=path, canonical=True)
         except FlytuneError as e:
             e.relocate(path)
@@ -259,7 +288,7 @@ def _directory(root: Path) -> Source:
             continue
         src.artifacts.append(art)
         origin[id(art)] = str(path)
-        src.sizes[rel] = len(data)
+        src.sizes[path.relative_to(root).as_posix()] = len(data)
     found = verification.check(src.artifacts, lambda a: origin[id(a)])
     src.errors += found.errors
     src.warnings += found.warnings
@@ -296,22 +325,32 @@ def _installed(name: str) -> Source:
 def _installed_bundle(src: Source, name: str, ep, record: dict) -> None:
     from ..runtime.offline import locate
 
+    parts = serving.bundle_parts(ep.value)
+    if parts is None:
+        src.errors.append(_not_a_module(ep, name))
+        return
     loc = locate(ep)
     if loc is None:
-        src.errors.append(BundleError(f"entry point {ep.name} = {ep.value} names no readable bundle", file=name))
+        src.errors.append(BundleError(f"entry point {ep.name} = {ep.value} names no readable bundle among the "
+                                      f"distribution's own files", file=name))
         return
     _check_entry_value(src, ep, loc.manifest, name)
-    rel = ep.value.split(":")[0].strip().replace(".", "/") + "/"
+    rel = "/".join(parts) + "/"
+    _check_owner(src, ep, loc.manifest, record, str(loc.root / bundle.MANIFEST))
     blobs: dict[str, bytes | None] = {}
+    read_member = bundle.member_reader(loc.root)  # capped, regular files only
 
-    def read(fname, root=loc.root):
+    def read(fname):
         if fname not in blobs:
-            p = root / fname
-            cap = bundle.MAX_MANIFEST_BYTES if fname == bundle.MANIFEST else bundle.MAX_SHARD_BYTES
-            blobs[fname] = fsutil.read_regular(p, BundleError, cap) if os.path.lexists(p) else None
+            blobs[fname] = read_member(fname)
         return blobs[fname]
 
-    for fname in sorted(p.name for p in loc.root.iterdir() if p.suffix == ".json"):
+    try:
+        names = [p.name for p in artifactdir.listing(loc.root, error=BundleError)]
+    except FlytuneError as e:
+        src.errors.append(e)
+        return
+    for fname in names:
         f = record.get(rel + fname)
         if f is None or f.hash is None:
             continue
@@ -395,13 +434,9 @@ def diff(old: Source, new: Source) -> dict:
 
 def _margin(new: Artifact, old_config) -> float | None:
     """How much slower the old winner was, in the new tuning run's own measurements."""
-    times = {}
-    for c in (new.provenance or {}).get("candidates", []):
-        if c.get("time_ms") is not None:
-            times[codec.canonical(c["config"])] = c["time_ms"]
-    t_new = times.get(codec.canonical(new.config.to_json()))
-    t_old = times.get(codec.canonical(old_config.to_json()))
-    if t_new and t_old and math.isfinite(t_new):
+    t_new = serving.config_time(new.provenance, new.config.to_json())
+    t_old = serving.config_time(new.provenance, old_config.to_json())
+    if t_new and t_old:
         return t_old / t_new - 1
     return None
 
@@ -417,4 +452,68 @@ def render_diff(d: dict) -> str:
     lines.append(f"{len(d['added'])} added, {len(d['removed'])} removed, {len(d['changed'])} changed, "
                  f"{d['unchanged']} unchanged")
     lines += [f"error: {printable(e['message'])}" for e in d["errors"]]
+    return "\n".join(lines)
+
+
+# -- inspect --installed: which bundle serves each kernel ------------------------------------------------------
+def installed(dev=None) -> dict:
+    """Which installed bundle (or FLYTUNE_ARTIFACT_DIR directory) serves each kernel on `dev` (default:
+    this device), by the runtime's own rules (runtime.offline, core.serving): per kernel its owner
+    package, every source holding artifacts for it with its role (directory, owner, pack, or a pack
+    not accepted, ignored) and how many of the kernel's keys it serves here."""
+    from ..core import settings
+    from ..runtime import device
+    from ..runtime.offline import TIER
+
+    dev = dev or device.current()
+    TIER.reset()  # what is installed now, not what this process found before
+    sources = TIER.sources()
+    axes: dict[str, tuple[str, ...]] = {}
+    for src in sources:
+        if src.manifest is not None:
+            for k, info in src.manifest.kernels.items():
+                axes.setdefault(k, tuple(info.axes))
+        else:
+            for path in artifactdir.listing(src.root):
+                kernel = path.name.rsplit("-", 1)[0]
+                if kernel not in axes:
+                    doc = next(TIER.documents(src, kernel), None)
+                    if doc is not None:
+                        axes[kernel] = tuple(sorted(doc[0]["key"]))
+    kernels = []
+    for k in sorted(axes):
+        owner = serving.owner(k, [s.package for s in sources if s.package is not None])
+        ranked = {id(s): r for r, s in TIER.ranked(k)}
+        idx = TIER.index(k, axes[k], dev)
+        served: dict[str, int] = {}
+        for hit in idx.hits.values():
+            served[hit.origin] = served.get(hit.origin, 0) + 1
+        rows = []
+        for src in sources:
+            holds = (src.manifest is None and any(True for _ in TIER.documents(src, k))) or (
+                src.manifest is not None and k in src.manifest.kernels)
+            if not holds:
+                continue
+            r = ranked.get(id(src))
+            role = ("directory" if src.manifest is None else "owner" if r is not None and r[0] == serving.OWNER
+                    else "pack" if r is not None else "pack, not accepted")
+            keys = (sum(n for o, n in served.items() if o.startswith(str(src.root))) if src.manifest is None
+                    else served.get(src.label, 0)) if r is not None else 0
+            rows.append({"source": src.label, "dist": src.dist, "role": role, "keys_served": keys})
+        kernels.append({"kernel": k, "owner": owner, "keys": len(idx), "sources": rows,
+                        "problems": list(idx.problems)})
+    return {"device": dev.spec(), "packs_setting": list(settings.current().packs), "kernels": kernels}
+
+
+def render_installed(info: dict) -> str:
+    rows = [["kernel", "owner", "source", "role", "keys served"]]
+    for k in info["kernels"]:
+        for i, s in enumerate(k["sources"] or [{"source": "-", "role": "-", "keys_served": 0}]):
+            rows.append([k["kernel"] if i == 0 else "", (k["owner"] or "(none installed)") if i == 0 else "",
+                         s["source"], s["role"], str(s["keys_served"])])
+    lines = [printable(f"installed bundles on {info['device']}" + (
+        f" (FLYTUNE_PACKS={','.join(info['packs_setting'])})" if info["packs_setting"] else ""))]
+    lines.append(printable(table.render(rows, align="<<<<>", indent="  ")) if info["kernels"] else
+                 "  no installed bundle holds any artifact")
+    lines += [printable(f"  {k['kernel']}: {p}") for k in info["kernels"] for p in k["problems"]]
     return "\n".join(lines)

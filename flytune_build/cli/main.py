@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, epilog=f"exit codes: {codes}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    from . import merge, tune, warmup
+    from . import merge, report, tune, upgrade, warmup
 
     tune.add_command(command)
     v = command("verify", "verify wheels, sdists, artifact directories or installed distributions",
@@ -57,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = command("inspect", "coverage matrix, key axes, toolchain and sizes of a bundle",
                 "0 clean, 1 PATH has violations, 2 usage error")
-    i.add_argument("path", metavar="PATH", help="a wheel, an sdist, a directory or an installed distribution")
+    i.add_argument("path", metavar="PATH", nargs="?",
+                   help="a wheel, an sdist, a directory or an installed distribution")
+    i.add_argument("--installed", action="store_true",
+                   help="instead of PATH: which installed bundle (owner, accepted config pack, FLYTUNE_ARTIFACT_DIR) "
+                        "serves each kernel on this device")
     i.add_argument("--json", action="store_true", help=f"machine-readable output (\"format\": {JSON_FORMAT})")
 
     d = command("diff", "identities added, removed or with a changed winner between two bundles",
@@ -69,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_commands(command)
     merge.add_command(command)
     warmup.add_command(command)
+    report.add_command(command)
+    upgrade.add_command(command)
     return parser
 
 
@@ -162,6 +168,13 @@ def _verify(args) -> int:
 def _inspect(args) -> int:
     from ..audit import source
 
+    if args.installed == (args.path is not None):
+        print("flytune: error: inspect takes PATH or --installed (one of them)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.installed:
+        info = source.installed()
+        print(dump(info) if args.json else source.render_installed(info))
+        return EXIT_OK
     view = source.open_source(args.path)
     info = source.inspect(view)
     print(dump(info) if args.json else source.render_inspect(info))
@@ -268,6 +281,18 @@ def _merge(args) -> int:
     return merge.command(args)
 
 
+def _report(args) -> int:
+    from . import report
+
+    return report.command(args)
+
+
+def _upgrade(args) -> int:
+    from . import upgrade
+
+    return upgrade.command(args)
+
+
 def _warmup(args) -> int:
     from . import warmup
 
@@ -275,7 +300,8 @@ def _warmup(args) -> int:
 
 
 COMMANDS = {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt, "export": _export,
-            "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup}
+            "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup,
+            "report": _report, "upgrade": _upgrade}
 
 
 if __name__ == "__main__":

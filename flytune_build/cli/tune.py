@@ -1,6 +1,7 @@
 """`flytune tune`: the arguments of `tuning.tune`, its progress on stderr, its report on stdout."""
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -27,6 +28,7 @@ def add_command(command) -> None:
     t.add_argument("--repeat", type=int, default=1, metavar="K",
                    help="search each shape K times and report how many agreed; the majority winner is written")
     t.add_argument("--allow-ci", action="store_true", help="run even where CI is set")
+    t.add_argument("--json", action="store_true", help="print the report as JSON (\"format\": 1) instead of the table")
     t.add_argument("--no-progress", action="store_true", help="no progress at all (off a terminal there is "
                                                               "no bar, only one plain line per job)")
     g = t.add_argument_group("executors (where the jobs run; the same rules on each)")
@@ -61,6 +63,9 @@ def command(args) -> int:
     except UsageError as e:
         print(f"flytune: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.json:
+        print(json.dumps({"format": 1, **report.to_json()}, indent=2, sort_keys=True))
+        return EXIT_OK if report.ok else EXIT_FAILED
     print(summary(report))
     workers = sum(s.state != "retired" for s in report.slots)
     changes = ", ".join(f"{n} {c}" for c, n in report.changes().items())
@@ -76,6 +81,14 @@ def command(args) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def sure(o) -> str:
+    """How sure the choice is (provenance.selection.confidence), `?` where a test sat at the band's edge
+    when the search's budget ran out; `-` where the search recorded none (a synthetic ranking)."""
+    if o.confidence is None:
+        return "-"
+    return f"{o.confidence:.3f}" + ("" if o.resolved is not False else "?")
+
+
 def summary(report) -> str:
     """The table of outcomes; with repeat > 1, followed by the stability table; then each failure."""
     from ..tuning import stability
@@ -84,13 +97,13 @@ def summary(report) -> str:
     several = len(report.directories) > 1
     fleet = report.executor != "inprocess"
     rows = [("kernel", "shape") + (("device",) if several else ()) +
-            ("winner", "time (ms)", "margin", "status", "change") + (("worker",) if fleet else ())]
+            ("winner", "time (ms)", "margin", "sure", "status", "change") + (("worker",) if fleet else ())]
     for o in report.outcomes:
         t = "-" if o.time_ms is None or math.isnan(o.time_ms) else f"{o.time_ms:.4f}"
         m = "-" if o.margin is None else f"{o.margin:+.1%}"
         where = "-" if o.worker == "-" else f"{o.worker}@{o.host}"
         rows.append((o.job.entry.kernel, shape_text(o.job.shape)) + ((o.job.device,) if several else ()) +
-                    (o.winner, t, m, o.status, o.change) + ((where,) if fleet else ()))
+                    (o.winner, t, m, sure(o), o.status, o.change) + ((where,) if fleet else ()))
     lines = [table.render(rows)]
     stable = [(o.job.entry.kernel, shape_text(o.job.shape), o.stable) for o in report.outcomes if o.stable]
     if stable:

@@ -15,13 +15,15 @@ def add_command(command) -> None:
     w.add_argument("distributions", nargs="*", metavar="DIST",
                    help="installed distributions to warm (default: every installed bundle)")
     w.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="compile on N threads (default: one per CPU core)")
+                   help="compile in N processes (or threads) at once (default: one per CPU core)")
+    w.add_argument("--threads", action="store_true",
+                   help="compile on threads of this process instead of forked processes")
     w.add_argument("--json", action="store_true", help="machine-readable report")
 
 
 def command(args) -> int:
     from ..runtime.warmup import warmup
 
-    report = warmup(*args.distributions, workers=args.workers)
+    report = warmup(*args.distributions, workers=args.workers, processes=False if args.threads else None)
     print(json.dumps({"format": 1, **report.to_json()}, indent=2, sort_keys=True) if args.json else report.render())
     return 0 if report.ok else 1

@@ -13,10 +13,11 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from . import choice, codec, specialization
 from .codec import Fields
@@ -76,7 +77,7 @@ class Artifact:
         return codec.canonical(self.to_json()) + b"\n"
 
     @classmethod
-    def from_json(cls, doc: Any, *, file: object = None) -> "Artifact":
+    def from_json(cls, doc: Any, *, file: object = None) -> Artifact:
         f = Fields(file, ArtifactError)
         f.table(doc, "", ("format", "kernel", "key", "device", "config"), ("provenance",))
         version = doc["format"]
@@ -102,7 +103,7 @@ class Artifact:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, file: object = None, check_name: bool = True,
-                   canonical: bool = False) -> "Artifact":
+                   canonical: bool = False) -> Artifact:
         not_canonical = False
         if canonical:
             try:
@@ -127,12 +128,12 @@ class Artifact:
                                 f"{self.filename!r}, found {name!r} (edited by hand or renamed?)",
                                 file=file, field="<file name>")
 
-    def with_provenance(self, provenance: Mapping[str, Any] | None) -> "Artifact":
+    def with_provenance(self, provenance: Mapping[str, Any] | None) -> Artifact:
         """The same artifact with another provenance (it never enters the identity)."""
         return Artifact(self.kernel, self.key, self.device, self.config, provenance)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, canonical: bool = False) -> "Artifact":
+    def load(cls, path: str | os.PathLike, *, canonical: bool = False) -> Artifact:
         return cls.from_bytes(read_capped(path, ArtifactError), file=path, canonical=canonical)
 
     def save(self, directory: str | os.PathLike) -> Path:
@@ -153,7 +154,7 @@ class Provenance(Mapping):
     already checked whole, `head` that object's fields but "candidates", decoded.
     """
 
-    __slots__ = ("raw", "_head", "_doc")
+    __slots__ = ("_doc", "_head", "raw")
 
     def __init__(self, raw: bytes, head: dict):
         self.raw = raw        # canonical JSON of the whole provenance object

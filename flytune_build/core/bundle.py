@@ -8,10 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
-from . import codec
+from . import codec, serving
 from .artifact import KERNEL_NAME, KERNEL_NAME_MAX, Artifact, Provenance, kernel_name
 from .codec import Fields
 from .errors import BundleError, FlytuneError
@@ -19,7 +20,7 @@ from .specifier import SPECIFIER_RE
 from .target import Target, parse_targets
 
 FORMAT_VERSION = 1
-DIRNAME = "_flytune"
+DIRNAME = serving.DIRNAME
 MANIFEST = "manifest.json"
 ENTRY_POINT_GROUP = "flytune.bundles"
 SHARD_NAME = re.compile(r"[A-Za-z0-9_.]{1,220}\.json")
@@ -46,9 +47,11 @@ class Manifest:
     tuned_with: dict
     kernels: dict[str, ShardInfo]
     coverage: str | tuple[str, ...] = "all"
+    packs: tuple[str, ...] = ()  # distributions whose config packs may serve this package's kernels
 
     def to_json(self) -> dict:
-        return {
+        packs = {"packs": list(self.packs)} if self.packs else {}  # absent when none: older readers read it
+        return {**packs,
             "format": FORMAT_VERSION,
             "package": self.package,
             "targets": [t.to_json() for t in self.targets],
@@ -63,13 +66,13 @@ class Manifest:
         return codec.canonical(self.to_json()) + b"\n"
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, file: object) -> "Manifest":
+    def from_bytes(cls, data: bytes, *, file: object) -> Manifest:
         try:  # a build writes it canonical: then the C parser is exact (no duplicate keys, no NaN)
             doc = codec.loads_canonical(data, file=file, error=BundleError)
         except codec.NotCanonical as e:
             doc = e.doc  # read strictly all the same
         f = Fields(file, BundleError)
-        f.table(doc, "", ("format", "package", "targets", "toolchain", "kernels", "coverage"))
+        f.table(doc, "", ("format", "package", "targets", "toolchain", "kernels", "coverage"), ("packs",))
         if isinstance(doc["format"], bool) or doc["format"] != FORMAT_VERSION:
             f.fail("format", f"is unknown manifest format {doc['format']!r} (this flytune reads {FORMAT_VERSION})")
         package = f.string(doc["package"], "package", KERNEL_NAME, "a dotted package name")
@@ -101,7 +104,10 @@ class Manifest:
             coverage = tuple(f.array(coverage, "coverage", lambda v, p: kernel_name(v, f, p)))
         elif coverage not in ("all", "none"):
             f.fail("coverage", f"must be \"all\", \"none\" or a list of kernel names, not {coverage!r}")
-        return cls(package, targets, triton, tuned, kernels, coverage)
+        packs = tuple(f.array(doc.get("packs", []), "packs",
+                              lambda v, p: serving.normalize(f.string(v, p, serving.DIST_NAME, "a distribution name",
+                                                                      128))))
+        return cls(package, targets, triton, tuned, kernels, coverage, packs)
 
 
 _ENTRY_FIELDS = frozenset(("shard", "sha256", "artifacts", "axes", "provenance", "provenance_sha256"))
@@ -322,3 +328,30 @@ def read(label: str, manifest_bytes: bytes, read_member: Callable[[str], bytes |
         got.origin.update((id(a), f"{where}#artifacts[{i}]") for i, a in enumerate(arts))
         got.artifacts.extend(arts)
     return got
+
+
+def member_reader(root) -> Callable[[str], bytes | None]:
+    """`read_member` for `read` over a bundle directory: each file through core.fsutil.read_regular
+    (regular files only, the manifest's or a shard's cap), None when absent."""
+    import os
+
+    from .fsutil import read_regular
+
+    def read_member(name: str) -> bytes | None:
+        path = os.path.join(root, name)
+        if not os.path.lexists(path):
+            return None
+        return read_regular(path, BundleError, MAX_MANIFEST_BYTES if name == MANIFEST else MAX_SHARD_BYTES)
+    return read_member
+
+
+def read_directory(root) -> Contents:
+    """A whole bundle directory (`<package>/_flytune/`), every file read capped (`member_reader`)."""
+    label = str(root).rstrip("/") + "/"
+    try:
+        manifest = member_reader(root)(MANIFEST)
+    except FlytuneError as e:
+        return Contents(None, errors=[e])
+    if manifest is None:
+        return Contents(None, errors=[BundleError("is absent", file=label + MANIFEST)])
+    return read(label, manifest, member_reader(root))

@@ -11,12 +11,17 @@ have neither). Data only; indices name entries of `provenance.candidates`:
                     "graph_below_ms": 0.05, "note": "...",
                     "placements": 5,              the inputs' placements the passes and rounds rotated over
                     "placement_note": "..."}      why there was only one (GPU timers)
-    "selection":   {"rule": {"k": 2.0, "floor": 0.015, "cap": 0.02, "rounds": 5, "max_finalists": 6,
-                             "screen_band": 0.1, "prefer": "declared", "tie": "declared order"},
+    "selection":   {"rule": {"test": "sequential", "cap": 0.02, "z": 2.0, "noise_floor": 0.005, "rounds": 5,
+                             "max_rounds": 40, "max_finalists": 6, "screen_band": 0.1, "prefer": "declared",
+                             "tie": "declared order"},      (a fixed band's: k, floor, cap, rounds, ...)
                     "round_fraction": 4.0,        each round of each finalist used 1/4 of the budget
                     "finalists": [{"index": 3, "median_ms": 0.0041, "dispersion_ms": 1e-05,
-                                   "rounds_ms": [...]}, ...],
-                    "fastest": 3, "band": 0.01, "band_ms": 0.00414, "winner": 2, "why": "...",
+                                   "rounds_ms": [...],
+                                   "gap": 0.012, "gap_se": 0.002, "verdict": "tied"}, ...],  tied|apart|edge
+                    "fastest": 3, "band": 0.02, "band_ms": 0.00418, "winner": 2, "why": "...",
+                    "resolved": true,             every test that decided the winner was resolved
+                    "confidence": 0.998,          the least chance over those tests that a run decides it alike
+                    "noise": 0.011,               the run's pooled relative dispersion of paired rounds
                     "shipped": {"index": 2, "margin": 0.03, "gain": 0.004, "outcome": "kept"},
                     "stability": {"runs": 3, "agreed": 3}}     `flytune tune --repeat`
 """
@@ -28,6 +33,7 @@ from .codec import Fields
 
 TIMERS = ("cuda-graph", "cuda-events", "cpu-time", "user", "synthetic")
 OUTCOMES = ("kept", "replaced")
+VERDICTS = ("tied", "apart", "edge")   # a finalist's test against the fastest
 MAX_INDEX = 4095   # provenance.candidates holds at most 4096 entries
 
 
@@ -54,20 +60,23 @@ def check_measurement(value: Any, f: Fields, path: str = "provenance.measurement
 def check_selection(value: Any, f: Fields, path: str = "provenance.selection") -> dict:
     """Raise unless `value` is a selection record of the form above; returns it."""
     f.table(value, path, ("winner",), ("rule", "round_fraction", "finalists", "fastest", "band", "band_ms", "why",
-                                       "shipped", "stability"))
+                                       "shipped", "stability", "resolved", "confidence", "noise"))
     for name in ("winner", "fastest"):
         if name in value:
             f.integer(value[name], f"{path}.{name}", 0, MAX_INDEX)
-    for name in ("round_fraction", "band", "band_ms"):
+    for name in ("round_fraction", "band", "band_ms", "confidence", "noise"):
         if name in value:
             f.number(value[name], f"{path}.{name}")
+    if "resolved" in value:
+        f.boolean(value["resolved"], f"{path}.resolved")
     if "why" in value:
         f.string(value["why"], f"{path}.why", max_len=512)
     if "rule" in value:
         rule = f.table(value["rule"], f"{path}.rule", (), ("k", "floor", "cap", "rounds", "max_finalists",
-                                                           "screen_band", "prefer", "tie"))
+                                                           "screen_band", "prefer", "tie", "test", "z",
+                                                           "noise_floor", "max_rounds"))
         for name, v in rule.items():
-            if name in ("prefer", "tie"):
+            if name in ("prefer", "tie", "test"):
                 f.string(v, f"{path}.rule.{name}", max_len=64)
             else:
                 f.number(v, f"{path}.rule.{name}")
@@ -83,11 +92,14 @@ def check_selection(value: Any, f: Fields, path: str = "provenance.selection") -
 
 
 def _finalist(v: Any, f: Fields, path: str) -> None:
-    f.table(v, path, ("index", "median_ms"), ("dispersion_ms", "rounds_ms"))
+    f.table(v, path, ("index", "median_ms"), ("dispersion_ms", "rounds_ms", "gap", "gap_se", "verdict"))
     f.integer(v["index"], f"{path}.index", 0, MAX_INDEX)
     f.number(v["median_ms"], f"{path}.median_ms")
-    if "dispersion_ms" in v:
-        f.number(v["dispersion_ms"], f"{path}.dispersion_ms")
+    for name in ("dispersion_ms", "gap", "gap_se"):
+        if name in v:
+            f.number(v[name], f"{path}.{name}")
+    if "verdict" in v and v["verdict"] not in VERDICTS:
+        f.fail(f"{path}.verdict", f"must be one of {', '.join(VERDICTS)}, not {v['verdict']!r}")
     if "rounds_ms" in v:
         f.array(v["rounds_ms"], f"{path}.rounds_ms", lambda t, p: f.number(t, p), max_items=64)
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import options
 from .codec import Fields, canonical
@@ -19,7 +20,7 @@ class Config:
     `flytune_build.Config({"BLOCK": 1024}, num_warps=8)` mirrors `triton.Config`.
     """
 
-    __slots__ = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "_launch", "_canonical")
+    __slots__ = ("_canonical", "_launch", "kwargs", "maxnreg", "num_ctas", "num_stages", "num_warps")
 
     def __init__(self, kwargs: Mapping[str, Any] | None = None, num_warps: int = DEFAULTS["num_warps"],
                  num_stages: int = DEFAULTS["num_stages"], num_ctas: int = DEFAULTS["num_ctas"],
@@ -65,12 +66,12 @@ class Config:
                 "num_ctas": self.num_ctas, "maxnreg": self.maxnreg}
 
     @classmethod
-    def from_json(cls, value: Any, f: Fields, path: str = "config") -> "Config":
+    def from_json(cls, value: Any, f: Fields, path: str = "config") -> Config:
         kwargs, opts = check_json(value, f, path)
         return _trusted(dict(kwargs), *opts)
 
     @classmethod
-    def coerce(cls, config: Any) -> "Config":
+    def coerce(cls, config: Any) -> Config:
         """Accept our Config, a `triton.Config` (duck-typed, no import) or a JSON dict.
 
         Of a `triton.Config` only the data is kept: its `pre_hook` is code, which the runtime keeps

@@ -28,7 +28,7 @@ class DeviceIdentity:
         return {"backend": self.backend, "arch": self.arch, "name": self.name, "units": self.units}
 
     @classmethod
-    def from_json(cls, value: Any, f: Fields, path: str = "device") -> "DeviceIdentity":
+    def from_json(cls, value: Any, f: Fields, path: str = "device") -> DeviceIdentity:
         f.table(value, path, ("backend", "arch", "name", "units"))
         p = (lambda n: f"{path}.{n}") if path else (lambda n: n)
         backend = f.string(value["backend"], p("backend"))

@@ -5,8 +5,9 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .errors import DeclarationError
 
@@ -79,7 +80,7 @@ def scalar(value: Any) -> Any:
 def dtype_name(dtype: Any) -> str:
     """A dtype's name as artifacts store it: `torch.float16` (a dtype or its text) -> `float16`."""
     text = str(dtype)
-    return text[6:] if text.startswith("torch.") else text
+    return text.removeprefix("torch.")
 
 
 def bucket(value: Any, axis: Axis, tuned: Sequence[Any] | None = None) -> Any:

@@ -5,8 +5,9 @@ reader's grammar all read their names, ranges and defaults from `OPTIONS`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .codec import Fields
 
@@ -59,6 +60,25 @@ BACKEND_KWARGS = {
     "enable_fp_fusion": ("cuda", "hip"),
     "launch_cooperative_grid": ("cuda", "hip"),
 }
+
+
+# The values each of them takes (Triton's `HIPOptions` / `CUDAOptions` and the AMDGPU backend): a
+# value outside them fails at compile time on the device, so an artifact holding one is refused first.
+BACKEND_VALUES = {
+    "waves_per_eu": ("an integer 0..16 (0: the compiler decides)", lambda v: type(v) is int and 0 <= v <= 16),
+    "matrix_instr_nonkdim": ("0, 4, 16 or 32 (0: the compiler decides)", lambda v: type(v) is int and v in (0, 4, 16, 32)),
+    "kpack": ("1 or 2", lambda v: type(v) is int and v in (1, 2)),
+    "schedule_hint": ("a string (e.g. \"none\", \"attention\")", lambda v: type(v) is str),
+    "launch_pdl": ("true or false", lambda v: type(v) is bool),
+    "enable_fp_fusion": ("true or false", lambda v: type(v) is bool),
+    "launch_cooperative_grid": ("true or false", lambda v: type(v) is bool),
+}
+
+
+def bad_backend_value(name: str, value: Any) -> str | None:
+    """What `value` of the backend compiler option `name` must be, when it is not that; else None."""
+    rule = BACKEND_VALUES.get(name)
+    return None if rule is None or rule[1](value) else rule[0]
 
 
 def foreign_kwarg(kwargs: Mapping[str, Any], backend: str) -> tuple[str, tuple[str, ...]] | None:

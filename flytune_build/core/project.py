@@ -3,6 +3,7 @@ both the parser here and the JSON Schema validate-pyproject reads (`flytune_buil
 Errors name the dotted key."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass, field, replace
@@ -14,7 +15,20 @@ from .codec import Fields
 from .device import ARCH, NAME
 from .errors import ProjectError
 from .fsutil import read_regular
-from .schema.rules import Array, Boolean, Choice, Either, Integer, Key, Object, Parsed, Scalar, Table, Text
+from .schema.rules import (
+    Array,
+    Boolean,
+    Choice,
+    Either,
+    Integer,
+    Key,
+    Object,
+    Parsed,
+    Scalar,
+    Table,
+    Text,
+)
+from .serving import DIRNAME, DIST_NAME, normalize
 from .specifier import SPECIFIER
 from .target import DEFAULT_ACCEPT, LEVELS, Target, parse_targets
 
@@ -83,6 +97,9 @@ TOOL_FLYTUNE = Table({
     "triton": Key(Text(SPECIFIER, 'a PEP 440 version specifier such as ">=3.4,<4"',
                        description="PEP 440 specifier: the Triton versions the artifacts are valid for.")),
     "strict": Key(Boolean(description="false: bad artifacts are dropped with a warning."), default=True),
+    "packs": Key(Array(Text(DIST_NAME.pattern, "a distribution name such as vendor-configs", 128),
+                       description="Distributions whose config packs may serve this package's kernels, "
+                                   "where its own bundle has no artifact."), default=[]),
     "tune": Key(TUNE),
 }, description="flytune-build: pre-tuned kernel configs bundled into the wheel.")
 PLAN = Table({"entries": Key(Array(ENTRY), required=True)})
@@ -96,7 +113,7 @@ class TuneEntry:
     autotuner: str | None = None  # "module:attr" of a @triton.autotune kernel to capture, if not ours
 
     @classmethod
-    def from_checked(cls, entry: dict) -> "TuneEntry":
+    def from_checked(cls, entry: dict) -> TuneEntry:
         return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"])
 
 
@@ -116,6 +133,7 @@ class Project:
     tune_rep: int = REP
     name: str | None = None            # the distribution name, from [project]
     present: bool = field(default=True)
+    packs: tuple[str, ...] = ()        # distributions (normalised names) whose config packs it accepts
 
     @property
     def tune_dir(self) -> Path:
@@ -148,7 +166,9 @@ def load(root: str | Path) -> Project | None:
     if table is None:
         return None
     name = doc.get("project", {}).get("name") if isinstance(doc.get("project"), dict) else None
-    return parse(table, root=root, file=root / "pyproject.toml", name=name if isinstance(name, str) else None)
+    proj = parse(table, root=root, file=root / "pyproject.toml", name=name if isinstance(name, str) else None)
+    check_owned(proj, doc)
+    return proj
 
 
 def parse(table: Any, *, root: Path, file: object = None, name: str | None = None) -> Project:
@@ -158,8 +178,9 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
     coverage = v["coverage"] if isinstance(v["coverage"], str) else tuple(v["coverage"])
     tune = v["tune"] or TUNE.defaults()
     entries = tuple(map(TuneEntry.from_checked, tune["entries"] or ()))
+    packs = tuple(sorted({normalize(p) for p in v["packs"]}))
     return Project(root, package, tuple(v["sources"]), v["targets"], coverage, v["triton"], v["strict"], entries,
-                   tune["plan"], tune["output"], tune["warmup"], tune["rep"], name)
+                   tune["plan"], tune["output"], tune["warmup"], tune["rep"], name, packs=packs)
 
 
 def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
@@ -182,3 +203,63 @@ def infer_package(root: Path, f: Fields) -> str:
         f.fail(f.path("package"), "is required: cannot infer it "
                + ("(no package found)" if not found else f"(several packages: {', '.join(found)})"))
     return found[0]
+
+
+def check_owned(proj: Project, doc: dict) -> None:
+    """A ProjectError unless the project holds `package` itself: its directory, under the project root
+    or a directory the build backend is told to take packages from, holds a Python module (beside any
+    `_flytune/`). A bundle goes only into the project's own package, never into `numpy/`."""
+    if proj.package is None:
+        return
+    top, _, rest = proj.package.partition(".")
+    for base in package_bases(proj.root, doc, top):
+        d = os.path.join(base, *rest.split(".")) if rest else base
+        real = os.path.realpath(d)
+        if not _inside(real, str(proj.root)):
+            continue
+        try:
+            names = [e.name for e in os.scandir(real) if e.is_file() and e.name != DIRNAME]
+        except OSError:
+            continue
+        if any(n.endswith((".py", ".pyi", ".so", ".pyd")) for n in names):
+            return
+    raise ProjectError(f"names package {proj.package!r}, which this project does not hold: no "
+                       f"{proj.package.replace('.', '/')}/ with a Python module under the project root, src/ or the "
+                       f"package directories its build backend declares (a bundle goes only into the project's own "
+                       f"package)", file=proj.root / "pyproject.toml", field=f"{ROOT}.package")
+
+
+def package_bases(root: Path, doc: dict, top: str) -> list[str]:
+    """Where the top-level package `top` may sit in the project: the directories a flat or src layout,
+    setuptools (`package-dir`, `packages.find.where`), hatchling (`targets.wheel.packages`), maturin
+    (`python-source`) or pdm (`package-dir`) take packages from, each joined with `top`."""
+    tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
+
+    def get(*path):
+        node = tool
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        return node
+
+    dirs = [".", "src"]
+    pkg_dir = get("setuptools", "package-dir")
+    if isinstance(pkg_dir, dict):
+        if isinstance(pkg_dir.get(top), str):  # the top-level package mapped to a directory of its own
+            return [os.path.join(root, pkg_dir[top])]
+        if isinstance(pkg_dir.get(""), str):
+            dirs.append(pkg_dir[""])
+    where = get("setuptools", "packages", "find", "where")
+    dirs += [w for w in where if isinstance(w, str)] if isinstance(where, list) else []
+    hatch = get("hatch", "build", "targets", "wheel", "packages")
+    if isinstance(hatch, list):
+        dirs += [os.path.dirname(p.rstrip("/")) or "." for p in hatch
+                 if isinstance(p, str) and os.path.basename(p.rstrip("/")) == top]
+    for value in (get("maturin", "python-source"), get("pdm", "build", "package-dir")):
+        if isinstance(value, str):
+            dirs.append(value)
+    return [os.path.join(root, d, top) for d in dict.fromkeys(dirs)]
+
+
+def _inside(real: str, root: str) -> bool:
+    top = os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)

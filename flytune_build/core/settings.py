@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import serving
 from .errors import SettingsError
 
 # FLYTUNE_AUTOTUNE: which tiers serve a key not yet decided
@@ -37,6 +38,10 @@ class Settings:
     # CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES: the GPUs this process may use; `flytune tune
     # --executor local` pins one per worker from them
     visible_devices: tuple[tuple[str, str], ...] = ()
+    # FLYTUNE_PACKS: config packs the user accepts for any kernel, beyond those each kernel's owner
+    # accepts: distribution names (normalised), or ("*",) for every installed pack
+    packs: tuple[str, ...] = ()
+    warmup: str = "off"             # FLYTUNE_WARMUP=background: a bundle's kernel, once registered, starts its warm-up
 
 
 def read(env=None) -> Settings:
@@ -52,7 +57,15 @@ def read(env=None) -> Settings:
     printing = env.get("FLYTUNE_PRINT_AUTOTUNING", "").strip()
     if printing not in ("", "0", "1"):
         raise SettingsError(f"must be 0 or 1, not {printing!r}", field="FLYTUNE_PRINT_AUTOTUNING")
+    warmup = env.get("FLYTUNE_WARMUP", "").strip().lower() or "off"
+    if warmup not in ("off", "0", "background"):
+        raise SettingsError(f"must be `background` or `off` (or unset), not {env['FLYTUNE_WARMUP']!r}",
+                            field="FLYTUNE_WARMUP")
     epoch = env.get("SOURCE_DATE_EPOCH", "").strip()
+    packs = serving.packs_setting(env.get("FLYTUNE_PACKS", ""))
+    if packs is None:
+        raise SettingsError(f"must be `*` or comma-separated distribution names, not {env['FLYTUNE_PACKS']!r}",
+                            field="FLYTUNE_PACKS")
     return Settings(
         autotune=AUTOTUNE_MODES[raw],
         ranking=ranking,
@@ -67,6 +80,8 @@ def read(env=None) -> Settings:
         source_date_epoch=int(epoch) if epoch.isascii() and epoch.isdigit() else None,
         ci=bool(env.get("CI")),
         visible_devices=tuple((v, env[v]) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if v in env),
+        packs=packs,
+        warmup="off" if warmup == "0" else warmup,
     )
 
 

@@ -1,7 +1,7 @@
 """Aligned plain-text tables: the build report, `flytune inspect` and the `flytune tune` summary."""
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .errors import printable
 

@@ -55,7 +55,7 @@ class Target:
         return {"arch": self.arch, "name": self.name, "units": self.units, "accept": list(self.accept)}
 
     @classmethod
-    def from_json(cls, value: Any, f: Fields, path: str) -> "Target":
+    def from_json(cls, value: Any, f: Fields, path: str) -> Target:
         """Short form `"sm_90"` or full form `{arch, name?, units?, accept?}`."""
         if isinstance(value, str):
             return cls(f.string(value, path, ARCH, "an arch such as sm_90, gfx942 or interpreter"))

@@ -8,8 +8,9 @@ each came from, and, for coverage and toolchain, the `Declaration` they answer t
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from . import options
 from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
@@ -36,12 +37,12 @@ class Declaration:
     error: type[FlytuneError]
 
     @classmethod
-    def of_project(cls, proj: Project) -> "Declaration":
+    def of_project(cls, proj: Project) -> Declaration:
         return cls(proj.targets, proj.coverage, proj.triton, str(proj.root / "pyproject.toml"),
                    "tool.flytune.coverage", "tool.flytune.triton", ProjectError)
 
     @classmethod
-    def of_manifest(cls, manifest: Manifest, file: object) -> "Declaration":
+    def of_manifest(cls, manifest: Manifest, file: object) -> Declaration:
         return cls(manifest.targets, manifest.coverage, manifest.triton, str(file), "coverage", "toolchain.triton",
                    BundleError)
 
@@ -57,7 +58,7 @@ class Findings:
         self.errors.append(error)
         self.rejected.update(id(a) for a in arts)
 
-    def merge(self, other: "Findings") -> "Findings":
+    def merge(self, other: Findings) -> Findings:
         self.errors += other.errors
         self.rejected |= other.rejected
         self.warnings += other.warnings
@@ -65,6 +66,10 @@ class Findings:
 
     def kept(self, artifacts: Iterable[Artifact]) -> list[Artifact]:
         return [a for a in artifacts if id(a) not in self.rejected]
+
+    def bundled(self, artifacts: Iterable[Artifact]) -> list[Artifact]:
+        """The kept artifacts as a bundle holds them: each kernel's under one axis set (`conformed`)."""
+        return conformed(self.kept(artifacts))
 
 
 def check(artifacts: list[Artifact], where: Where, declared: Declaration | None = None, *,
@@ -81,32 +86,86 @@ def check(artifacts: list[Artifact], where: Where, declared: Declaration | None 
     return found
 
 
+def nullable_axes(artifacts: Iterable[Artifact]) -> dict[str, frozenset]:
+    """Per kernel, the axes some artifact of it holds null (a parameter passed as None, or left at a None
+    default): an artifact of the kernel that lacks such an axis reads it as null (`conform`)."""
+    out: dict[str, set] = defaultdict(set)
+    for a in artifacts:
+        for axis, value in a.key.items():
+            if value is None:
+                out[a.kernel].add(axis)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def conform(a: Artifact, nullable: frozenset) -> Artifact:
+    """`a` with every axis of `nullable` it lacks set to null (`a` itself when it lacks none).
+
+    Lossless: Triton keys nothing for a None argument, so the two keys stand for one Triton cache key,
+    and a release that wrote no null axes (before 062c083) left exactly such parameters out. Its
+    content address is that of the conformed key; the file read keeps its own name and bytes."""
+    missing = nullable.difference(a.key)
+    if not missing:
+        return a
+    return type(a)(a.kernel, {**a.key, **dict.fromkeys(sorted(missing))}, a.device, a.config, a.provenance)
+
+
+def conformed(artifacts: list[Artifact]) -> list[Artifact]:
+    """Each artifact as `conform` reads it among `artifacts` (what the build bundles: one axis set per kernel)."""
+    nullable = nullable_axes(artifacts)
+    return [conform(a, nullable.get(a.kernel, frozenset())) for a in artifacts]
+
+
 def key_axes(artifacts: list[Artifact], where: Where) -> Findings:
-    """One key-axis set per kernel: the majority's is the kernel's, every other artifact is named."""
+    """One key-axis set per kernel, read as `conform` reads each artifact's: the majority's is the
+    kernel's, every other artifact is named, with which release's derivation each group reads as."""
     found = Findings()
     by_kernel: dict[str, list[Artifact]] = defaultdict(list)
     for a in artifacts:
         by_kernel[a.kernel].append(a)
+    nullable = nullable_axes(artifacts)
     for kernel, arts in sorted(by_kernel.items()):
-        counts: dict[tuple, int] = defaultdict(int)
+        extra = nullable.get(kernel, frozenset())
+        groups: dict[tuple, list[Artifact]] = defaultdict(list)
         for a in arts:
-            counts[a.key_axes()] += 1
-        if len(counts) < 2:
+            groups[tuple(sorted(extra.union(a.key)))].append(a)
+        if len(groups) < 2:
             continue
-        main = max(counts, key=lambda k: (counts[k], k))
-        for a in arts:
-            if a.key_axes() != main:
-                found.reject(ArtifactError(f"has key axes {list(a.key_axes())}, but kernel {kernel} uses "
-                                           f"{list(main)} in {counts[main]} other artifact(s)",
-                                           file=where(a), field="key"), a)
+        main = max(groups, key=lambda k: (len(groups[k]), k))
+        for axes, group in sorted(groups.items()):
+            if axes == main:
+                continue
+            lacks, adds = sorted(set(main) - set(axes)), sorted(set(axes) - set(main))
+            why = "; ".join(p for p in (f"lacks {lacks}" if lacks else "", f"adds {adds}" if adds else "") if p)
+            for a in group:
+                found.reject(ArtifactError(
+                    f"has key axes {list(a.key_axes())}, which {why} against the {list(main)} of kernel {kernel}'s "
+                    f"{len(groups[main])} other artifact(s) ({_written_by(groups[main], where)}; this one: "
+                    f"{_written_by([a], where)}). An axis an artifact lacks reads as null only where another "
+                    f"artifact of the kernel holds it null; any other difference is another key (the kernel's "
+                    f"parameters or decorator key changed): re-tune these shapes with this release into a new "
+                    f"directory, or remove the artifacts of the old key", file=where(a), field="key"), a)
     return found
+
+
+def _written_by(arts: list[Artifact], where: Where) -> str:
+    """The files, and which flytune wrote them on which day, as their provenance records it."""
+    names = [where(a) for a in arts[:2]] + ([f"{len(arts) - 2} more"] if len(arts) > 2 else [])
+    made = sorted({f"flytune {p['flytune']}" + (f" on {str(p['created'])[:10]}" if p.get("created") else "")
+                   for p in ((a.provenance or {}) for a in arts) if p.get("flytune")})
+    return ", ".join(names) + (f", written by {', '.join(made[:3])}" if made else "")
 
 
 def backend_options(artifacts: list[Artifact], where: Where) -> Findings:
     """No config carries another backend's compiler option (`options.BACKEND_KWARGS`): an MI300X's
-    `waves_per_eu` in an H200's artifact is refused by Triton at launch, so it is refused here."""
+    `waves_per_eu` in an H200's artifact is refused by Triton at launch, so it is refused here; nor a
+    value the option does not take (`options.BACKEND_VALUES`: `kpack: 4`)."""
     found = Findings()
     for a in artifacts:
+        for name in options.BACKEND_VALUES.keys() & a.config.kwargs.keys():
+            must = options.bad_backend_value(name, a.config.kwargs[name])
+            if must is not None:
+                found.reject(ArtifactError(f"is {a.config.kwargs[name]!r}, but Triton's {name} compiler option takes "
+                                           f"{must}", file=where(a), field=f"config.kwargs.{name}"), a)
         foreign = options.foreign_kwarg(a.config.kwargs, a.device.backend)
         if foreign is not None:
             name, backends = foreign
@@ -134,13 +193,16 @@ def conflicts(artifacts: list[Artifact], where: Where) -> Findings:
     """One config per identity (the runtime's): two configs reject both; a duplicate is kept once, noted."""
     found = Findings()
     seen: dict[str, Artifact] = {}
+    nullable = nullable_axes(artifacts)
     plain = {type(v) for a in artifacts for v in a.key.values()} <= _EXACT  # no float or bool: the address
     for a in artifacts:
-        first = seen.setdefault(a.address if plain else runtime_identity(a), a)
+        c = conform(a, nullable.get(a.kernel, frozenset()))  # an earlier release's key and this one's: one identity
+        first = seen.setdefault(c.address if plain else runtime_identity(c), a)
         if first is a:
             continue
         same = "same identity" if first.address == a.address else \
-            f"the same identity to the runtime (key {dict(first.key)} and {dict(a.key)} are equal in Python)"
+            f"the same identity to the runtime (key {dict(first.key)} and {dict(a.key)} are equal in Python, " \
+            f"an axis one lacks reading as the other's null)"
         if first.config != a.config:
             found.reject(ArtifactError(f"conflicts with {where(first)}: {same} (kernel, key, device), "
                                        f"different config ({first.config} vs {a.config})",

@@ -12,7 +12,7 @@ from ..core.errors import BuildFailure
 from . import assemble, collect, report, verify
 from .state import BuildState
 
-__all__ = ["BuildState", "BuildFailure", "run"]
+__all__ = ["BuildFailure", "BuildState", "run"]
 
 
 def run(root: str | Path = ".", *, out=sys.stderr, project: project_mod.Project | None = None) -> BuildState | None:

@@ -2,20 +2,19 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import defaultdict
 
-from ..core import bundle
+from ..core import bundle, serving
 from .state import BuildState
 
 
 def entry_point_name(dist_name: str | None, package: str) -> str:
-    return re.sub(r"[-_.]+", "_", (dist_name or package)).lower()
+    return serving.normalize(dist_name or package).replace("-", "_")
 
 
 def assemble(state: BuildState) -> BuildState:
     proj = state.project
-    prefix = proj.package.replace(".", "/") + f"/{bundle.DIRNAME}/"
+    prefix = serving.bundle_prefix(proj.package)
     by_kernel = defaultdict(list)
     for a in state.artifacts:
         by_kernel[a.kernel].append(a)
@@ -35,13 +34,14 @@ def assemble(state: BuildState) -> BuildState:
             if v:
                 tuned[tool].add(v)
     manifest = bundle.Manifest(proj.package, proj.targets, proj.triton,
-                               {k: sorted(v) for k, v in sorted(tuned.items())}, kernels, proj.coverage)
+                               {k: sorted(v) for k, v in sorted(tuned.items())}, kernels, proj.coverage,
+                               proj.packs)
     state.files[prefix + bundle.MANIFEST] = manifest.to_bytes()
-    state.entry_point = (entry_point_name(proj.name, proj.package), f"{proj.package}.{bundle.DIRNAME}")
+    state.entry_point = (entry_point_name(proj.name, proj.package), serving.bundle_value(proj.package))
     return state
 
 
-EDITABLE_ROOT = "__flytune_editable__"
+EDITABLE_ROOT = serving.EDITABLE_ROOT
 
 
 def relocate_for_editable(state: BuildState) -> BuildState:
@@ -49,7 +49,7 @@ def relocate_for_editable(state: BuildState) -> BuildState:
     site-packages would shadow it as a namespace package. Its bundle goes to
     `__flytune_editable__/<entry point name>/` instead, and the entry point names that."""
     name, _ = state.entry_point
-    old = state.project.package.replace(".", "/") + f"/{bundle.DIRNAME}/"
+    old = serving.bundle_prefix(state.project.package)
     new = f"{EDITABLE_ROOT}/{name}/"
     state.files = {new + k[len(old):]: v for k, v in state.files.items()}
     state.entry_point = (name, f"{EDITABLE_ROOT}.{name}")

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..core import bundle
+from ..core import bundle, serving
 from ..core.errors import BundleError
 from ..core.fsutil import atomic_write
 from .state import BuildState
@@ -23,7 +23,7 @@ def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
     """Replace `<package_dir>/_flytune/` with the assembled bundle; returns the files written."""
     package_dir = Path(package_dir)
     target = package_dir / bundle.DIRNAME
-    prefix = state.project.package.replace(".", "/") + f"/{bundle.DIRNAME}/"
+    prefix = serving.bundle_prefix(state.project.package)
     if target.is_symlink() or (target.exists() and not (target / bundle.MANIFEST).is_file()
                                and (not target.is_dir() or any(target.iterdir()))):
         raise BundleError(f"exists and is not a flytune bundle (no {bundle.MANIFEST}): not replacing it",

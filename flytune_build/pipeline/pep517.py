@@ -15,11 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..core import bundle, codec, fsutil
+from ..core import bundle, codec, fsutil, serving
 from ..core import project as project_mod
 from ..core.errors import ArtifactError, FlytuneError, ProjectError
-from . import assemble, collect, run
 from ..dist import sdist, wheel
+from . import assemble, collect, run
 from .process import BackgroundBundle
 
 
@@ -34,7 +34,7 @@ def build_wheel(build, wheel_directory, config_settings, metadata_directory, *, 
         state = or_exit(pending.result)
         if editable:  # the package is imported from the source tree: keep the bundle out of its way
             assemble.relocate_for_editable(state)
-        prefix = state.project.package.replace(".", "/") + f"/{bundle.DIRNAME}/"
+        prefix = serving.bundle_prefix(state.project.package)
         wheel.rewrite(tmp / name, state.files, (bundle.ENTRY_POINT_GROUP, *state.entry_point),
                       drop_prefix=prefix)
         move(tmp / name, Path(wheel_directory) / name)
@@ -139,7 +139,7 @@ def prepare_metadata(prepare, metadata_directory, config_settings, *, editable: 
     proj = or_exit(project_mod.load, ".")
     if proj is not None:
         ep_name = assemble.entry_point_name(proj.name, proj.package)
-        value = f"{assemble.EDITABLE_ROOT}.{ep_name}" if editable else f"{proj.package}.{bundle.DIRNAME}"
+        value = f"{serving.EDITABLE_ROOT}.{ep_name}" if editable else serving.bundle_value(proj.package)
         ep = Path(metadata_directory) / name / "entry_points.txt"
         old = ep.read_text("utf-8") if ep.exists() else ""
         ep.write_text(wheel.add_entry_point(old, bundle.ENTRY_POINT_GROUP, ep_name, value), "utf-8")

@@ -18,7 +18,7 @@ def verify(state: BuildState) -> BuildState:
                                verification.Declaration.of_project(state.project), kernels=planned(state))
     state.rejected += found.errors
     state.warnings += found.warnings
-    state.artifacts = found.kept(state.artifacts)
+    state.artifacts = found.bundled(state.artifacts)  # an earlier release's keys under the kernel's one axis set
     return state
 
 

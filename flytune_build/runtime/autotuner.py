@@ -1,33 +1,35 @@
 """`flytune_build.autotune`: Triton's decorator API with tiers scratch -> offline -> heuristic -> search.
 
-The hot path (`Autotuned.run`) is: build the key tuple from positions fixed at decoration time, one
-dict lookup, launch (and, for a kernel whose configs carry pre_hooks, the launched config's hook:
-`hooks`). Everything else happens once per distinct key, in `_decide`: the tiers (with
-FLYTUNE_AUTOTUNE=strict, a key neither scratch nor offline serves raises `TierMissError`), then the
-decision is counted (`decision`), printed when asked and told to `events.on_decision` subscribers
-(`events.announce`). The search itself is `search`; what a winner depends on and how it was found,
-`identity`; what a config may bind, `binding`. Kernels register in `registry`, beside adopted
-`@triton.autotune` kernels.
+The hot path (`Autotuned.run`, one closure built at decoration time) is: build the key tuple from
+positions fixed at decoration time, one dict lookup, launch (after the launched config's pre_hook,
+where it has one: `callbacks`). Everything else happens once per distinct key, in `_decide`: the
+tiers in the order FLYTUNE_AUTOTUNE's mode gives (`kernel.ORDER`, the rule adopted kernels follow
+too), then the decision is counted (`decision`), printed when asked and told to
+`events.on_decision` subscribers (`events.announce`). The search itself is `search`; what a winner
+depends on and how it was found, `identity`; what a config may bind, `binding`. Kernels register
+in `registry`, beside adopted `@triton.autotune` kernels.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Callable, Sequence
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..core import key as keys
 from ..core import settings
-from ..core.artifact import Artifact, kernel_name
+from ..core.artifact import Artifact
 from ..core.codec import Fields, did_you_mean
-from ..core.config import Config, space_hash
+from ..core.config import Config
 from ..core.errors import ArtifactError, DeclarationError, FlytuneError
-from . import device, events, callbacks, identity, registry, search, binder, warning
-from .binding import Binding
-from .decision import TIERS, Decision, Stats, failure, miss
+from . import binder, callbacks, device, events, identity, registry, search, warning
+from .decision import TIERS, Decision, Stats
+from .kernel import Kernel, first_candidate, launch_error
 from .offline import TIER
 from .scratch import ScratchCache
 
-__all__ = ["autotune", "Autotuned", "Decision", "TIERS", "kernel", "kernels", "stats", "reset_stats"]
+__all__ = ["TIERS", "Autotuned", "Decision", "autotune", "kernel", "kernels", "reset_stats", "stats"]
 
 WARMUP, REP = 25, 100  # ms of warm-up and timing per candidate when the decorator does not say (Triton's)
 
@@ -53,7 +55,7 @@ def autotune(configs: Sequence[Any], key: Sequence[Any], prune_configs_by: dict 
     return decorator
 
 
-class Autotuned:
+class Autotuned(Kernel):
     """A kernel under `@autotune`: `kernel[grid](*args)` launches the config its key's tier chose."""
 
     def __init__(self, fn, configs, key, *, default=None, prune_configs_by=None, reset_to_zero=None,
@@ -62,20 +64,15 @@ class Autotuned:
         self.fn = fn
         self._launch = fn.run
         self.base_fn = base = _unwrap(fn)
-        self.arg_names = list(getattr(fn, "arg_names", None) or inspect.signature(base).parameters)
-        self.name = name or f"{base.__module__}.{base.__name__}"
-        kernel_name(self.name, Fields(self.name, DeclarationError), "name")
-        self.declared = list(configs) or [Config()]  # as in Triton, no configs means one default config
-        self.configs = [Config.coerce(c) for c in self.declared]  # the data; pre_hooks stay in `hooks`
-        self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
-        self.axes = keys.parse_axes(key, self.arg_names, self.name)
+        arg_names = list(getattr(fn, "arg_names", None) or inspect.signature(base).parameters)
+        name = name or f"{base.__module__}.{base.__name__}"
+        self.axes = keys.parse_axes(key, arg_names, name)
         self.axis_names = tuple(a.name for a in self.axes)
+        # as in Triton, no configs means one default config; pre_hooks stay in `hooks`
+        self.declare(name, arg_names, list(configs) or [Config()], self.axis_names)
         self._key = keys.getter([self.arg_names.index(a) for a in self.axis_names])
         self.reset_to_zero = _parameters(reset_to_zero, self.arg_names, self.name, "reset_to_zero")
         self.restore_value = _parameters(restore_value, self.arg_names, self.name, "restore_value")
-        self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
-        self.binding = Binding(self.name, tuple(self.arg_names), self.axis_names, self.tuned_kwargs,
-                               self.hooks.declared)
         for c in self.configs:
             self.check_binds(c, set(), "configs")
         self.default, self.validate = default, validate
@@ -85,43 +82,22 @@ class Autotuned:
         self.do_bench = callbacks.timer(do_bench, use_cuda_graph, self.num_reps, self.interpreted)
         self.search_hooks = (pre_hook, post_hook)
         self.cache_results = cache_results  # Triton's disk cache: the scratch tier keeps every winner anyway
-        self.space_hash = space_hash(self.configs)
         self._memo: dict[tuple, Decision] = {}
         self._set_aside: list[dict] = []   # the memos open `forcing` blocks will restore
-        self._hooked = bool(self.hooks)  # whether `run` must call the launched config's pre_hook
-        self.run = self._hot_path()
-        self._stats = Stats()
+        self._forced: Decision | None = None  # inside `forcing`: what every call launches
         self._index = None
         self._scratch = ScratchCache(self.name)
+        self.run = self._hot_path()
         registry.register(self)
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
 
     def _hot_path(self):
-        """`run`, as a closure over what it needs: a hit is a tuple build, one dict lookup, the launch. A
-        kernel whose decisions carry config pre_hooks gets the closure that also calls the hook."""
-        memo, key, launch, decide, keywords = self._memo, self._key, self._launch, self._decide, self._run_keywords
-        if self._hooked:
-            def hooked(*args, grid, **kwargs):
-                if kwargs:
-                    return keywords(args, kwargs, grid, kwargs.pop("warmup", False))
-                try:
-                    d = memo[key(args)]
-                except LookupError:
-                    d = None  # decided outside the handler: its errors are not "during handling of" the miss
-                if d is None:
-                    d = decide(args, {}, grid)
-                d.calls += 1
-                try:
-                    if d.hook is not None:
-                        d.hook(args, {})
-                    return launch(*args, grid=grid, **d.launch)
-                except Exception as e:
-                    if d.tier == "offline":
-                        raise failure(d, e) from e
-                    raise
-            return hooked
+        """`run`, as a closure over what it needs, built once: a hit is a tuple build, one dict lookup,
+        the decision's launcher (`_launcher`: the config's pre_hook, where it has one, then the launch)."""
+        memo, key, decide, keywords, refused = self._memo, self._key, self._decide, self._run_keywords, \
+            self.refused_pack
 
         def run(*args, grid, **kwargs):
             if kwargs:
@@ -129,18 +105,19 @@ class Autotuned:
             try:
                 d = memo[key(args)]
             except LookupError:
-                d = None
+                d = None  # decided outside the handler: its errors are not "during handling of" the miss
             if d is None:
                 d = decide(args, {}, grid)
-                if d.hook is not None:  # the first decision with a hook: the hooked closure serves from now on
-                    return self.run(*args, grid=grid)
             d.calls += 1
             try:
-                return launch(*args, grid=grid, **d.launch)
+                return d.run(*args, grid=grid, **d.launch)  # the launcher, or the pre_hook then the launcher
             except Exception as e:
-                if d.tier == "offline":
-                    raise failure(d, e) from e
-                raise
+                err = launch_error(d, e)
+                if err is None:
+                    raise
+                if refused(d, e):  # a config pack's config: the next tier serves this call and the key
+                    return run(*args, grid=grid)
+                raise err from e
         return run
 
     def warmup(self, *args, grid, **kwargs) -> list:
@@ -152,6 +129,17 @@ class Autotuned:
         if d is None:
             d = self._decide(args, kwargs, grid, search=False)
         return compile_only(self, args, kwargs, grid, d)
+
+    def prime(self, *args, **kwargs) -> Decision | None:
+        """Decide a call's key from the scratch and offline tiers alone and remember it, launching and
+        searching nothing, so that call's first launch is a hit (`runtime.warmup`; stand-ins may take
+        the tensors' place). None, remembering nothing, where neither tier serves the key or where the
+        decision may depend on more than the key: a scratch cache for this kernel (keyed on tensor
+        layouts too), an `early_config_prune` (it sees the call's tensors)."""
+        if "early_config_prune" in self.prune_configs_by or os.path.lexists(self._scratch.path):
+            return None
+        args = _positional(self.arg_names, args, kwargs)
+        return self._known(args, kwargs) or self._decide(args, kwargs, None, search=False, stored_only=True)
 
     def _run_keywords(self, args, kwargs, grid, warmup):
         if warmup:  # `kernel[grid](..., warmup=True)`: Triton's compile-only launch
@@ -167,9 +155,12 @@ class Autotuned:
                 d.hook(args, kwargs)
             return self._launch(*args, grid=grid, **kwargs, **d.launch)
         except Exception as e:
-            if d.tier == "offline":
-                raise failure(d, e) from e
-            raise
+            err = launch_error(d, e)
+            if err is None:
+                raise
+            if self.refused_pack(d, e):  # a config pack's config: the next tier serves
+                return self._run_keywords(args, kwargs, grid, False)
+            raise err from e
 
     def _known(self, args, kwargs) -> Decision | None:
         try:
@@ -177,9 +168,11 @@ class Autotuned:
         except LookupError:  # not decided yet, or a key parameter missing (deciding says which)
             return None
 
-    def _decide(self, args, kwargs, grid, search: bool = True) -> Decision | None:
-        """The call's decision by the tier order, remembered; without `search`, None where only a search
-        could decide (nothing remembered)."""
+    def _decide(self, args, kwargs, grid, search: bool = True, stored_only: bool = False) -> Decision | None:
+        """The call's decision by the mode's tier order (`kernel.order`), remembered; without `search`,
+        None where only a search could decide (nothing remembered)."""
+        if self._forced is not None:
+            return self._forced
         bound = dict(zip(self.arg_names, args))
         bound.update(kwargs)
         missing = [a for a in self.axis_names if a not in bound]
@@ -191,78 +184,66 @@ class Autotuned:
         key = {a.name: keys.bucket(keys.scalar(v), a, index.tuned(a.name, self.axis_names) if a.mode == "nearest"
                                    else None) for a, v in zip(self.axes, raw)}
         mode = settings.current().autotune
-        if mode == "search" and not search:
-            d = None
-        elif mode == "search":  # FLYTUNE_AUTOTUNE=1 and `flytune tune`: every new key is searched, its winner emitted
-            d = _from_search(self, args, kwargs, bound, key, grid, emit=True)
-        else:  # the tier order; with search off, the first config stands in for the search; strict: must hit
-            d = (_from_scratch(self, bound, key, kwargs) or self._from_offline(bound, key, index, kwargs)
-                 or self._strict(key, mode) or self._from_default(bound, key)
-                 or (self._first_config(key) if mode == "off" else
-                     _from_search(self, args, kwargs, bound, key, grid, emit=False) if search else None))
+        tiers = {"scratch": lambda: _from_scratch(self, bound, key, kwargs),
+                 "offline": lambda: self._from_offline(bound, key, index, kwargs),
+                 "first": lambda: self._first_config(bound, kwargs, key)}
+        if self.default is not None:
+            tiers["heuristic"] = lambda: self._from_default(bound, key)
+        if search:  # FLYTUNE_AUTOTUNE=1 and `flytune tune` emit every winner
+            tiers["search"] = lambda: _from_search(self, args, kwargs, bound, key, grid, emit=mode == "search")
+        if stored_only:  # `prime`: what was tuned or searched before, never a guess from stand-ins
+            tiers = {t: tiers[t] for t in ("scratch", "offline")}
+        d = self.decide(mode, key, tiers)
         if d is None:
             return None
         if d.hook is None and self.hooks:
             d.hook = self.hooks.bind(d.config)
-        if d.hook is not None and not self._hooked:
-            self._hooked = True
-            self.run = self._hot_path()
+        d.run = _launcher(self._launch, d.hook)
         self._memo[raw] = d
         self._stats.decisions.append(d)
         events.announce(self.name, d)
         return d
-
-    def _strict(self, key, mode) -> None:
-        if mode == "strict":
-            raise miss(self.name, key, device.current(), "the heuristic" if self.default else "a search")
 
     def offline_index(self):
         """This kernel's offline index for the running device, built on first use."""
         if self._index is None:
             self._index = TIER.index(self.name, self.axis_names, device.current())
             for problem in self._index.problems:
-                self._fallback(f"artifact ignored: {problem}")
+                self.fallback(f"artifact ignored: {problem}")
         return self._index
 
     def _from_offline(self, bound, key, index, kwargs) -> Decision | None:
         hit = index.hit(tuple(key[a] for a in self.axis_names))
         if hit is None:
             if index.other_devices and not index:
-                self._fallback(f"no artifact matches this device ({device.current()}); bundled for: "
-                               f"{', '.join(sorted(index.other_devices))}")
+                self.fallback(f"no artifact matches this device ({device.current()}); bundled for: "
+                              f"{', '.join(sorted(index.other_devices))}")
             return None
         try:
             config = Config.from_json(hit.config, Fields(hit.artifact, ArtifactError))
             self.check_binds(config, set(bound), "config", file=hit.artifact)
             hook = _served_hook(self, config, bound, kwargs, hit.artifact)
         except FlytuneError as e:
-            self._fallback(f"artifact {hit.artifact} from {hit.origin} rejected: {e.rule}")
+            self.fallback(f"artifact {hit.artifact} from {hit.origin} rejected: {e.rule}")
             return None
-        return Decision(config, "offline", key, level=hit.level, origin=f"{hit.artifact} ({hit.origin})", hook=hook)
+        return Decision(config, "offline", key, level=hit.level, origin=f"{hit.artifact} ({hit.origin})", hook=hook,
+                        pack=hit.pack)
+
+    def forget_pack(self, d: Decision) -> None:
+        self.offline_index().refuse(tuple(d.key[a] for a in self.axis_names))
+        for raw in [raw for raw, v in self._memo.items() if v is d]:
+            del self._memo[raw]
 
     def _from_default(self, bound, key) -> Decision | None:
-        if self.default is None:
-            return None
         returned = self.default(bound)
         config = Config.coerce(returned)
         self.check_binds(config, set(bound), "default")
         return Decision(config, "heuristic", key, hook=self.hooks.bind(config, returned))
 
-    def _first_config(self, key) -> Decision:
-        self._fallback("FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config")
-        return Decision(self.configs[0], "heuristic", key)
-
-    def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
-        """Raise unless `config` may be launched for a call passing `caller` (`binding.Binding.check`)."""
-        self.binding.check(config, caller, what, file)
-
-    def check_key(self, key, file) -> None:
-        """Raise an ArtifactError unless an artifact's key has exactly the declared axes."""
-        self.binding.check_key(key, file)
-
-    def _fallback(self, reason: str):
-        self._stats.fallback(reason)
-        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}")
+    def _first_config(self, bound, kwargs, key) -> Decision:
+        pruned, made = search.prune(self, bound, kwargs)
+        first = first_candidate(pruned, self.configs)
+        return Decision(first, "heuristic", key, hook=self.hooks.bind(first, made.get(first)))
 
     def toolchain(self) -> dict:
         """Versions, this kernel's source hash and the compiler environment (part of the scratch key)."""
@@ -277,10 +258,6 @@ class Autotuned:
         except ValueError:
             return None
 
-    def stats(self) -> dict:
-        """This kernel's counters (see `flytune_build.stats()`)."""
-        return self._stats.render()
-
     def decision(self, *args, **kwargs) -> Decision | None:
         """How a call with these arguments was served (None before its first call)."""
         kwargs = dict(kwargs)
@@ -291,16 +268,18 @@ class Autotuned:
         """A context in which every call launches `config`, bypassing every tier (verify --execute)."""
         data = Config.coerce(config)
         forced = Decision(data, "forced", {}, hook=self.hooks.bind(data, config))
-        self._hooked = self._hooked or forced.hook is not None
-        saved, self._memo = self._memo, _Always(forced)
+        forced.run = _launcher(self._launch, forced.hook)
+        saved = dict(self._memo)
+        self._memo.clear()  # every call misses, and `_decide` answers `forced`
         self._set_aside.append(saved)
-        self.run = self._hot_path()
+        outer, self._forced = self._forced, forced
         try:
             yield forced
         finally:
+            self._forced = outer
             self._set_aside.pop()
-            self._memo = saved
-            self.run = self._hot_path()
+            self._memo.clear()
+            self._memo.update(saved)
 
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
@@ -309,17 +288,6 @@ class Autotuned:
         self._stats = Stats()
         self._index = None
         self._scratch = ScratchCache(self.name)
-
-
-class _Always(dict):
-    """A memo in which every key is already decided: `forcing`'s."""
-
-    def __init__(self, forced: Decision):
-        super().__init__()
-        self.forced = forced
-
-    def __missing__(self, key):
-        return self.forced
 
 
 def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decision | None:
@@ -358,6 +326,18 @@ def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit:
                     hook=k.hooks.bind(winner.config, found.hook_source))
 
 
+def _launcher(launch: Callable, hook: Callable | None) -> Callable:
+    """What the hot path calls for a decision: `JITFunction.run`, or, for a config with a pre_hook, a
+    closure calling the hook (as Triton calls it) and then `run`: a hit never tests for a hook."""
+    if hook is None:
+        return launch
+
+    def hooked(*args, grid, **launch_kwargs):
+        hook(args, {})
+        return launch(*args, grid=grid, **launch_kwargs)
+    return hooked
+
+
 def _served_hook(k: Autotuned, config: Config, bound: dict, kwargs: dict, file) -> Callable | None:
     """The pre_hook a config read from the scratch cache or an artifact launches with: its declared
     config's, else, where `early_config_prune` makes configs, the pruner's config with its data for
@@ -389,9 +369,10 @@ def compile_only(kernel, args: tuple, kwargs: dict, grid, decided: Decision | No
         try:
             compiled.append(kernel.fn.warmup(*args, grid=grid, **kwargs, **cfg.launch_kwargs()))
         except Exception as e:
-            if decided is not None and decided.tier == "offline":
-                raise failure(decided, e) from e
-            raise
+            err = launch_error(decided, e)
+            if err is None:
+                raise
+            raise err from e
     return compiled
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from ..core import codec, settings
 from ..core.config import Config

@@ -11,8 +11,9 @@ launch (never retried with a default), and FLYTUNE_AUTOTUNE=strict with no tuned
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..core.config import Config
 from ..core.errors import ArtifactExecutionError, TierMissError
@@ -37,7 +38,9 @@ class Decision:
     search: SearchResult | None = None  # what the search that chose it found
     artifact: Artifact | None = None    # the searched winner as an artifact, with provenance
     hook: Callable[[tuple, dict], None] | None = None  # the config's pre_hook (`hooks.ConfigHooks.bind`)
+    pack: str | None = None             # offline: the config pack (distribution) it came from; None: the owner's
     launch: dict = field(init=False)
+    run: Callable | None = field(init=False, default=None)  # a ported kernel's launcher, its pre_hook first
 
     def __post_init__(self):
         self.launch = {**self.config.launch_kwargs(), "warmup": False}

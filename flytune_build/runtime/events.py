@@ -23,14 +23,15 @@ and when a search chose, also `artifact` (the winner as an `Artifact`, with prov
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..core import settings
 
 if TYPE_CHECKING:
     from .decision import Decision
 
-_subscriptions: list["Subscription"] = []
+_subscriptions: list[Subscription] = []
 
 
 class Subscription:
@@ -45,7 +46,7 @@ class Subscription:
         if self in _subscriptions:
             _subscriptions.remove(self)
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -61,7 +62,7 @@ def on_decision(callback: Callable[[dict], object]) -> Subscription:
     return sub
 
 
-def announce(kernel: str, d: "Decision") -> None:
+def announce(kernel: str, d: Decision) -> None:
     """One decision made: printed with FLYTUNE_PRINT_AUTOTUNING=1, then told to every subscriber (the
     autotuner and adopted kernels call this once per key)."""
     if settings.current().print_autotuning:
@@ -70,7 +71,7 @@ def announce(kernel: str, d: "Decision") -> None:
     emit(kernel, d)
 
 
-def emit(kernel: str, d: "Decision") -> None:
+def emit(kernel: str, d: Decision) -> None:
     """Tell every subscriber how `kernel` will serve `d.key` (the autotuner calls this once per key)."""
     if not _subscriptions:
         return

@@ -12,7 +12,8 @@ import functools
 import hashlib
 import inspect
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..core import settings
 from ..core.key import dtype_name

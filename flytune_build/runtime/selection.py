@@ -4,35 +4,50 @@ Every candidate is first screened on a tenth of the timing budget, in three inte
 least time it keeps (`bench`, `search`); on a GPU each pass and each round below times a config on the
 next of five placements of its inputs (`placement`), so the times sample where the data lies too. Then:
 
-1. finalists: the candidates within `screen_band` (10%) of the best screened time, at most
-   `max_finalists` (6): the fastest, then the earliest declared (screening cannot order near-equal
+1. finalists: the candidates within `screen_band` (20%) of the best screened time, at most
+   `max_finalists` (12): the fastest, then the earliest declared (screening cannot order near-equal
    configs, so the tie rule's order chooses which are re-timed), plus the shipped winner when
-   `flytune tune` re-tunes into an output that already holds one. They are re-timed in `rounds` (5)
-   interleaved rounds (the order rotates each round, so drift hits every finalist alike); together
-   the rounds take FINALIST_BUDGET times the kernel's timing budget, however many finalists there are;
-2. the band: each finalist has the median m of its round times and the dispersion s, their
-   interquartile range / 1.349 (a standard deviation robust to a stray round). With F the fastest
-   finalist and d the finalists' pooled relative dispersion (root mean square of s/m), a finalist
-   ties with F when
-   m <= m_F * (1 + w),   w = min(max(k * sqrt(2) * d, floor), cap),   k = 2, floor = 1.5%, cap = 2%:
-   statistically indistinguishable from the fastest, or within `floor` of it, never beyond `cap` (so a
-   winner is never more than 2% slower than the fastest finalist in its own run);
-3. the tie rule: the earliest declared config in the band wins. It depends on no timing, so two
-   tunes that see the same band choose the same config;
-4. hysteresis: with a shipped winner I, timed in the same rounds, the band's winner W replaces I only
+   `flytune tune` re-tunes into an output that already holds one. They are re-timed in blocks of
+   `rounds` (5) interleaved rounds (the order rotates each round, so drift hits every finalist alike;
+   a block visits every placement once, so round r of every finalist ran on the same placement); the
+   first block takes FINALIST_BUDGET times the kernel's timing budget, however many finalists there are;
+2. the test: F is the finalist of least median time. Each other finalist i has its gap g, the median of
+   its paired ratios t_i,r / t_F,r - 1 over the rounds both ran, and the gap's standard error from the
+   run's own noise,
+   se = 1.2533 x s / sqrt(n),   s = max(dispersion of its paired log ratios log(t_i,r / t_F,r) over the
+   n rounds both ran, the finalists' pooled paired dispersion, `noise_floor`)
+   (interquartile range / 1.349: a standard deviation robust to a stray round; 1.2533: a median's
+   error). Against the tolerance `cap` (2%) it is `tied` when g + z x se <= cap and its median is within
+   the cap of F's (the guarantee, on the medians recorded), `apart` when
+   g - z x se > cap, `edge` otherwise (z = 2). F ties with itself;
+3. sequential testing: walking the finalists in declared order, the first tied one is the winner-to-be;
+   each `edge` finalist declared before it decides whether it wins. While there is one, another block
+   of rounds times those finalists and F only, until every decisive test is resolved, `max_rounds`
+   rounds are reached, or the extra rounds have taken EDGE_BUDGET times the first block's time. A test
+   still at the edge then is decided by its gap (g <= cap and m_i <= m_F x (1 + cap): tied) and the
+   selection is not `resolved`;
+4. the tie rule: the earliest declared tied finalist wins. It depends on no timing, so two tunes whose
+   tests resolve alike choose the same config; no winner's median is ever more than `cap` over F's in
+   its own run;
+5. hysteresis: with a shipped winner I, timed in the same rounds, the winner W replaces I only
    when m_I / m_W - 1 > margin (`flytune tune --min-improvement`, 3% by default); otherwise I stays.
 
-The band, each finalist's median and dispersion, and why the winner won are the artifact's
-`provenance.selection`. Under the interpreter (`CPU_TIME`) the floor is 1%, the screening band 100% and the cap
-50%: on a loaded machine a kernel's CPU time jumps by a third from one round to the next (14 ms, then
-19 ms, for one config), and those winners order configs for tests, not for speed; declare the config
-you prefer first. A synthetic ranking (`SYNTHETIC`) has no noise and keeps the fixed 3% band.
+How sure the choice is goes into the artifact's `provenance.selection`: `resolved` (every decisive test
+resolved) and `confidence`, the least over the decisive tests of Phi(|g - cap| / se), the chance under
+normal noise that another run of the same length decides that test alike (1 when the only finalist or
+the fastest wins with no earlier finalist near the edge); each finalist's `gap`, `gap_se` and `verdict`;
+the run's `noise` (the pooled relative dispersion of the paired rounds); and `why`. A bias between
+processes is not in `confidence`: every round of a run runs in one process. Under the interpreter
+(`CPU_TIME`) the screening band is 100% (every candidate a finalist, up to six) and the noise floor
+1%: a loaded machine's CPU times move 3-8% from one round to the next. A synthetic ranking
+(`SYNTHETIC`) has no noise and keeps the fixed 3% band of the committed interpreter artifacts (`Band`).
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -40,21 +55,41 @@ from ..core.config import Config
 from ..core.errors import SearchError
 from .bench import Candidate
 
-FINALIST_BUDGET = 3    # all finalists' rounds together take 3x the kernel's timing budget
+FINALIST_BUDGET = 3    # the first block of all finalists' rounds takes 3x the kernel's timing budget
+EDGE_BUDGET = 3        # the extra blocks take at most 3x the first block's time
 IQR_SIGMA = 1.349      # interquartile range / 1.349 -> standard deviation, for normal noise
+MEDIAN_SE = 1.2533     # a median's standard error over a mean's, for normal noise
 TIE_RULE = "declared order"
 
 
 @dataclass(frozen=True)
 class Rule:
-    """The band's parameters (see the module docstring)."""
-    k: float = 2.0
-    floor: float = 0.015
+    """The sequential test's parameters (see the module docstring)."""
     cap: float = 0.02
+    z: float = 2.0
+    noise_floor: float = 0.005
     rounds: int = 5
-    max_finalists: int = 6
-    screen_band: float = 0.10
+    max_rounds: int = 60
+    max_finalists: int = 12
+    screen_band: float = 0.20
     prefer: str = "declared"   # which near-best candidates become finalists past the fastest: declared | fastest
+
+    def to_json(self) -> dict:
+        return {"test": "sequential", "cap": self.cap, "z": self.z, "noise_floor": self.noise_floor,
+                "rounds": self.rounds, "max_rounds": self.max_rounds, "max_finalists": self.max_finalists,
+                "screen_band": self.screen_band, "prefer": self.prefer, "tie": TIE_RULE}
+
+
+@dataclass(frozen=True)
+class BandRule:
+    """A fixed band over one round of noiseless times: `SYNTHETIC`'s, as the committed artifacts record it."""
+    k: float = 0.0
+    floor: float = 0.03
+    cap: float = 0.03
+    rounds: int = 1
+    max_finalists: int = 3
+    screen_band: float = 0.10
+    prefer: str = "fastest"
 
     def to_json(self) -> dict:
         return {"k": self.k, "floor": self.floor, "cap": self.cap, "rounds": self.rounds,
@@ -63,13 +98,13 @@ class Rule:
 
 
 MEASURED = Rule()   # a GPU's device events or CUDA graphs, or the kernel's own do_bench
-CPU_TIME = Rule(floor=0.01, cap=0.5, screen_band=1.0)   # the interpreter
+CPU_TIME = Rule(noise_floor=0.01, max_finalists=6, screen_band=1.0)   # the interpreter
 # A synthetic ranking has no noise: it keeps the fixed 3% band and the three fastest finalists that the
 # committed interpreter artifacts were ranked with, so re-making them gives the same bytes.
-SYNTHETIC = Rule(k=0.0, floor=0.03, cap=0.03, rounds=1, max_finalists=3, prefer="fastest")
+SYNTHETIC = BandRule()
 
 
-def rule_for(timer: str) -> Rule:
+def rule_for(timer: str) -> Rule | BandRule:
     """The rule for a search timed by `timer` (`bench.Measurement.timer`)."""
     return {"cpu-time": CPU_TIME, "synthetic": SYNTHETIC}.get(timer, MEASURED)
 
@@ -96,6 +131,33 @@ class Band:
     members: tuple[int, ...]  # the finalists in the band, in declared order
 
 
+@dataclass(frozen=True)
+class Test:
+    """One finalist against the fastest: its gap, the gap's standard error, and the verdict."""
+    gap: float
+    se: float
+    verdict: str             # one of core.choice.VERDICTS: tied | apart | edge
+    within: bool = True      # its median within the cap of the fastest's: no winner is ever beyond it
+
+    def confidence(self, cap: float) -> float:
+        """The chance, under normal noise, that a run of the same length decides this test alike."""
+        if self.se <= 0:
+            return 1.0
+        return 0.5 * (1 + math.erf(abs(self.gap - cap) / self.se / math.sqrt(2)))
+
+
+@dataclass(frozen=True)
+class Decision:
+    fastest: int
+    noise: float                  # the pooled relative dispersion of the paired rounds
+    tests: dict[int, Test]        # every finalist but the fastest
+    winner: int
+    decisive: tuple[int, ...]     # the finalists whose tests decided the winner: those declared before it, and it
+
+    def edge(self) -> list[int]:
+        return [i for i in self.decisive if self.tests[i].verdict == "edge"]
+
+
 def dispersion(times: Sequence[float]) -> float:
     """Interquartile range / 1.349 of one finalist's round times (0 for fewer than two)."""
     if len(times) < 2:
@@ -104,8 +166,8 @@ def dispersion(times: Sequence[float]) -> float:
     return (q3 - q1) / IQR_SIGMA
 
 
-def band(samples: dict[int, Sequence[float]], rule: Rule) -> Band:
-    """The tie band over finalists' round times ({candidate index: times}, every time finite)."""
+def band(samples: dict[int, Sequence[float]], rule: BandRule) -> Band:
+    """The fixed tie band over finalists' round times ({candidate index: times}, every time finite)."""
     stats = {i: (statistics.median(t), dispersion(t)) for i, t in samples.items()}
     fastest = min(stats, key=lambda i: (stats[i][0], i))
     m_f = stats[fastest][0]
@@ -116,8 +178,40 @@ def band(samples: dict[int, Sequence[float]], rule: Rule) -> Band:
     return Band(fastest, width, limit, tuple(sorted(i for i, (m, _) in stats.items() if m <= limit)))
 
 
-def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate, float], float], rule: Rule = MEASURED,
-         shipped: Shipped | None = None) -> Selection:
+def decide(samples: dict[int, dict[int, float]], rule: Rule, final: bool = False) -> Decision:
+    """The tests over finalists' round times ({candidate index: {round: time}}, every time finite);
+    `final`: the budget is spent, an edge test is decided by its gap."""
+    medians = {i: statistics.median(t.values()) for i, t in samples.items()}
+    fastest = min(medians, key=lambda i: (medians[i], i))
+    ref = samples[fastest]
+    paired = {i: [math.log(t[r] / ref[r]) for r in sorted(t.keys() & ref.keys()) if t[r] > 0 and ref[r] > 0]
+              for i, t in samples.items() if i != fastest}
+    spreads = [dispersion(d) for d in paired.values()]
+    noise = math.sqrt(sum(s * s for s in spreads) / len(spreads)) if spreads else 0.0
+    tests = {}
+    for i, d in paired.items():
+        gap = math.expm1(statistics.median(d)) if d else math.inf
+        se = MEDIAN_SE * max(dispersion(d), noise, rule.noise_floor) / math.sqrt(max(len(d), 1))
+        within = medians[i] <= medians[fastest] * (1 + rule.cap)   # the guarantee, on the medians recorded
+        verdict = "apart" if gap - rule.z * se > rule.cap else "tied" if gap + rule.z * se <= rule.cap and within \
+            else "edge"
+        tests[i] = Test(gap, se, verdict, within)
+    decisive = []
+    winner = fastest
+    for i in sorted(samples):
+        if i == fastest:
+            break
+        decisive.append(i)
+        t = tests[i]
+        if t.verdict == "tied" or (final and t.verdict == "edge" and t.gap <= rule.cap and t.within):
+            winner = i
+            break
+    return Decision(fastest, noise, tests, winner, tuple(decisive))
+
+
+def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate, float], float],
+         rule: Rule | BandRule = MEASURED, shipped: Shipped | None = None,
+         clock: Callable[[], float] = time.perf_counter) -> Selection:
     """The winner among `candidates` (in declared order, each with its screening time).
 
     `retime(candidate, fraction)` times one candidate on 1/fraction of the kernel's budget. Finalists'
@@ -129,21 +223,40 @@ def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate, float], f
     held, note = _held(candidates, shipped)
     chosen = finalists(candidates, ok, rule, held)
     fraction = max(len(chosen) * rule.rounds / FINALIST_BUDGET, 1.0)
-    samples = _rounds(candidates, chosen, retime, rule.rounds, fraction) if len(chosen) > 1 else \
-        {chosen[0]: [candidates[chosen[0]].time_ms]}
+    if len(chosen) == 1:
+        samples = {chosen[0]: {0: candidates[chosen[0]].time_ms}}
+    else:
+        start = clock()
+        samples = _rounds(candidates, chosen, retime, range(rule.rounds), fraction, {})
+        first_block = clock() - start
     if not samples:
         raise SearchError("every finalist failed when re-timed: " + "; ".join(
             f"{candidates[i].config}: {candidates[i].error}" for i in chosen), field="configs")
+    if isinstance(rule, BandRule):
+        record, winner, why = _banded(samples, rule, fraction)
+    else:
+        done = rule.rounds
+        deadline = clock() + EDGE_BUDGET * first_block if len(chosen) > 1 else 0.0
+        d = decide(samples, rule)
+        while len(samples) > 1 and d.edge() and done < rule.max_rounds and clock() <= deadline:
+            block = range(done, min(done + rule.rounds, rule.max_rounds))
+            _rounds(candidates, sorted({d.fastest, *d.edge()}), retime, block, fraction, samples)
+            done = block.stop
+            if samples:   # a finalist that fails here drops out; the tests are taken again without it
+                d = decide(samples, rule)
+        if not samples:
+            raise SearchError("every finalist failed when re-timed: " + "; ".join(
+                f"{candidates[i].config}: {candidates[i].error}" for i in chosen), field="configs")
+        if len(samples) > 1 and d.edge():
+            unresolved = d.edge()
+            d = decide(samples, rule, final=True)
+        else:
+            unresolved = []
+        record, winner, why = _tested(candidates, samples, rule, d, unresolved, fraction)
     for i, times in samples.items():
-        candidates[i].time_ms = statistics.median(times)
+        candidates[i].time_ms = statistics.median(times.values())
     if held is not None and held not in samples:
         held, note = None, f"the shipped winner {shipped.config} failed when re-timed"
-    b = band(samples, rule)
-    winner = b.members[0]
-    record = {"rule": rule.to_json(), "round_fraction": round(fraction, 3), "fastest": b.fastest,
-              "band": round(b.width, 6), "band_ms": _ms(b.limit_ms), "winner": winner,
-              "finalists": [_finalist(i, samples[i]) for i in sorted(samples)]}
-    why = _why(candidates, samples, b, rule)
     outcome = None
     if shipped is not None:
         winner, why, record["shipped"], outcome = _against(candidates, winner, why, held, note, shipped.margin)
@@ -152,7 +265,50 @@ def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate, float], f
     return Selection(candidates[winner], record, outcome)
 
 
-def finalists(candidates: Sequence[Candidate], ok: Sequence[int], rule: Rule, held: int | None) -> list[int]:
+def _banded(samples, rule: BandRule, fraction: float) -> tuple[dict, int, str]:
+    """provenance.selection of a fixed band, the winner and why."""
+    times = {i: list(t.values()) for i, t in samples.items()}
+    b = band(times, rule)
+    record = {"rule": rule.to_json(), "round_fraction": round(fraction, 3),
+              "fastest": b.fastest, "band": round(b.width, 6), "band_ms": _ms(b.limit_ms), "winner": b.members[0],
+              "finalists": [_finalist(i, times[i]) for i in sorted(times)]}
+    if len(times) == 1:
+        why = f"the only finalist within {rule.screen_band:.0%} of the fastest screened time"
+    elif len(b.members) > 1:
+        why = f"the earliest declared of {len(b.members)} finalists within {b.width:.1%} of the fastest (#{b.fastest})"
+    else:
+        m = {i: statistics.median(t) for i, t in times.items()}
+        ahead = min(m[i] for i in m if i != b.fastest) / m[b.fastest] - 1
+        why = f"the fastest, {ahead:.1%} ahead of the next finalist (band {b.width:.1%})"
+    return record, b.members[0], why
+
+
+def _tested(candidates, samples, rule: Rule, d: Decision, unresolved: list[int], fraction: float):
+    """provenance.selection of a sequential test, the winner and why."""
+    m_f = statistics.median(samples[d.fastest].values())
+    confidence = min((d.tests[i].confidence(rule.cap) for i in d.decisive), default=1.0)
+    record = {"rule": rule.to_json(), "round_fraction": round(fraction, 3), "fastest": d.fastest,
+              "band": rule.cap, "band_ms": _ms(m_f * (1 + rule.cap)), "winner": d.winner,
+              "resolved": not unresolved, "confidence": round(confidence, 4), "noise": round(d.noise, 6),
+              "finalists": [_finalist(i, list(samples[i].values()), d.tests.get(i)) for i in sorted(samples)]}
+    if len(samples) == 1:
+        why = f"the only finalist within {rule.screen_band:.0%} of the fastest screened time"
+    elif d.winner == d.fastest:
+        runner = min((t.gap for i, t in d.tests.items()), default=math.inf)
+        why = f"the fastest; no finalist declared before it within {rule.cap:.0%}, the next {runner:.1%} behind"
+    else:
+        why = f"the earliest declared finalist within {rule.cap:.0%} of the fastest (#{d.fastest}): " \
+              f"{d.tests[d.winner].gap:+.2%} +- {d.tests[d.winner].se:.2%}"
+    n = max(len(t) for t in samples.values())
+    if unresolved:
+        why += f"; unresolved after {n} rounds: " + ", ".join(
+            f"#{i} {d.tests[i].gap:+.2%} +- {d.tests[i].se:.2%}" for i in unresolved)
+    elif n > rule.rounds:
+        why += f"; resolved in {n} rounds"
+    return record, d.winner, why
+
+
+def finalists(candidates: Sequence[Candidate], ok: Sequence[int], rule: Rule | BandRule, held: int | None) -> list[int]:
     """Indices re-timed in rounds, in declared order: within the screening band of the best time, at most
     `rule.max_finalists` of those (the fastest, then the earliest declared or the next fastest, as the
     rule prefers), and the shipped winner's."""
@@ -179,10 +335,13 @@ def _held(candidates, shipped: Shipped | None) -> tuple[int | None, str | None]:
     return None, f"the shipped winner {shipped.config} is not among this search's candidates"
 
 
-def _rounds(candidates, chosen: list[int], retime, rounds: int, fraction: float) -> dict[int, list[float]]:
-    """Each finalist's times over `rounds` interleaved rounds; a finalist that fails drops out."""
-    samples: dict[int, list[float]] = {i: [] for i in chosen}
-    for r in range(rounds):
+def _rounds(candidates, chosen: list[int], retime, rounds: range, fraction: float,
+            samples: dict[int, dict[int, float]]) -> dict[int, dict[int, float]]:
+    """Add each finalist's times over `rounds` interleaved rounds to `samples` ({index: {round: time}});
+    a finalist that fails drops out."""
+    for i in chosen:
+        samples.setdefault(i, {})
+    for r in rounds:
         for i in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
             if i not in samples:
                 continue
@@ -191,7 +350,7 @@ def _rounds(candidates, chosen: list[int], retime, rounds: int, fraction: float)
             except Exception as e:  # noqa: BLE001 - a candidate failing here fails, as in screening
                 t, candidates[i].error = math.inf, f"{type(e).__name__}: {e}"
             if math.isfinite(t):
-                samples[i].append(t)
+                samples[i][r] = t
             else:
                 del samples[i]
                 candidates[i].time_ms = math.inf
@@ -215,18 +374,12 @@ def _against(candidates, winner: int, why: str, held: int | None, note: str | No
     return held, why, {**record, "outcome": "kept"}, "kept"
 
 
-def _why(candidates, samples, b: Band, rule: Rule) -> str:
-    if len(samples) == 1:
-        return f"the only finalist within {rule.screen_band:.0%} of the fastest screened time"
-    if len(b.members) > 1:
-        return f"the earliest declared of {len(b.members)} finalists within {b.width:.1%} of the fastest (#{b.fastest})"
-    ahead = min(candidates[i].time_ms for i in samples if i != b.fastest) / candidates[b.fastest].time_ms - 1
-    return f"the fastest, {ahead:.1%} ahead of the next finalist (band {b.width:.1%})"
-
-
-def _finalist(i: int, times: Sequence[float]) -> dict:
-    return {"index": i, "median_ms": _ms(statistics.median(times)), "dispersion_ms": _ms(dispersion(times)),
-            "rounds_ms": [_ms(t) for t in times]}
+def _finalist(i: int, times: Sequence[float], test: Test | None = None) -> dict:
+    out = {"index": i, "median_ms": _ms(statistics.median(times)), "dispersion_ms": _ms(dispersion(times)),
+           "rounds_ms": [_ms(t) for t in times]}
+    if test is not None:
+        out.update(gap=_ms(test.gap), gap_se=_ms(test.se), verdict=test.verdict)
+    return out
 
 
 def _ms(t: float) -> float:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import codec, verification
+from ..core import artifactdir, verification
 from ..core.artifact import Artifact
-from ..core.errors import ArtifactError, FlytuneError, InputError, printable
-from ..core.fsutil import read_regular
+from ..core.errors import FlytuneError, InputError, printable
 
 
 @dataclass
@@ -78,10 +77,10 @@ class Plan:
 def read_directory(directory: Path) -> tuple[Plan, list[FlytuneError]]:
     """Every `*.json` of `directory` read and parsed, its plan, and the problems: unreadable or invalid
     files, and identities that conflict (two files one would overwrite with the other)."""
-    found, errors, origin, plan = [], [], {}, Plan()
-    for path in sorted(directory.glob("*.json")):
+    found, origin, plan = [], {}, Plan()
+    files, errors = artifactdir.read_all(directory)  # bounded listing, capped regular-file reads
+    for path, data in files:
         try:
-            data = read_regular(path, ArtifactError, codec.MAX_DOCUMENT_BYTES)
             art = Artifact.from_bytes(data, file=path, check_name=False)
         except FlytuneError as e:
             errors.append(e)

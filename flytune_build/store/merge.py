@@ -16,7 +16,6 @@ everything else it holds, files, folders and links, stays as it was).
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
@@ -26,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import codec
-from ..core.artifact import Artifact, read_capped
-from ..core.errors import ArtifactError, InputError
+from ..core import artifactdir, codec, serving
+from ..core.artifact import Artifact
+from ..core.errors import InputError
 
 PREFER = ("faster", "newer")
 CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
@@ -43,13 +42,7 @@ class Found:
 
     def winner_ms(self) -> float | None:
         """The winner's own time in its provenance (None: not recorded)."""
-        prov = self.artifact.provenance or {}
-        want = codec.canonical(self.artifact.config.to_json())
-        for c in prov.get("candidates") or ():
-            t = c.get("time_ms")
-            if codec.canonical(c.get("config")) == want and isinstance(t, (int, float)) and math.isfinite(t):
-                return float(t)
-        return None
+        return serving.config_time(self.artifact.provenance, self.artifact.config.to_json())
 
     def created(self) -> str | None:
         """`provenance.created` as flytune writes it (UTC, `%Y-%m-%dT%H:%M:%SZ`, which sorts as text);
@@ -75,8 +68,8 @@ def read(dirs: list[Path]) -> dict[str, list[Found]]:
     for d in dirs:
         if not d.is_dir():
             raise InputError("is not a directory of artifact files", file=d)
-        for path in sorted(d.glob("*.json")):
-            data = read_capped(path, ArtifactError)
+        for path in artifactdir.listing(d):  # bounded; each file read capped, regular files only
+            data = artifactdir.read(path)
             art = Artifact.from_bytes(data, file=path)
             by_address.setdefault(art.address, []).append(Found(path, art, data))
     return by_address

@@ -97,6 +97,20 @@ class Outcome:
     reason: str | None = None
     change: str = "-"                # new | kept | replaced (+gain%): against the output's incumbent
     stable: Stability | None = None  # with repeat > 1: how many searches agreed
+    confidence: float | None = None  # provenance.selection.confidence: how sure the choice is (0.5-1)
+    resolved: bool | None = None     # provenance.selection.resolved: every deciding test settled
+
+    def to_json(self) -> dict:
+        j = self.job
+        return {"kernel": j.entry.kernel, "shape": j.shape, "device": j.device, "status": self.status,
+                "key": self.key, "winner": self.winner, "time_ms": _number(self.time_ms), "margin": self.margin,
+                "change": self.change, "stability": None if self.stable is None else self.stable.to_json(),
+                "confidence": self.confidence, "resolved": self.resolved, "worker": self.worker, "host": self.host,
+                "reason": self.reason}
+
+
+def _number(x: float | None) -> float | None:
+    return None if x is None or x != x or x in (float("inf"), float("-inf")) else x
 
 
 @dataclass
@@ -134,6 +148,11 @@ class Report:
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "executor": self.executor, "outcomes": [o.to_json() for o in self.outcomes],
+                "changes": self.changes(), "directories": {k: str(v) for k, v in self.directories.items()},
+                "elapsed_s": self.elapsed_s, "notes": list(self.notes)}
 
     def changes(self) -> dict[str, int]:
         """How many tuned outcomes were new, kept and replaced against the output's incumbents."""
@@ -419,8 +438,13 @@ def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, byt
         if art.device.spec() != job.device:
             raise DeviceError(f"is for {art.device.spec()}, not {job.device}", file=name, field="device")
         stable = None if r.get("stability") is None else Stability.from_json(r["stability"])
+        chosen = (art.provenance or {}).get("selection") or {}
+        confidence = chosen.get("confidence")
         out.append((Outcome(job, "tuned", slot.name, slot.host, dict(art.key), r["winner"], r["time_ms"], r["margin"],
-                            change=r["change"], stable=stable), art, data if r["write"] else None))
+                            change=r["change"], stable=stable,
+                            confidence=float(confidence) if isinstance(confidence, (int, float)) else None,
+                            resolved=chosen.get("resolved") if isinstance(chosen.get("resolved"), bool) else None),
+                    art, data if r["write"] else None))
     return out
 
 

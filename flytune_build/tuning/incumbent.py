@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..core.artifact import Artifact, read_capped
+from ..core import artifactdir
+from ..core.artifact import Artifact
 from ..core.config import Config
-from ..core.errors import ArtifactError, FlytuneError
+from ..core.errors import FlytuneError
 from ..runtime import device, selection
 
 MIN_IMPROVEMENT_PCT = 3.0
@@ -92,10 +93,6 @@ def read_output(directory: Path) -> dict[str, dict[str, bytes]]:
     out: dict[str, dict[str, bytes]] = {}
     if not Path(directory).is_dir():
         return out
-    for path in sorted(Path(directory).glob("*-*.json")):
-        kernel = path.name.rsplit("-", 1)[0]
-        try:
-            out.setdefault(kernel, {})[path.name] = read_capped(path, ArtifactError)
-        except (FlytuneError, OSError):
-            continue
+    for path, data in artifactdir.read_all(directory).files:
+        out.setdefault(path.name.rsplit("-", 1)[0], {})[path.name] = data
     return out

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..codec import Fields
 

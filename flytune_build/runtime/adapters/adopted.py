@@ -1,22 +1,26 @@
-"""An adopted `@triton.autotune` kernel: its seeded artifacts, how its calls were served, and what
-`flytune verify --deep` asks of every registered kernel.
+"""An adopted `@triton.autotune` kernel: its offline tier, how its calls were served, and what
+`flytune verify --deep` asks of every registered kernel. It is a `runtime.kernel.Kernel`: its
+preamble, checks, fallback warnings, launch-or-fail and the FLYTUNE_AUTOTUNE rule are a ported
+kernel's.
 
 `adopt` installs three instance attributes on the Autotuner, leaving Triton's code as it is:
-- `run`: calls Triton's; a call served by a seeded config counts for the offline tier (its first
-  call is announced: FLYTUNE_PRINT_AUTOTUNING, `on_decision`); a failing launch of a seeded config is
-  an `ArtifactExecutionError` naming the artifact, never Triton's bare error;
-- `prune_configs`: Triton calls it exactly when it is about to search a key. A call whose artifact
-  key (order-free: each tensor's dtype by parameter name) has a seeded config, but whose Triton key
-  was not seeded (tensors passed as keywords in another order than the parameters'), seeds that key
-  and has `run` call Triton again: a hit, nothing timed. FLYTUNE_AUTOTUNE=strict raises
-  `TierMissError` there, before anything is timed; otherwise the search is counted and announced.
-  A kernel with an `early_config_prune` is seeded there too, on each key's first call: the pruner may
-  attach a pre_hook to the configs it returns, and the seeded config is the pruner's, hook included;
-- `warmup`: Triton's, marked so its pruning is not taken for a search.
+- `prune_configs`: Triton calls it exactly when a key misses its cache, about to search: the one
+  place a key is decided, by the mode's tier order (`Kernel.decide`). Its tiers: offline (the
+  call's artifact key, order-free: each tensor's dtype by parameter name, finds the best bundled
+  artifact for this device), Triton's own search, and "first" (the first config after pruning).
+  A config the tiers chose is put into Triton's cache under the call's key (a fresh copy of the
+  declared `triton.Config`, its pre_hook with it) and `run` calls Triton again: a hit, nothing
+  timed. A kernel with an `early_config_prune` gets the pruner's config for the call, hook included.
+  A search runs with flytune's timers where Triton's cannot time (`triton_search`), is counted and
+  announced, and with FLYTUNE_AUTOTUNE=1 and FLYTUNE_EMIT_DIR its winner is saved as an artifact;
+- `run`: calls Triton's; a call served by a config flytune chose counts for that tier (its first
+  call is announced: FLYTUNE_PRINT_AUTOTUNING, `on_decision`); a failing launch of a bundled config
+  is an `ArtifactExecutionError` naming the artifact, never Triton's bare error;
+- `warmup`: Triton's, marked so its pruning is not taken for a key's first call.
 
-Each seeded config is a fresh copy of the declared `triton.Config` with the artifact's data (its
-pre_hook with it): the object Triton reports as `best_config` tells which artifact served a call,
-with no key computed on the hot path.
+The object Triton reports as `best_config` tells which decision served a call, with no key computed
+on the hot path. `reset` forgets what flytune put into Triton's cache: the next call decides again,
+under the settings of then.
 """
 from __future__ import annotations
 
@@ -24,43 +28,46 @@ import contextlib
 import copy
 import dataclasses
 import threading
+from dataclasses import dataclass
 
-from ...core import settings
-from ...core.artifact import Artifact, kernel_name
-from ...core.codec import Fields
-from ...core.config import Config, space_hash
-from ...core.errors import DeclarationError, FlytuneError
-from ...core.target import LEVELS, match_level
-from .. import device, events, callbacks, registry, warning
-from ..binding import Binding
-from ..decision import Decision, Stats, failure, miss
-from ..offline import TIER, Index
+from ...core import serving, settings
+from ...core.artifact import Artifact
+from ...core.config import Config
+from ...core.errors import FlytuneError
+from .. import bench, device, events, registry
+from ..decision import Decision, Stats
+from ..kernel import Kernel, first_candidate, launch_error
+from ..offline import TIER, Index, not_served
+from . import triton_search
 from .triton_keys import artifact_key, call_key, optional_keys, seed_key
 
+TRITON_SEARCHES = object()  # the search tier's answer: Triton runs its own search for this call
 
-class Adopted:
-    """A `@triton.autotune` kernel flytune seeded and watches (see the module docstring)."""
+
+@dataclass
+class Seed:
+    """A bundled artifact for one key, and the `triton.Config` object that serves it once made."""
+    artifact: Artifact
+    level: str
+    origin: str
+    obj: object = None
+
+
+class Adopted(Kernel):
+    """A `@triton.autotune` kernel flytune serves and watches (see the module docstring)."""
 
     def __init__(self, public, tuner, name: str, validate):
-        kernel_name(name, Fields(name, DeclarationError), "name")
-        self.public, self.tuner, self.name, self.validate = public, tuner, name, validate
-        self.arg_names = list(tuner.arg_names)
-        self.declared = list(tuner.configs)
-        self.configs = [Config.coerce(c) for c in self.declared]
-        self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
-        self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
-        self.binding = Binding(name, tuple(self.arg_names), tuple(tuner.keys), self.tuned_kwargs,
-                               self.hooks.declared, open_axes=True, optional_axes=optional_keys(tuner))
-        self.space_hash = space_hash(self.configs)
-        self.seeded: dict[int, Decision] = {}  # id(seeded triton.Config) -> the decision it stands for
-        self.objects: list = []                # the seeded objects, kept alive so their ids stay theirs
+        self.declare(name, tuner.arg_names, tuner.configs, tuner.keys, open_axes=True,
+                     optional_axes=optional_keys(tuner))
+        self.public, self.tuner, self.validate = public, tuner, validate
+        self.offline: dict[tuple, Seed] = {}   # artifact key (items, sorted) -> its best bundled artifact
+        self.seeded: dict[int, Decision] = {}  # id(a triton.Config flytune put in Triton's cache) -> decision
+        self.objects: list = []                # those objects, kept alive so their ids stay theirs
         self.pending: dict | None = None       # the key of the search Triton is running for this call
-        self.by_key: dict[tuple, object] = {}  # artifact key (items, sorted) -> the seeded object
-        self.deferred: dict[tuple, tuple] = {}  # artifact key -> (config, decision), seeded on the first call
+        self.searching = triton_search.Patches(tuner)  # the timers that search runs with
         self.local = threading.local()         # .retrying: this thread's `run` calls Triton again after seeding
         self.reseed = True                     # False while `recording`: every key is searched then
         self.warming = False
-        self._stats = Stats()
 
     @classmethod
     def install(cls, public, tuner, name: str, validate) -> "Adopted":
@@ -88,7 +95,7 @@ class Adopted:
             try:
                 try:
                     ret = original(*args, **kwargs)
-                except _Seeded:  # `prune_configs` seeded this call's key: Triton serves it now
+                except _Seeded:  # `prune_configs` put this call's config in Triton's cache: a hit now
                     local.retrying = True
                     try:
                         ret = original(*args, **kwargs)
@@ -101,7 +108,7 @@ class Adopted:
                 raise err from e
             d = seeded.get(id(tuner.best_config))
             if d is None:
-                self.served()
+                self.served(args, kwargs)
             else:
                 d.calls += 1
                 if d.calls == 1:
@@ -113,42 +120,79 @@ class Adopted:
         tuner = self.tuner
 
         def prune_configs(kwargs):
-            if not self.warming:
-                key = artifact_key(tuner, tuner.nargs, kwargs)
-                seeded = self.by_key.get(_items(key)) if self.reseed and not self._retrying() else None
-                if seeded is None and self.reseed and not self._retrying() and _items(key) in self.deferred:
-                    seeded = self.pruned(_items(key), kwargs)
-                if seeded is not None:
-                    tuner.cache[call_key(tuner, tuple(tuner.nargs.values()), kwargs)] = seeded
-                    raise _Seeded
-                if settings.current().autotune == "strict":
-                    raise miss(self.name, key, device.current(), "a search")
-                self.pending = key
-                tuner.bench_time = None  # Triton's benchmark() sets it; left None, its disk cache answered
-            return original(kwargs)
+            if self.warming:
+                return original(kwargs)
+            key = artifact_key(tuner, tuner.nargs, kwargs)
+            mode = settings.current().autotune if self.reseed else "search"
+            chosen: list = []
+            tiers = {"search": lambda: self.search(key)}
+            if not self._retrying():  # a retry that misses again: its key was decided, Triton searches
+                tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen)
+                tiers["first"] = lambda: self.first_config(key, original(kwargs), chosen)
+            d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
+            if d is TRITON_SEARCHES:
+                return original(kwargs)
+            tuner.cache[call_key(tuner, tuple(tuner.nargs.values()), kwargs)] = chosen[0]
+            raise _Seeded
         return prune_configs
 
     def _retrying(self) -> bool:
         return getattr(self.local, "retrying", False)
 
-    def pruned(self, items: tuple, kwargs: dict):
-        """The seeded object for a deferred artifact (a kernel whose `early_config_prune` may attach
-        pre_hooks): a copy of the pruner's config with its data for this call, its pre_hook with it; a
-        fresh one when the pruner's configs carry no hook; None (with one warning: Triton searches) when
-        they do and none is the artifact's."""
-        tuner = self.tuner
-        config, d = self.deferred.pop(items)
+    def search(self, key: dict):
+        """The search tier: Triton searches this call, with flytune's timers where it needs them."""
+        self.pending = key
+        self.tuner.bench_time = None  # Triton's benchmark() sets it; left None, its disk cache answered
+        if self.reseed:  # `recording` has set the timers itself
+            triton_search.timed_as_flytune(self.tuner, self.name, bench.ranking(), self.searching)
+        return TRITON_SEARCHES
+
+    def from_offline(self, items: tuple, kwargs: dict, chosen: list) -> Decision | None:
+        """The offline tier: the best bundled artifact for the call's artifact key."""
+        seed = self.offline.get(items)
+        if seed is None:
+            return None
+        if seed.obj is None:
+            seed.obj = self.pruned(seed, kwargs) if self.tuner.early_config_prune else \
+                self.triton_config(seed.artifact.config)
+            if seed.obj is None:
+                del self.offline[items]
+                return None
+        chosen.append(seed.obj)
+        d = self.seeded.get(id(seed.obj))
+        if d is None:
+            d = Decision(seed.artifact.config, "offline", dict(seed.artifact.key), level=seed.level,
+                         origin=f"{seed.artifact.filename} ({seed.origin})")
+            self.remember(seed.obj, d)
+        return d
+
+    def first_config(self, key: dict, pruned: list, chosen: list) -> Decision:
+        """The "first" tier: the first config after pruning, as Triton launches a single config."""
+        obj = copy.copy(first_candidate(pruned, self.configs))  # its own id: this decision's
+        chosen.append(obj)
+        d = Decision(Config.coerce(obj), "heuristic", key)
+        self.remember(obj, d)
+        return d
+
+    def remember(self, obj, d: Decision) -> None:
+        self.seeded[id(obj)] = d
+        self.objects.append(obj)
+        self._stats.decisions.append(d)
+
+    def pruned(self, seed: Seed, kwargs: dict):
+        """The object serving an artifact of a kernel whose `early_config_prune` may attach pre_hooks: a
+        copy of the pruner's config with its data for this call, its pre_hook with it; a fresh one when
+        the pruner's configs carry no hook; None (with one warning) when they do and none is the
+        artifact's."""
+        tuner, config = self.tuner, seed.artifact.config
         made = list(tuner.early_config_prune(tuner.configs, tuner.nargs, **kwargs))
         match = next((c for c in made if Config.coerce(c) == config), None)
         if match is None and any(getattr(c, "pre_hook", None) is not None for c in made):
-            self._fallback(f"artifact {d.origin} rejected: its config is none of the configs early_config_prune "
-                           f"makes for this call, which carry pre_hooks (a config never launches without its hook)")
+            self.fallback(f"artifact {seed.artifact.filename} ({seed.origin}) rejected: its config is none of the "
+                          f"configs early_config_prune makes for this call, which carry pre_hooks (a config "
+                          f"never launches without its hook)")
             return None
-        obj = copy.copy(match) if match is not None else self.triton_config(config)
-        self.seeded[id(obj)] = d
-        self.objects.append(obj)
-        self.by_key[items] = obj
-        return obj
+        return copy.copy(match) if match is not None else self.triton_config(config)
 
     def wrap_warmup(self, original):
         def warmup(*args, **kwargs):
@@ -159,12 +203,13 @@ class Adopted:
                 self.warming = False
         return warmup
 
-    def served(self) -> None:
+    def served(self, args: tuple, kwargs: dict) -> None:
         """A call Triton served itself: from its cache, or with the search it just ran for a new key."""
         key, self.pending = self.pending, None
         if key is None:
             self._stats.served["scratch" if len(self.tuner.configs) > 1 else "heuristic"] += 1
             return
+        self.searching.restore()
         seconds = getattr(self.tuner, "bench_time", None)
         config = Config.coerce(self.tuner.best_config)
         if seconds is None:  # Triton's disk cache (cache_results) answered: a winner searched here before
@@ -172,31 +217,31 @@ class Adopted:
         else:
             self._stats.searched(seconds)
             d = Decision(config, "scratch", key, first_tier="search", calls=1)
+            s = settings.current()
+            if s.autotune == "search" and s.emit_dir and self.reseed:  # FLYTUNE_AUTOTUNE=1: as a ported kernel
+                d.artifact = triton_search.winner_artifact(self.tuner, self.name, bench.ranking(), key, args, kwargs,
+                                                           self.tuner.best_config)
+                d.artifact.save(s.emit_dir)
         self._stats.decisions.append(d)
         events.announce(self.name, d)
 
     def failure(self, args: tuple, kwargs: dict, e: Exception):
-        """The `ArtifactExecutionError` for a call a seeded config served, else None (the error stands)."""
+        """The `ArtifactExecutionError` for a call a bundled config served, else None (the error stands)."""
         self.pending = None
+        self.searching.restore()
         if not self.seeded or isinstance(e, FlytuneError):
             return None
         try:
             d = self.seeded.get(id(self.tuner.cache.get(call_key(self.tuner, args, kwargs))))
         except TypeError:  # an unhashable key: Triton failed before any launch
             return None
-        return None if d is None else failure(d, e)
+        return launch_error(d, e)
 
     def seed(self) -> int:
-        """Seed the Autotuner's cache with the best artifact per Triton key for this device (the earliest
-        source, then the best match level); returns how many were seeded."""
-        cache = self.tuner.cache
-        for k in [k for k, v in cache.items() if id(v) in self.seeded]:
-            del cache[k]  # an earlier adoption's seeds: the bundles may have changed
-        self.seeded.clear()
-        self.objects.clear()
-        self.by_key.clear()
-        self.deferred.clear()
-        pruner = getattr(self.tuner, "early_config_prune", None) is not None
+        """Read the best artifact per Triton key for this device (the earliest source, then the best
+        match level) into the offline tier; returns how many it holds."""
+        self.forget()
+        self.offline.clear()
         here, idx = device.current(), Index()
         best: dict[tuple, tuple] = {}
         for rank, art, level, origin in self._usable(here, idx):
@@ -204,41 +249,39 @@ class Adopted:
             if tk not in best or rank < best[tk][0]:
                 best[tk] = (rank, art, level, origin)
         for problem in idx.problems:
-            self._fallback(f"artifact ignored: {problem}")
+            self.fallback(f"artifact ignored: {problem}")
         for tk, (_, art, level, origin) in best.items():
-            if tk in cache:
-                continue  # Triton already decided this key in this process
-            d = Decision(art.config, "offline", dict(art.key), level=level, origin=f"{art.filename} ({origin})")
-            self._stats.decisions.append(d)
-            if pruner:  # the pruner may attach a pre_hook for the call: seeded on the call's first miss
-                self.deferred[_items(art.key)] = (art.config, d)
-                continue
-            obj = self.triton_config(art.config)
-            cache[tk] = obj
-            self.by_key[_items(art.key)] = obj
-            self.seeded[id(obj)] = d
-            self.objects.append(obj)
+            if tk not in self.tuner.cache:  # else Triton already decided this key in this process
+                self.offline[_items(art.key)] = Seed(art, level, origin)
         if not best and idx.other_devices:
-            self._fallback(f"no artifact matches this device ({here}); bundled for: "
-                           f"{', '.join(sorted(idx.other_devices))}")
-        return len(self.seeded) + len(self.deferred)
+            self.fallback(f"no artifact matches this device ({here}); bundled for: "
+                          f"{', '.join(sorted(idx.other_devices))}")
+        return len(self.offline)
+
+    def forget(self) -> None:
+        """Take what flytune put into Triton's cache out of it: those keys are decided again."""
+        cache = self.tuner.cache
+        for k in [k for k, v in cache.items() if id(v) in self.seeded]:
+            del cache[k]
+        self.seeded.clear()
+        self.objects.clear()
 
     def _usable(self, here, idx: Index):
         """(rank, artifact, level, origin) for each artifact of this kernel usable on `here`."""
-        for order, src in enumerate(TIER.sources()):
+        for order, src in TIER.ranked(self.name):  # the owner's bundle, then accepted packs (core.serving)
             for doc, dev, accept, origin, fname in TIER.documents(src, self.name, idx):
-                level = match_level(dev, here)
-                if level is None or level not in accept:
-                    idx.other_devices.add(dev.spec() if level is None else f"{dev.spec()} ({level} not accepted)")
+                level = serving.served_level(dev, here, accept)
+                if level is None:
+                    idx.other_devices.add(not_served(dev, here))
                     continue
                 try:
                     art = Artifact.from_json(doc)
                     self.check_key(art.key, fname or art.filename)
                     self.check_binds(art.config, set(), "config", file=fname or art.filename)
                 except FlytuneError as e:
-                    self._fallback(f"artifact {fname or '?'} from {origin} rejected: {e.rule}")
+                    self.fallback(f"artifact {fname or '?'} from {origin} rejected: {e.rule}")
                     continue
-                yield (order, LEVELS.index(level)), art, level, origin
+                yield serving.rank(order, level), art, level, origin
 
     def triton_config(self, config: Config):
         """A fresh `triton.Config` with `config`'s data: a copy of the declared one (its pre_hook with
@@ -251,17 +294,6 @@ class Adopted:
         return triton.Config(dict(config.kwargs), num_warps=config.num_warps, num_stages=config.num_stages,
                              num_ctas=config.num_ctas, maxnreg=config.maxnreg)
 
-    def _fallback(self, reason: str) -> None:
-        self._stats.fallback(reason)
-        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}")
-
-    # -- what every registered kernel offers (`runtime.registry`) ----------------------------------------
-    def check_key(self, key, file) -> None:
-        self.binding.check_key(key, file)
-
-    def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
-        self.binding.check(config, caller, what, file)
-
     @contextlib.contextmanager
     def forcing(self, config):
         """A context in which every call launches `config` (verify --execute): Triton's own path for a
@@ -273,20 +305,17 @@ class Adopted:
         finally:
             self.tuner.configs = saved
 
-    def stats(self) -> dict:
-        return self._stats.render()
-
     def reset(self) -> None:
+        """Forget decisions and counters (tests; after changing the environment); the offline tier stays."""
         self._stats = Stats()
         self.pending = None
-        for d in [*self.seeded.values(), *(d for _, d in self.deferred.values())]:
-            d.calls = 0
-            self._stats.decisions.append(d)
+        self.forget()
 
 
 class _Seeded(Exception):
-    """Raised through Triton's `run` by `prune_configs` once it has seeded the call's key."""
+    """Raised through Triton's `run` by `prune_configs` once it has put the call's config in the cache."""
 
 
 def _items(key: dict) -> tuple:
-    return tuple(sorted(key.items()))
+    # a null axis is an absent one (Triton keys nothing for None; earlier releases wrote no null axes)
+    return tuple(sorted((k, v) for k, v in key.items() if v is not None))

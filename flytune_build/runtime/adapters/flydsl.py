@@ -136,12 +136,12 @@ def expose() -> Path | None:
     for src in TIER.sources():
         if src.manifest is None:
             continue
-        got = bundle.read(str(src.root) + "/", (src.root / bundle.MANIFEST).read_bytes(),
-                          lambda n, r=src.root: (r / n).read_bytes() if (r / n).is_file() else None)
+        got = bundle.read_directory(src.root)  # every file capped (docs/security.md)
         for e in got.errors:
             warning.once(("flydsl-bundle", str(e)), f"{e}; not exposed to FlyDSL")
         if not got.errors:
-            arts += [a for a in got.artifacts if a.device.backend == "hip"]
+            serves = {k: any(s is src for _, s in TIER.ranked(k)) for k in src.manifest.kernels}  # owner or accepted pack
+            arts += [a for a in got.artifacts if a.device.backend == "hip" and serves.get(a.kernel)]
     if not arts:
         return None
     digest = hashlib.sha256("".join(sorted(a.address + str(a.config) for a in arts)).encode()).hexdigest()[:16]

@@ -1,0 +1,200 @@
+"""First calls at steady-state speed (issue 26): the sample's tuned shapes, side by side in one run.
+
+Each mode is a fresh process that imports torch and the installed sample wheel, builds every shape's
+inputs, then calls each shape once (the first calls, each timed call + device sync), then again
+(steady state: the median of 5 such timed calls per shape). Modes:
+
+  cold         empty TRITON_CACHE_DIR, no warm-up
+  disk         `flytune warmup sample-pkg` in another process into an empty cache W (its wall time is
+               reported), then this process with W and no warm-up of its own
+  inproc       empty cache; `flytune_build.warmup("sample-pkg")` here (timed), then the calls
+  inproc_disk  cache W (already filled); `flytune_build.warmup("sample-pkg")` here (timed)
+  inproc_thr   empty cache; the warm-up with processes=False (compiles on threads), timed
+  inproc_novar empty cache; the warm-up with align_variants=False (the tuned specializations only)
+  background   empty cache; `flytune_build.warmup(background=True)` right after the import, the
+               inputs built meanwhile, its `result()` awaited, then the calls
+  env          empty cache, FLYTUNE_WARMUP=background: importing the package starts it; awaited
+  racing       empty cache, FLYTUNE_WARMUP=background, calls made at once while it runs: every
+               output checked against torch (no wrong kernel, nothing broken)
+  triton       stock triton.autotune over the same configs (benchmarks/_triton_swap.py), empty cache
+
+  bg_prealloc  background, with each output size allocated once (and freed) before the first calls,
+               untimed: the caching allocator's first cudaMalloc of a size is not the kernel's cost
+
+Per shape a child records the first call, whether flytune had decided its key before it
+(`decided_ahead`), how many kernels the first call added to the JIT's in-process cache (`jit_added`,
+0: a hit there) and the steady-state time.
+
+  python benchmarks/warmup_inprocess.py --plan sample_pkg/tune/h200.toml --out OUTDIR
+Writes OUTDIR/warmup_inprocess.json and prints a table; goals: background first calls <= 2x steady
+state, the in-process warm-up <= 1 s.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import tomllib
+
+CHILD = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+mode, shapes, bench_dir = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+import torch
+import flytune_build as ft
+out = {"mode": mode}
+bg = None
+if mode in ("background", "bg_prealloc"):
+    bg = ft.warmup("sample-pkg", background=True)
+import sample_pkg
+from sample_pkg import kernels, tuning
+if mode == "triton":
+    sys.path.insert(0, bench_dir); import _triton_swap; _triton_swap.swap()
+torch.cuda.init()
+if mode in ("inproc", "inproc_disk", "inproc_thr", "inproc_novar"):
+    t = time.perf_counter()
+    report = ft.warmup("sample-pkg", processes=False if mode == "inproc_thr" else None,
+                       align_variants=mode != "inproc_novar")
+    out["warmup_s"] = round(time.perf_counter() - t, 4)
+    out["report"] = report.to_json()
+calls = [(kind, s, getattr(tuning, kind)(**s)) for kind, s in shapes]
+torch.cuda.synchronize()
+if bg is not None:
+    t = time.perf_counter(); report = bg.result(120); out["waited_s"] = round(time.perf_counter() - t, 4)
+    out["report"] = report.to_json()
+if mode in ("env", "racing"):
+    from flytune_build.runtime import warmup as w
+    auto = w.auto()
+    out["auto_started"] = auto is not None
+if mode == "env":
+    t = time.perf_counter(); auto.wait(120); out["waited_s"] = round(time.perf_counter() - t, 4)
+    out["report"] = next(iter(auto.reports.values())).to_json() if auto.reports else None
+if mode == "bg_prealloc":
+    for kind, s, _ in calls:
+        torch.empty((s["M"], s["N"]), device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+out["since_start_s"] = round(time.perf_counter() - t0, 3)
+def jit_entries():
+    n = 0
+    for k in (kernels.rmsnorm_kernel, kernels.softmax_kernel, kernels.matmul_kernel):
+        fn = k.fn
+        for caches in fn.device_caches.values():
+            n += len(caches[0])
+    return n
+def reference(kind, s):
+    g = torch.Generator().manual_seed(0)
+    if kind == "matmul":
+        a = torch.randn(s["M"], s["K"], generator=g).cuda().half(); b = torch.randn(s["K"], s["N"], generator=g).cuda().half()
+        return (a.float() @ b.float()), 5e-2 * s["K"] ** 0.5
+    x = torch.randn(s["M"], s["N"], generator=g).cuda().half()
+    if kind == "softmax":
+        return torch.softmax(x.float(), -1), 2e-3
+    w = torch.randn(s["N"], generator=g).cuda().half()
+    return x.float() * torch.rsqrt((x.float() ** 2).mean(-1, keepdim=True) + 1e-6) * w.float(), 2e-2
+rows = []
+for kind, s, call in calls:
+    k = getattr(kernels, kind + "_kernel")
+    memo = getattr(k, "_memo", None)
+    before = len(memo) if memo is not None else None
+    e0 = jit_entries() if mode != "triton" else 0
+    t = time.perf_counter(); y = call(); torch.cuda.synchronize(); first = time.perf_counter() - t
+    row = {"kernel": kind, "shape": s, "first_s": first, "jit_added": (jit_entries() - e0) if mode != "triton" else None,
+           "decided_ahead": (memo is not None and len(memo) == before and before > 0)}
+    if mode == "racing":
+        ref, tol = reference(kind, s)
+        row["correct"] = bool(torch.allclose(y.float(), ref, atol=tol, rtol=1e-2))
+    rows.append(row)
+del y
+for row, (kind, s, call) in zip(rows, calls):
+    times = []
+    for _ in range(5):
+        t = time.perf_counter(); call(); torch.cuda.synchronize(); times.append(time.perf_counter() - t)
+    row["steady_s"] = sorted(times)[2]
+out["rows"] = rows
+out["stats"] = {n: s["calls"] for n, s in ft.stats().items()} if mode != "triton" else None
+print("RESULT " + json.dumps(out))
+"""
+
+
+def child(script, mode, shapes, cache, bench_dir, **env):
+    e = dict(os.environ, TRITON_CACHE_DIR=cache, FLYTUNE_CACHE_DIR=tempfile.mkdtemp(), FLYTUNE_AUTOTUNE="0", **env)
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, script, mode, json.dumps(shapes), bench_dir], env=e, capture_output=True,
+                       text=True, check=False)
+    wall = time.perf_counter() - t
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if p.returncode or line is None:
+        return {"mode": mode, "error": (p.stdout + p.stderr)[-3000:], "wall_s": wall}
+    out = json.loads(line[7:])
+    out["wall_s"] = round(wall, 3)
+    out["stderr_tail"] = p.stderr[-1500:]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--modes", default="cold,disk,inproc,inproc_disk,inproc_thr,inproc_novar,background,bg_prealloc,env,racing,triton")
+    args = ap.parse_args()
+    with open(args.plan, "rb") as f:
+        shapes = [(e["kernel"].rsplit(".", 1)[1], s) for e in tomllib.load(f)["entries"] for s in e["shapes"]]
+    work = tempfile.mkdtemp()
+    script = os.path.join(work, "child.py")
+    with open(script, "w") as f:
+        f.write(CHILD)
+    bench_dir = os.path.dirname(os.path.abspath(__file__))
+    fresh = lambda: tempfile.mkdtemp(dir=work)
+    results, extra = {}, {}
+    disk = fresh()
+    for mode in args.modes.split(","):
+        if mode == "disk":
+            t = time.perf_counter()
+            p = subprocess.run([sys.executable, "-m", "flytune_build.cli", "warmup", "sample-pkg", "--json"],
+                               env=dict(os.environ, TRITON_CACHE_DIR=disk, FLYTUNE_CACHE_DIR=tempfile.mkdtemp()),
+                               capture_output=True, text=True, check=False)
+            extra["cli_warmup_wall_s"] = round(time.perf_counter() - t, 3)
+            extra["cli_warmup_rc"] = p.returncode
+            try:
+                extra["cli_report"] = json.loads(p.stdout)
+            except ValueError:
+                extra["cli_report"] = {"error": (p.stdout + p.stderr)[-3000:]}
+            r = child(script, mode, shapes, disk, bench_dir)
+        elif mode == "inproc_disk":
+            r = child(script, mode, shapes, disk, bench_dir)
+        elif mode in ("env", "racing"):
+            r = child(script, mode, shapes, fresh(), bench_dir, FLYTUNE_WARMUP="background")
+        else:
+            r = child(script, mode, shapes, fresh(), bench_dir)
+        results[mode] = r
+        print(json.dumps({k: v for k, v in r.items() if k not in ("rows", "report", "stderr_tail")}), flush=True)
+        with open(os.path.join(args.out, "warmup_inprocess.json"), "w") as f:
+            json.dump({"results": results, **extra}, f, indent=1)
+    summary = {}
+    print(f"\n{'mode':12} {'first 15 (ms)':>14} {'steady 15 (ms)':>15} {'ratio':>7} {'warm-up (s)':>12} "
+          f"{'decided':>8} {'jit+':>5} {'correct':>8}")
+    for mode, r in results.items():
+        if "rows" not in r:
+            print(f"{mode:12} ERROR {r.get('error', '')[-300:]}")
+            continue
+        first = sum(x["first_s"] for x in r["rows"]) * 1e3
+        steady = sum(x["steady_s"] for x in r["rows"]) * 1e3
+        warm = r.get("warmup_s", r.get("waited_s"))
+        dec = sum(bool(x["decided_ahead"]) for x in r["rows"])
+        added = sum(x["jit_added"] or 0 for x in r["rows"]) if mode != "triton" else None
+        correct = all(x.get("correct", True) for x in r["rows"])
+        summary[mode] = {"first_ms": round(first, 3), "steady_ms": round(steady, 3), "ratio": round(first / steady, 2),
+                         "warmup_s": warm, "decided_ahead": dec, "jit_added": added, "correct": correct}
+        print(f"{mode:12} {first:14.2f} {steady:15.3f} {first / steady:7.1f} "
+              f"{'' if warm is None else f'{warm:.3f}':>12} {dec:>8} {'' if added is None else added:>5} {correct!s:>8}")
+    print(f"flytune warmup (CLI, another process): {extra.get('cli_warmup_wall_s')} s wall, "
+          f"report seconds {extra.get('cli_report', {}).get('seconds')}")
+    with open(os.path.join(args.out, "warmup_inprocess.json"), "w") as f:
+        json.dump({"summary": summary, "results": results, **extra}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

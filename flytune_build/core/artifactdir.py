@@ -1,0 +1,76 @@
+"""A directory of artifact files (`<kernel>-<address>.json`), read one way by every reader.
+
+The runtime's FLYTUNE_ARTIFACT_DIR, `verify DIR`, `fmt`, `merge` and a tune's output all read through
+here: the listing is bounded (at most `MAX_FILES` entries, one level, or core.fsutil.find's contained,
+loop-free walk with `recursive`), hidden files (an atomic writer's temporaries) are not artifacts,
+and every file is read by core.fsutil.read_regular (regular files only, capped at one artifact's
+size): a FIFO or a link to /dev/zero named like an artifact is a problem naming it, never a hang.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from . import codec, fsutil
+from .errors import ArtifactError, FlytuneError
+
+MAX_FILES = fsutil.MAX_ENTRIES
+SUFFIX = ".json"
+
+
+class Read(NamedTuple):
+    """What `read_all` found: (path, bytes) of each file read, sorted by name, and one error per file
+    (or listing) that could not be read."""
+    files: list[tuple[Path, bytes]]
+    problems: list[FlytuneError]
+
+
+def listing(directory: str | os.PathLike, *, prefix: str = "", error=ArtifactError,
+            max_files: int = MAX_FILES) -> list[Path]:
+    """The artifact files directly in `directory` whose names start with `prefix`, sorted by name; an
+    `error` naming the directory when it cannot be listed or holds more than `max_files` entries."""
+    directory = Path(directory)
+    out, seen = [], 0
+    try:
+        with os.scandir(directory) as entries:
+            for e in entries:
+                seen += 1
+                if seen > max_files:
+                    raise error(f"holds more than {max_files} entries: refused", file=directory)
+                if e.name.endswith(SUFFIX) and not e.name.startswith(".") and e.name.startswith(prefix):
+                    out.append(directory / e.name)
+    except OSError as e:
+        raise error(f"cannot be listed: {e.strerror or e}", file=directory) from None
+    return sorted(out, key=lambda p: p.name)
+
+
+def read(path: str | os.PathLike, error=ArtifactError) -> bytes:
+    """One artifact file's bytes: a regular file, at most one artifact's cap."""
+    return fsutil.read_regular(path, error, codec.MAX_DOCUMENT_BYTES)
+
+
+def read_all(directory: str | os.PathLike, *, prefix: str = "", recursive: bool = False,
+             error=ArtifactError) -> Read:
+    """Every artifact file of `directory` (with `recursive`, every `*.json` below it, as core.fsutil.find
+    walks), each read by `read`; what cannot be listed or read is a problem, and the rest is read."""
+    directory = Path(directory)
+    problems: list[FlytuneError] = []
+    try:
+        if recursive:
+            found = fsutil.find(directory, ".", suffix=SUFFIX, error=error, file=directory,
+                                root_name="the directory")
+            problems += found.problems
+            paths = [(Path(real), directory / rel) for real, rel in sorted(found.files.items(), key=lambda t: t[1])]
+        else:
+            paths = [(p, p) for p in listing(directory, prefix=prefix, error=error)]
+    except FlytuneError as e:
+        return Read([], [e])
+    files = []
+    for real, path in paths:
+        try:
+            files.append((path, read(real, error)))
+        except FlytuneError as e:
+            e.relocate(path)
+            problems.append(e)
+    return Read(files, problems)

@@ -1,0 +1,71 @@
+"""Two sources side by side: the winners that changed and by how much (audit.source.diff), and the
+shapes added or removed.
+
+"By how much" is read two ways. The margin is the old winner's time over the new winner's in the
+new run's own candidates (the same process, the same placements: the figure to trust). The
+cross-run ratio compares each winner's time as its own run recorded it, which also moves with the
+machine, the driver and the load; it is shown only beside the margin, labelled as such.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..audit import source as audit
+from ..core import codec
+from ..core.artifact import Artifact
+from . import shape
+from .shape import key_text, label
+
+
+@dataclass(frozen=True)
+class Change:
+    kernel: str
+    key: str
+    device: str
+    old: str
+    new: str
+    margin: float | None       # old winner / new winner - 1, in the new run (audit.source.diff)
+    cross_run: float | None    # the new winner's time in its run / the old winner's in its own, - 1
+    address: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    changed: tuple[Change, ...]
+    added: tuple[str, ...]     # "kernel key on device"
+    removed: tuple[str, ...]
+    unchanged: int
+    previous: dict             # new artifact's address -> the old source's winner (a Config)
+
+
+def compare(old: audit.Source, new: audit.Source) -> Comparison:
+    d = audit.diff(old, new)
+    a = {x.address: x for x in old.artifacts}
+    b = {x.address: x for x in new.artifacts}
+    changed = []
+    margins = {(c["kernel"], codec.canonical(c["key"]), c["device"]): c["margin"] for c in d["changed"]}
+    for addr in sorted(a.keys() & b.keys(), key=lambda x: (b[x].kernel, key_text(b[x].key), x)):
+        o, n = a[addr], b[addr]
+        if o.config == n.config:
+            continue
+        margin = margins.get((n.kernel, codec.canonical(dict(n.key)), n.device.spec()))
+        changed.append(Change(n.kernel, key_text(n.key), n.device.spec(), label(o.config), label(n.config),
+                              margin, _cross_run(o, n), addr))
+    return Comparison(tuple(changed), tuple(_ident(b[x]) for x in sorted(b.keys() - a.keys())),
+                      tuple(_ident(a[x]) for x in sorted(a.keys() - b.keys())), d["unchanged"],
+                      {c.address: a[c.address].config for c in changed})
+
+
+def _cross_run(old: Artifact, new: Artifact) -> float | None:
+    t_old, t_new = _own_time(old), _own_time(new)
+    return t_new / t_old - 1 if t_old and t_new else None
+
+
+def _own_time(art: Artifact) -> float | None:
+    """The winner's time in its own run's candidates, where recorded."""
+    win = shape.read(art).winner
+    return win.time_ms if win is not None and win.time_ms else None
+
+
+def _ident(a: Artifact) -> str:
+    return f"{a.kernel} {key_text(a.key)} on {a.device.spec()}"

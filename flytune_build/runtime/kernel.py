@@ -1,0 +1,144 @@
+"""What every tuned kernel of this process is: a ported `flytune_build.autotune` kernel
+(`autotuner.Autotuned`) and an adopted `@triton.autotune` one (`adapters.adopted.Adopted`) alike.
+
+`Kernel` declares the parts they share: the preamble (`declare`: name, configs as data, the config
+pre_hooks, the binding rules), the checks an artifact must pass (`check_key`, `check_binds`), the
+fallback warning, how a key not yet decided is decided (`decide`, by the mode's tier order) and
+launch-or-fail (`launch_error`). Each kind supplies its tiers; the hot path of each stays its own.
+
+What FLYTUNE_AUTOTUNE means, for both kinds (`ORDER`): a key not yet decided is served by the first
+tier of its mode's order that answers.
+
+    auto    scratch, offline, heuristic, search
+    off     scratch, offline, heuristic, first       (=0: never search)
+    strict  scratch, offline, then TierMissError     (a tuned config must serve)
+    search  search, its winner emitted               (=1: always search)
+
+"first" is the first candidate a search would time (the declared configs after `prune_configs_by`,
+in declared order), with its pre_hook: what Triton's Autotuner launches with one config. A kernel
+that cannot time a search here (an adopted kernel on the interpreter, where Triton has no driver
+and the kernel no `do_bench` of its own) takes "first" where `auto` would search. An adopted kernel
+has no scratch or heuristic tier of its own (Triton's disk cache answers inside its search).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..core.artifact import kernel_name
+from ..core.codec import Fields
+from ..core.config import Config, space_hash
+from ..core.errors import ArtifactExecutionError, DeclarationError, FlytuneError
+from . import callbacks, device, warning
+from .binding import Binding
+from .decision import Decision, Stats, failure, miss
+
+ORDER = {
+    "auto": ("scratch", "offline", "heuristic", "search"),
+    "off": ("scratch", "offline", "heuristic", "first"),
+    "strict": ("scratch", "offline", "miss"),
+    "search": ("search",),
+}
+# what `strict` names as the fallback it forbids, and why "first" served
+FALLBACK_NAMES = {"heuristic": "the heuristic", "search": "a search", "first": "the first config"}
+FIRST_REASONS = {
+    "off": "FLYTUNE_AUTOTUNE=0 and no heuristic default: using the first config",
+    "auto": "the interpreter cannot time Triton's search (no driver, and the kernel has no do_bench of its "
+            "own): using the first config",
+}
+
+Tier = Callable[[], "Decision | None"]
+
+
+def order(mode: str, can_search: bool = True) -> tuple[str, ...]:
+    """The tiers that may serve a key not yet decided under `mode`, in order."""
+    tiers = ORDER[mode]
+    if not can_search and mode != "search":
+        tiers = tuple("first" if t == "search" else t for t in tiers)
+    return tiers
+
+
+def first_candidate(pruned: Sequence[Any], declared: Sequence[Config]) -> Any:
+    """The first of `pruned` (a search's candidates) in the kernel's declared order; a config the
+    pruner made up comes after every declared one, in the pruner's order."""
+    position: dict[Config, int] = {}
+    for i, c in enumerate(declared):
+        position.setdefault(c, i)
+    return min(pruned, key=lambda c: position.get(Config.coerce(c), len(position)))
+
+
+class Kernel:
+    """The declared base of a tuned kernel (see the module docstring)."""
+
+    name: str
+    validate: Callable | None
+
+    def declare(self, name: str, arg_names: Sequence[str], declared: Sequence[Any], axis_names: Sequence[str],
+                **binding) -> None:
+        """The preamble: the kernel's name checked, its configs as data (their pre_hooks in `hooks`), the
+        rules a served config must follow (`binding`), its counters."""
+        kernel_name(name, Fields(name, DeclarationError), "name")
+        self.name = name
+        self.arg_names = list(arg_names)
+        self.declared = list(declared)
+        self.configs = [Config.coerce(c) for c in self.declared]
+        self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
+        self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
+        self.binding = Binding(name, tuple(self.arg_names), tuple(axis_names), self.tuned_kwargs, self.hooks.declared,
+                               **binding)
+        self.space_hash = space_hash(self.configs)
+        self._stats = Stats()
+
+    def decide(self, mode: str, key: dict, tiers: Mapping[str, Tier], can_search: bool = True) -> Decision | None:
+        """The decision of the first tier of `mode`'s order that answers (`tiers`: what this kernel has,
+        by tier name); None where none does (a warm-up, which never searches). Under `strict` a key no
+        tuned tier serves raises `TierMissError`, naming the fallback `auto` would have taken."""
+        for tier in order(mode, can_search):
+            if tier == "miss":
+                fallback = next((t for t in order("auto", can_search)[2:] if t in tiers), "search")
+                raise miss(self.name, key, device.current(), FALLBACK_NAMES[fallback])
+            step = tiers.get(tier)
+            d = None if step is None else step()
+            if d is not None:
+                if tier == "first":
+                    self.fallback(FIRST_REASONS["off" if mode == "off" else "auto"])
+                return d
+        return None
+
+    def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
+        """Raise unless `config` may be launched for a call passing `caller` (`binding.Binding.check`)."""
+        self.binding.check(config, caller, what, file)
+
+    def check_key(self, key, file) -> None:
+        """Raise an ArtifactError unless an artifact's key has the axes this kernel keys on."""
+        self.binding.check_key(key, file)
+
+    def refused_pack(self, d: Decision | None, e: Exception) -> bool:
+        """A config pack's config that failed to launch: the owner never accepted it, so it is refused
+        with one warning and the key decided again (the next tier serves); True when `d` was one. An
+        owner's artifact that fails is never refused: `launch_error` names it."""
+        if d is None or d.tier != "offline" or not d.pack or isinstance(e, FlytuneError):
+            return False
+        self.fallback(f"config pack {d.pack}: {d.origin} failed to launch ({type(e).__name__}: "
+                      f"{str(e).strip()[:200]}); refused, the next tier serves")
+        self.forget_pack(d)
+        return True
+
+    def forget_pack(self, d: Decision) -> None:
+        """Take a refused pack decision out of this kernel's tiers (each kind knows where it keeps them)."""
+        raise NotImplementedError
+
+    def fallback(self, reason: str) -> None:
+        """Count `reason` and warn once per kernel and reason."""
+        self._stats.fallback(reason)
+        warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}")
+
+    def stats(self) -> dict:
+        """This kernel's counters (see `flytune_build.stats()`)."""
+        return self._stats.render()
+
+
+def launch_error(d: Decision | None, e: Exception) -> ArtifactExecutionError | None:
+    """Launch-or-fail: the error a failed launch of `d`'s config raises instead of `e`: an accepted
+    artifact's failure names it (never retried with a default); None: `e` stands."""
+    return failure(d, e) if d is not None and d.tier == "offline" else None

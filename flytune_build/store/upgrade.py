@@ -1,0 +1,95 @@
+"""`flytune upgrade DIR`: rewrite an artifact directory that several releases wrote into one form.
+
+What changes is only what `core.verification.conform` reads in: an artifact written before null key
+axes (the first release left an adopted kernel's None arguments out of its key) gains the null axes
+its kernel's other artifacts hold, under its new content address. Its config and provenance are kept
+as they are; nothing else is rewritten. Lossless: both keys stand for one Triton cache key.
+
+All or nothing: every file is read and the directory checked with the build's rules first (key
+axes, conflicts, backend options); any error, and nothing is written. A target that already holds
+the same identity and config with other provenance (the shape re-tuned by a newer release) is left to
+the user: remove the file whose measurement to drop (two configs are a conflict the rules already
+name). Then every target is written atomically (one that fails removes those written), and only then
+are the old files removed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core import verification
+from ..core.artifact import Artifact, read_capped
+from ..core.errors import ArtifactError, FlytuneError, InputError, OutputError, printable
+
+
+@dataclass
+class Upgraded:
+    """What `upgrade` did: `errors` non-empty means nothing was written."""
+    errors: list[FlytuneError] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)   # one line per file rewritten
+    files: int = 0                                     # artifact files read
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def upgrade(directory) -> Upgraded:
+    """Rewrite the artifacts of `directory` under each kernel's one axis set (see the module docstring)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise InputError("is not a directory of artifact files", file=directory)
+    report = Upgraded()
+    found: list[tuple[Path, Artifact]] = []
+    for path in sorted(root.glob("*.json")):
+        try:
+            found.append((path, Artifact.from_bytes(read_capped(path, ArtifactError), file=path)))
+        except FlytuneError as e:
+            report.errors.append(e)
+    report.files = len(found)
+    if report.errors:
+        return report
+    origin = {id(a): str(p) for p, a in found}
+    checked = verification.check([a for _, a in found], lambda a: origin[id(a)])
+    report.errors += checked.errors
+    if report.errors:
+        return report
+    plan = []  # (old path, new artifact)
+    for (path, art), new in zip(found, verification.conformed([a for _, a in found])):
+        if new is art:
+            continue
+        target = root / new.filename
+        if os.path.lexists(target) and (target.is_symlink() or not target.is_file()
+                                        or read_capped(target, ArtifactError) != new.to_bytes()):
+            report.errors.append(ArtifactError(
+                f"is, with the null axes it lacks, the identity of {target.name}, which holds its config with "
+                f"another provenance (this shape re-tuned by a newer release?): remove the file whose "
+                f"measurement you drop, then upgrade",
+                file=path, field="key"))
+            continue
+        plan.append((path, new))
+    if report.errors:
+        return report
+    written = []
+    try:
+        for path, new in plan:
+            target = root / new.filename
+            if not target.exists():
+                new.save(root)
+                written.append(target)
+    except (OSError, FlytuneError) as e:
+        for target in written:
+            target.unlink(missing_ok=True)
+        report.errors.append(e if isinstance(e, FlytuneError) else
+                             OutputError(f"cannot be written: {e.strerror or e}", file=root))
+        return report
+    for path, new in plan:
+        try:
+            path.unlink()
+        except OSError as e:  # both files stay: one identity, one config (verify notes the duplicate)
+            report.errors.append(OutputError(f"cannot be removed after {new.filename} was written: {e.strerror or e}",
+                                             file=path))
+            continue
+        report.actions.append(f"upgraded {printable(str(path))} -> {new.filename}")
+    return report

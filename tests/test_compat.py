@@ -1,0 +1,239 @@
+"""Artifacts and wheels earlier releases wrote keep serving under this one (tests/data/compat/).
+
+The corpus was made by the project's first release (commit 7f53f58): its `flytune tune` tuned
+tests/data/compat/src (a ported kernel and an fla-style cumsum adopted through @triton.heuristics over
+@triton.autotune, called with `cu_seqlens=None, scale=None`), and its backend built the wheel. That
+release wrote no null key axes; this one writes `cu_seqlens: null, scale: null`.
+"""
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from buildkit import pip_wheel
+from conftest import ROOT, python_env
+from flytune_build.core import verification
+from flytune_build.core.artifact import Artifact, load_dir
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER
+
+CORPUS = Path(__file__).parent / "data" / "compat"
+FIRST_RELEASE_DIR = CORPUS / "src" / "artifacts" / "interpreter"
+FIRST_RELEASE_WHEEL = CORPUS / "wheels" / "compatpkg-1.0-py3-none-any.whl"
+
+# Every tuned shape served from the installed bundle under FLYTUNE_AUTOTUNE=strict: a search raises.
+SERVE = '''
+import json, torch, flytune_build as ft
+from flytune_build.triton import adopt
+import compatpkg
+seeded = adopt(compatpkg.cumsum_kernel, "compatpkg.cumsum")
+for B, H in {shapes}:
+    s = torch.randn(B, 40, H)
+    torch.testing.assert_close(compatpkg.cumsum(s, cu_seqlens=None, scale=None), s.cumsum(1))
+for n in (100, 1000):
+    x, y = torch.randn(n), torch.randn(n)
+    torch.testing.assert_close(compatpkg.add(x, y), x + y)
+print(json.dumps({{"seeded": seeded, "stats": ft.stats()}}, default=str))
+'''
+
+
+def serve(site: Path, shapes) -> dict:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SERVE.format(shapes=list(shapes)))], cwd="/",
+                       capture_output=True, text=True, timeout=300,
+                       env=python_env(PYTHONPATH=f"{site}:{ROOT}", FLYTUNE_AUTOTUNE="strict", TRITON_INTERPRET=1))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def assert_offline(stats: dict, cumsum_calls: int) -> None:
+    """Every call of both kernels served from the bundle: no search, no scratch entry, no fallback."""
+    assert stats["compatpkg.cumsum"]["calls"] == {"scratch": 0, "offline": cumsum_calls, "heuristic": 0, "search": 0}
+    assert stats["compatpkg.add"]["calls"] == {"scratch": 0, "offline": 2, "heuristic": 0, "search": 0}
+    assert all(k["searches"] == 0 and not k["fallbacks"] for k in stats.values())
+
+
+def install(wheel: Path, into: Path) -> Path:
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(into)
+    return into
+
+
+def test_first_release_artifacts_verify_as_they_are():
+    arts = load_dir(FIRST_RELEASE_DIR, canonical=True)
+    assert {a.kernel for a in arts} == {"compatpkg.add", "compatpkg.cumsum"}
+    assert all(None not in a.key.values() for a in arts)  # written before null axes
+    found = verification.check(arts, lambda a: a.filename)
+    assert not found.errors and not found.warnings
+    assert [a.address for a in found.bundled(arts)] == [a.address for a in arts]  # alone: bundled as they are
+
+
+def test_first_release_wheel_serves_with_zero_search(tmp_path):
+    out = serve(install(FIRST_RELEASE_WHEEL, tmp_path / "site"), [(2, 2), (2, 4)])
+    assert out["seeded"] == 2
+    assert_offline(out["stats"], 2)
+
+
+def retune(project: Path, B: int) -> Artifact:
+    """This release's `recording` of one new cumsum shape, written into the first release's directory."""
+    code = f'''
+        import sys, torch
+        sys.path.insert(0, {str(project)!r})
+        from flytune_build.triton import recording
+        import compatpkg
+        with recording(compatpkg.cumsum_kernel, "compatpkg.cumsum") as got:
+            compatpkg.cumsum(torch.randn({B}, 40, 2), cu_seqlens=None, scale=None)
+        print(got[0].save({str(project / "artifacts" / "interpreter")!r}))
+    '''
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                       env=python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return Artifact.load(r.stdout.strip().splitlines()[-1])
+
+
+def test_retune_into_first_release_directory_builds_strict_and_serves(tmp_path):
+    project = tmp_path / "compatpkg"
+    shutil.copytree(CORPUS / "src", project)
+    new = retune(project, B=3)
+    assert new.key["cu_seqlens"] is None and new.key["scale"] is None  # this release's derivation
+    arts = load_dir(project / "artifacts" / "interpreter")
+    assert not verification.check(arts, lambda a: a.filename).errors
+
+    r = pip_wheel(project, tmp_path / "dist")  # the project declares strict = true
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = (tmp_path / "dist").glob("compatpkg-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shard = json.loads(z.read("compatpkg/_flytune/compatpkg.cumsum.json"))
+    assert shard["axes"] == ["B", "H", "IS_VARLEN", "cu_seqlens", "o", "s", "scale"] and len(shard["artifacts"]) == 3
+
+    out = serve(install(wheel, tmp_path / "site"), [(2, 2), (2, 4), (3, 2)])
+    assert out["seeded"] == 3
+    assert_offline(out["stats"], 3)
+
+
+def test_old_and_new_key_of_one_shape_are_one_identity():
+    """A re-tune of a shape the first release tuned is that artifact's identity: two configs conflict."""
+    (old,) = [a for a in load_dir(FIRST_RELEASE_DIR) if a.kernel == "compatpkg.cumsum" and a.key["H"] == 2]
+    new = Artifact(old.kernel, {**old.key, "cu_seqlens": None, "scale": None}, old.device,
+                   Config({"BT": 16}, num_warps=1))
+    found = verification.check([old, new], lambda a: a.filename)
+    assert [e.field for e in found.errors] == ["config"] and "one lacks reading as the other's null" in found.errors[0].rule
+    same = new.with_provenance(None)
+    found = verification.check([old, Artifact(new.kernel, new.key, new.device, old.config)], lambda a: a.filename)
+    assert not found.errors and found.warnings  # the same config twice: kept once
+    assert same.address != old.address
+
+
+def test_axes_that_truly_differ_say_who_wrote_which_and_what_to_do():
+    prov = {"flytune": "0.1.0", "created": "2026-12-02T10:00:00Z"}
+    arts = [Artifact("k.add", {"x": "float32", "n": n}, INTERPRETER, Config({"B": 16}), prov) for n in (1, 2)]
+    arts.append(Artifact("k.add", {"x": "float32", "n": 3, "y": "float16"}, INTERPRETER, Config({"B": 16}),
+                         {"flytune": "0.2.0", "created": "2026-12-09T10:00:00Z"}))
+    found = verification.check(arts, lambda a: a.filename)
+    (err,) = found.errors
+    assert err.file == arts[2].filename and err.field == "key"
+    for part in ("adds ['y']", "written by flytune 0.1.0 on 2026-12-02", "written by flytune 0.2.0 on 2026-12-09",
+                 arts[0].filename, "re-tune these shapes with this release"):
+        assert part in err.rule, part
+
+
+@pytest.mark.parametrize("tensor_first", [True, False])
+def test_optional_tensor_variants_share_one_axis_set(tensor_first):
+    """{cu_seqlens: int32} and {cu_seqlens: null}, as this release writes them, and the first release's
+    key without the axis: one kernel, three keys, no rejection."""
+    dev, c = INTERPRETER, Config({"BT": 16})
+    with_tensor = Artifact("k.cs", {"B": 1, "s": "float32", "cu_seqlens": "int32"}, dev, c)
+    null = Artifact("k.cs", {"B": 2, "s": "float32", "cu_seqlens": None}, dev, c)
+    old = Artifact("k.cs", {"B": 3, "s": "float32"}, dev, c)
+    arts = [with_tensor, null, old] if tensor_first else [old, null, with_tensor]
+    found = verification.check(arts, lambda a: a.filename)
+    assert not found.errors
+    assert {a.key_axes() for a in found.bundled(arts)} == {("B", "cu_seqlens", "s")}
+
+
+def mixed_directory(tmp_path) -> Path:
+    """The first release's directory with one shape this release tuned (its key holds the null axes)."""
+    d = tmp_path / "artifacts"
+    shutil.copytree(FIRST_RELEASE_DIR, d)
+    (old,) = [a for a in load_dir(d) if a.kernel == "compatpkg.cumsum" and a.key["H"] == 2]
+    Artifact(old.kernel, {**old.key, "B": 3, "cu_seqlens": None, "scale": None}, old.device, old.config,
+             {"flytune": "0.1.0", "ranking": "measured"}).save(d)
+    return d
+
+
+def test_upgrade_rewrites_only_the_old_keys_losslessly(tmp_path):
+    from flytune_build.store.upgrade import upgrade
+
+    d = mixed_directory(tmp_path)
+    before = {(a.kernel, a.config, json.dumps(dict(a.provenance), sort_keys=True)): a for a in load_dir(d)}
+    report = upgrade(d)
+    assert report.ok and len(report.actions) == 2  # the two cumsum files of the first release
+    after = load_dir(d, canonical=True)
+    assert len(after) == 5 and not verification.check(after, lambda a: a.filename).errors
+    assert {a.key_axes() for a in after if a.kernel == "compatpkg.cumsum"} == \
+        {("B", "H", "IS_VARLEN", "cu_seqlens", "o", "s", "scale")}
+    assert {a.address for a in after} == {a.address for a in verification.conformed(list(before.values()))}
+    assert {(a.kernel, a.config, json.dumps(dict(a.provenance), sort_keys=True)) for a in after} == set(before)
+    assert upgrade(d).actions == []  # once upgraded, nothing to do
+    assert (d / "compatpkg.add-265e550ffd965b1d.json").read_bytes() == \
+        (FIRST_RELEASE_DIR / "compatpkg.add-265e550ffd965b1d.json").read_bytes()  # untouched kernels keep their bytes
+
+
+def test_upgrade_is_all_or_nothing(tmp_path):
+    from flytune_build.store.upgrade import upgrade
+
+    d = mixed_directory(tmp_path)
+    (old,) = [a for a in load_dir(d) if a.kernel == "compatpkg.cumsum" and a.key["H"] == 4]
+    Artifact(old.kernel, {**old.key, "cu_seqlens": None, "scale": None}, old.device, old.config,
+             {"flytune": "0.1.0", "ranking": "synthetic"}).save(d)  # that shape re-tuned: same config, other provenance
+    files = {p.name: p.read_bytes() for p in d.iterdir()}
+    report = upgrade(d)
+    (err,) = report.errors
+    assert err.file == str(d / old.filename) and "remove the file whose measurement you drop" in err.rule
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == files
+
+
+def test_upgrade_command_prints_each_file_and_exits_0_then_1_on_an_invalid_artifact(tmp_path, capsys):
+    import argparse
+
+    from flytune_build.cli import upgrade as cli
+
+    d = mixed_directory(tmp_path)
+    assert cli.command(argparse.Namespace(dir=str(d))) == 0
+    out = capsys.readouterr().out
+    assert out.count("upgraded ") == 3 and "flytune: upgraded 2 of 5 artifact(s)" in out
+    (d / "broken.json").write_text("{")
+    assert cli.command(argparse.Namespace(dir=str(d))) == 1
+    assert "broken.json" in capsys.readouterr().err
+
+
+def test_a_pruned_adopted_kernel_serves_the_first_release_keys_with_zero_search(tmp_path, monkeypatch):
+    """A kernel with an `early_config_prune` is seeded on each key's first call, by the call's artifact
+    key (which holds `cu_seqlens: null, scale: null`): the first release's keys, which lack them, match."""
+    import torch
+    import triton
+
+    monkeypatch.syspath_prepend(str(CORPUS / "src"))
+    import compatpkg
+    from flytune_build import stats
+    from flytune_build.triton import adopt
+
+    shutil.copytree(FIRST_RELEASE_DIR, tmp_path / "artifacts")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    pruned = []
+    tuner = compatpkg.cumsum_kernel.fn
+    kernel = triton.heuristics(compatpkg.cumsum_kernel.values)(
+        triton.autotune(tuner.configs, key=list(tuner.keys), do_bench=compatpkg.wall_clock,
+                        prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: pruned.append(1) or configs})(
+            tuner.fn))
+    assert adopt(kernel, "compatpkg.cumsum") == 2
+    s = torch.randn(2, 40, 4)
+    o = s.new_empty(s.shape)
+    kernel[(8,)](s, o, None, None, 40, B=2, H=4)
+    torch.testing.assert_close(o, s.cumsum(1))
+    assert pruned and stats()["compatpkg.cumsum"]["calls"]["offline"] == 1

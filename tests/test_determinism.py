@@ -1,0 +1,66 @@
+"""Cold re-tunes choose the same winner: two measured searches of one plan in one process (the kernel
+reset between them, so each searches afresh), timed for real under the interpreter, where `num_warps`
+changes nothing and each BLOCK's configs are exact ties; then a re-tune against the first run's winners
+changes none (hysteresis)."""
+import statistics
+import time
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import flytune_build as ft
+from flytune_build import Config
+from flytune_build.core import settings
+from flytune_build.runtime import selection
+
+pytestmark = pytest.mark.skipif(not settings.current().interpret, reason="measured under TRITON_INTERPRET=1")
+
+# Exact ties: within a BLOCK the three configs run the same interpreted code. Across BLOCKs the time
+# differs (a program per BLOCK elements), so the search must also tell real differences apart.
+CONFIGS = [Config({"BLOCK": b}, num_warps=w) for b in (64, 128) for w in (1, 2, 4)]
+SHAPES = [64 * i for i in range(1, 13)]   # 12 shapes, 12 keys: 1 to 12 programs of BLOCK 64
+
+
+@ft.autotune(CONFIGS, ["n"], name="test_determinism.scale", rep=100, warmup=1)
+@triton.jit
+def scale_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * 2.0, mask=m)
+
+
+def tune_plan() -> dict[int, dict]:
+    """One cold pass over SHAPES: each shape's winner and provenance.selection."""
+    scale_kernel.reset()
+    out = {}
+    for n in SHAPES:
+        x, y = torch.randn(n), torch.empty(n)
+        scale_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+        torch.testing.assert_close(y, 2 * x)
+        d = scale_kernel.decision(x, y, n)
+        out[n] = {"config": d.config, "selection": d.search.selection}
+    return out
+
+
+def test_cold_searches_agree_each_winner_within_the_cap_and_a_re_tune_keeps_them(tmp_path):
+    start = time.perf_counter()
+    with settings.override(autotune="search", ranking="measured", cache_dir=tmp_path, emit_dir=None):
+        first, second = tune_plan(), tune_plan()
+        kept = {n: r["config"] for n, r in first.items()}
+        with selection.keeping(lambda kernel, key: selection.Shipped(kept[key["n"]], 0.03)):
+            third = tune_plan()
+    agree = [n for n in SHAPES if first[n]["config"] == second[n]["config"]]
+    assert len(agree) >= 0.9 * len(SHAPES), {n: (first[n]["config"], second[n]["config"]) for n in SHAPES}
+    for run in (first, second):
+        for n, r in run.items():
+            sel = r["selection"]
+            medians = {f["index"]: f["median_ms"] for f in sel["finalists"]}
+            assert medians[sel["winner"]] <= min(medians.values()) * (1 + selection.CPU_TIME.cap), (n, sel)
+            assert r["config"].num_warps == 1, (n, sel)   # an exact tie goes to the earliest declared
+            assert isinstance(sel["resolved"], bool) and 0.5 <= sel["confidence"] <= 1
+    assert all(third[n]["selection"]["shipped"]["outcome"] == "kept" for n in SHAPES)   # churn 0
+    assert {n: r["config"] for n, r in third.items()} == kept
+    resolved = statistics.mean(r["selection"]["resolved"] for run in (first, second) for r in run.values())
+    print(f"{len(agree)}/{len(SHAPES)} agree, {resolved:.0%} resolved, {time.perf_counter() - start:.1f} s")

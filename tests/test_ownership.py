@@ -1,0 +1,305 @@
+"""Bundle ownership and config packs: a bundle serves the kernels of its own package; another
+distribution's artifacts for them (a config pack) serve only where the owner accepts the pack or the
+user opts in, and only for keys the owner lacks. Real distributions laid out in a site directory
+(RECORD included), a real Triton kernel on the interpreter."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from buildkit import KERNEL, artifact
+
+import flytune_build as ft
+from flytune_build import FlytuneWarning, pipeline
+from flytune_build.core import bundle, serving, settings
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import DeviceIdentity
+from flytune_build.core.errors import ProjectError, SettingsError
+from flytune_build.core.target import Target
+from flytune_build.dist.wheelfile import encode
+from flytune_build.runtime import offline
+
+PKG = "ownpkg"
+KERNEL_NAME = f"{PKG}.add"
+
+
+def project(root: Path, name: str, package: str, artifacts, extra: str = "", code: str = "") -> Path:
+    (root / package).mkdir(parents=True)
+    (root / package / "__init__.py").write_text(code)
+    (root / "pyproject.toml").write_text(f'''
+[project]
+name = "{name}"
+version = "1.0"
+
+[tool.flytune]
+package = "{package}"
+sources = ["artifacts"]
+targets = ["interpreter"]
+coverage = "none"
+{extra}
+''')
+    for a in artifacts:
+        a.save(root / "artifacts")
+    return root
+
+
+def install(site: Path, root: Path, dist: str, *, ep_value: str | None = None, record: bool = True,
+            package_files: bool = True) -> None:
+    """Lay out the project's wheel as an installer would: package, bundle, dist-info with RECORD."""
+    state = pipeline.run(root, out=io.StringIO())
+    files = dict(state.files)
+    if package_files:
+        for p in (root / state.project.package).glob("*.py"):
+            files[f"{state.project.package}/{p.name}"] = p.read_bytes()
+    info = f"{dist.replace('-', '_')}-1.0.dist-info"
+    name, value = state.entry_point
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n".encode()
+    files[f"{info}/entry_points.txt"] = f"[flytune.bundles]\n{name} = {ep_value or value}\n".encode()
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+    if record:
+        lines = "".join(f"{rel},sha256={encode(hashlib.sha256(d).digest())},{len(d)}\n" for rel, d in files.items())
+        (site / info / "RECORD").write_text(lines + f"{info}/RECORD,,\n")
+
+
+def owner_project(tmp_path: Path, extra: str = "") -> Path:
+    return project(tmp_path / "owner", "ownpkg", PKG, [artifact(100, 32, kernel=KERNEL_NAME)], extra,
+                   KERNEL.replace("fixpkg.add", KERNEL_NAME))
+
+
+def pack_project(tmp_path: Path, blocks=((100, 64), (200, 64))) -> Path:
+    return project(tmp_path / "pack", "Vendor_Configs", "vendor_configs",
+                   [artifact(n, b, kernel=KERNEL_NAME) for n, b in blocks])
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    sys.modules.pop(PKG, None)
+    importlib.invalidate_caches()
+    yield site
+    sys.modules.pop(PKG, None)
+
+
+def served(n: int):
+    """(tier, BLOCK, pack) of a call of ownpkg.add on n elements, served by this process's tiers now."""
+    ft.reset_stats()
+    mod = importlib.import_module(PKG)
+    x = torch.randn(n)
+    assert torch.allclose(mod.add(x, x), 2 * x)
+    from flytune_build.runtime import registry
+
+    k = registry.kernel(KERNEL_NAME)
+    d = k.decision(x, x, x, n)
+    hit = k.offline_index().hit(("float32", n))
+    return d.tier, d.config.kwargs["BLOCK"], hit.pack if hit is not None else None
+
+
+def test_a_pack_the_owner_does_not_accept_serves_nothing(tmp_path, site):
+    install(site, owner_project(tmp_path), "ownpkg")
+    install(site, pack_project(tmp_path), "Vendor_Configs")
+    with pytest.warns(FlytuneWarning, match="a config pack, not accepted"):
+        assert served(100) == ("offline", 32, None)
+    assert served(200) == ("heuristic", 16, None)
+
+
+def test_the_owner_accepts_a_pack_by_distribution_name_and_its_own_artifacts_win(tmp_path, site):
+    install(site, owner_project(tmp_path, 'packs = ["vendor.configs"]'), "ownpkg")  # any PEP 503 spelling
+    install(site, pack_project(tmp_path), "Vendor_Configs")
+    assert served(100) == ("offline", 32, None)               # the owner's artifact, not the pack's 64
+    assert served(200) == ("offline", 64, "Vendor_Configs")    # the pack fills what the owner lacks
+
+
+def test_the_user_opts_into_packs_with_flytune_packs(tmp_path, site, monkeypatch):
+    install(site, owner_project(tmp_path), "ownpkg")
+    install(site, pack_project(tmp_path), "Vendor_Configs")
+    for value in ("vendor-configs", "*"):
+        monkeypatch.setenv("FLYTUNE_PACKS", value)
+        assert served(200) == ("offline", 64, "Vendor_Configs")
+        assert served(100) == ("offline", 32, None)
+    monkeypatch.setenv("FLYTUNE_PACKS", "other-dist")
+    assert served(200)[0] == "heuristic"
+
+
+def test_owner_wins_at_every_match_level():
+    """An owner's artifact served at `arch` beats a pack's `exact` one for the same key."""
+    h200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+    other_units = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 114)
+    manifests = {}
+    for name, dev, block in (("owner", other_units, 1), ("pack", h200, 2)):
+        a = Artifact("t.k", {"n": 8}, dev, Config({"BLOCK": block}))
+        manifests[name] = (a, bundle.shard_bytes("t.k", [a]))
+    tier = offline.OfflineTier()
+    sources = []
+    for name, package, accept in (("owner", "t", ("exact", "arch_units", "arch")), ("pack", "v", ("exact",))):
+        root = Path(f"/nonexistent/{name}")
+        data = manifests[name][1]
+        info = bundle.ShardInfo("t.k", "t.k.json", hashlib.sha256(data).hexdigest(), 1, ("n",),
+                                "t.k.provenance.json", "0" * 64)
+        m = bundle.Manifest(package, (Target("sm_90", accept=accept),), None, {}, {"t.k": info}, "none",
+                            ("pack",) if name == "owner" else ())  # the owner accepts the pack
+        sources.append(offline._Source(f"{name} bundle", root, m, name, package))
+    tier._sources = sources
+    tier._shard = lambda src, kernel, idx: bundle.parse_shard(src.manifest.kernels[kernel],
+                                                             manifests[src.dist][1], file=src.root)
+    hit = tier.index("t.k", ("n",), h200).hit((8,))
+    assert (hit.config["kwargs"]["BLOCK"], hit.level, hit.pack) == (1, "arch", None)
+    tier._sources = sources[1:]  # no owner installed: the pack is accepted by no one
+    with pytest.warns(FlytuneWarning, match="not accepted"):
+        assert tier.index("t.k", ("n",), h200).hit((8,)) is None
+
+
+@pytest.mark.parametrize("value", ["/tmp/somewhere/_flytune", "../ownpkg/_flytune", "ownpkg/_flytune"])
+def test_an_entry_point_value_that_is_a_path_is_never_followed(tmp_path, site, value):
+    abs_bundle = tmp_path / "somewhere"
+    install(site, owner_project(tmp_path), "ownpkg", ep_value=value)
+    (abs_bundle / "_flytune").mkdir(parents=True)
+    for f in (site / PKG / "_flytune").iterdir():
+        (abs_bundle / "_flytune" / f.name).write_bytes(f.read_bytes())
+    with pytest.warns(FlytuneWarning, match="not a dotted module name"):
+        assert served(100)[0] == "heuristic"
+
+
+def test_a_bundle_under_a_package_its_distribution_does_not_install_owns_nothing(tmp_path, site):
+    """A data-only distribution writing `ownpkg/_flytune/` (the package itself comes from elsewhere)."""
+    install(site, owner_project(tmp_path), "intruder", package_files=False)
+    (site / PKG / "__init__.py").write_text(KERNEL.replace("fixpkg.add", KERNEL_NAME))  # ownpkg, from no RECORD
+    with pytest.warns(FlytuneWarning, match="does not install that package itself"):
+        assert served(100)[0] == "heuristic"
+
+
+def test_the_build_refuses_a_package_the_project_does_not_hold(tmp_path):
+    root = owner_project(tmp_path)
+    text = (root / "pyproject.toml").read_text().replace(f'package = "{PKG}"', 'package = "numpy"')
+    (root / "pyproject.toml").write_text(text)
+    with pytest.raises(ProjectError) as e:
+        pipeline.run(root, out=io.StringIO())
+    assert e.value.field == "tool.flytune.package" and "'numpy', which this project does not hold" in e.value.rule
+    (root / "numpy" / "_flytune").mkdir(parents=True)  # a bundle directory alone does not make it the project's
+    with pytest.raises(ProjectError):
+        pipeline.run(root, out=io.StringIO())
+
+
+def test_the_build_finds_packages_where_the_backend_is_told_to(tmp_path):
+    root = project(tmp_path / "p", "libpkg", "libpkg", [artifact(100, 32, kernel="libpkg.add")])
+    (root / "lib").mkdir()
+    (root / "libpkg").rename(root / "lib" / "libpkg")
+    text = (root / "pyproject.toml").read_text()
+    with pytest.raises(ProjectError):
+        pipeline.run(root, out=io.StringIO())
+    (root / "pyproject.toml").write_text(text + '\n[tool.setuptools.packages.find]\nwhere = ["lib"]\n')
+    assert pipeline.run(root, out=io.StringIO()).entry_point[1] == "libpkg._flytune"
+
+
+def test_accepted_packs_travel_in_the_manifest_and_are_absent_when_none(tmp_path):
+    state = pipeline.run(owner_project(tmp_path, 'packs = ["Vendor_Configs", "b"]'), out=io.StringIO())
+    data = state.files[serving.bundle_prefix(PKG) + bundle.MANIFEST]
+    assert bundle.Manifest.from_bytes(data, file="m").packs == ("b", "vendor-configs")
+    plain = pipeline.run(pack_project(tmp_path), out=io.StringIO())
+    assert b'"packs"' not in plain.files[serving.bundle_prefix("vendor_configs") + bundle.MANIFEST]
+
+
+def test_flytune_packs_must_name_distributions():
+    assert settings.read({"FLYTUNE_PACKS": " A_b , c.d "}).packs == ("a-b", "c-d")
+    with pytest.raises(SettingsError) as e:
+        settings.read({"FLYTUNE_PACKS": "a b"})
+    assert e.value.field == "FLYTUNE_PACKS"
+
+
+def test_inspect_installed_says_which_bundle_serves_each_kernel(tmp_path, site):
+    from flytune_build.audit import source
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    install(site, pack_project(tmp_path), "Vendor_Configs")
+    with pytest.warns(FlytuneWarning):
+        info = source.installed()
+    (k,) = [k for k in info["kernels"] if k["kernel"] == KERNEL_NAME]
+    assert k["owner"] == PKG and k["keys"] == 1
+    assert [(s["dist"], s["role"], s["keys_served"]) for s in k["sources"]] == [
+        ("ownpkg", "owner", 1), ("Vendor_Configs", "pack, not accepted", 0)]
+    assert "pack, not accepted" in source.render_installed(info)
+
+
+def test_verify_reports_a_pack_and_refuses_a_path_entry_point(tmp_path, site):
+    from flytune_build.audit import source
+
+    install(site, pack_project(tmp_path), "Vendor_Configs")
+    src = source.verify("Vendor_Configs")
+    assert src.ok, src.render()
+    assert any("a config pack" in w for w in src.warnings)
+
+
+def test_config_time_reads_the_candidates_of_provenance():
+    prov = {"candidates": [{"config": {"kwargs": {"B": 1}}, "time_ms": 2.5},
+                           {"config": {"kwargs": {"B": 2}}, "time_ms": float("nan")}]}
+    assert serving.config_time(prov, {"kwargs": {"B": 1}}) == 2.5
+    assert serving.config_time(prov, {"kwargs": {"B": 2}}) is None and serving.config_time(None, {}) is None
+
+
+def test_best_takes_the_best_rank_then_the_first_entry():
+    got = serving.best([((1, 0), ["a", "b"], [1, 2]), ((0, 1), ["b"], [3]), ((1, 0), ["a"], [4]),
+                        ((2, 0), ["c", "c"], [5, 6])])
+    assert got == {"a": 1, "b": 3, "c": 5}
+
+
+def wheel(path: Path, files: dict[str, bytes]) -> Path:
+    import zipfile
+
+    info = "ownpkg-1.0.dist-info"
+    record = "".join(f"{n},sha256={encode(hashlib.sha256(d).digest())},{len(d)}\n" for n, d in files.items())
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in {**files, f"{info}/RECORD": (record + f"{info}/RECORD,,\n").encode()}.items():
+            zf.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("value,rule", [
+    ("/abs/ownpkg/_flytune", "not a dotted module name"),
+    ("numpy._flytune", "places a bundle under package 'numpy', which this wheel does not otherwise contain"),
+])
+def test_verify_refuses_a_path_entry_point_and_a_bundle_in_a_package_the_wheel_lacks(tmp_path, value, rule):
+    from flytune_build.audit import source
+
+    state = pipeline.run(owner_project(tmp_path), out=io.StringIO())
+    files = dict(state.files)
+    if value.startswith("numpy"):  # the same bundle, moved into numpy/ and naming it
+        files = {k.replace(f"{PKG}/", "numpy/", 1): v for k, v in files.items()}
+        m = serving.bundle_prefix("numpy") + bundle.MANIFEST
+        files[m] = files[m].replace(b'"package":"ownpkg"', b'"package":"numpy"')
+    files[f"{PKG}/__init__.py"] = b""
+    files["ownpkg-1.0.dist-info/entry_points.txt"] = f"[flytune.bundles]\nownpkg = {value}\n".encode()
+    src = source.verify(str(wheel(tmp_path / "ownpkg-1.0-py3-none-any.whl", files)))
+    assert not src.ok and any(rule in str(e) for e in src.errors), src.render()
+
+
+def test_a_refused_pack_hit_leaves_the_key_to_the_next_tier(tmp_path, site, monkeypatch):
+    install(site, owner_project(tmp_path), "ownpkg")
+    install(site, pack_project(tmp_path), "Vendor_Configs")
+    monkeypatch.setenv("FLYTUNE_PACKS", "*")
+    assert served(200) == ("offline", 64, "Vendor_Configs")
+    from flytune_build.runtime import registry
+
+    idx = registry.kernel(KERNEL_NAME).offline_index()
+    assert idx.refuse(("float32", 200)).pack == "Vendor_Configs"
+    assert idx.hit(("float32", 200)) is None and idx.hit(("float32", 100)).pack is None
+
+
+def test_a_pack_config_that_fails_to_launch_is_refused_once_and_the_next_tier_serves(tmp_path, site, monkeypatch):
+    """The owner never accepted the pack's config: its launch failure is one warning, not an
+    ArtifactExecutionError, and the heuristic serves the key from then on (an owner's failure stays loud)."""
+    install(site, owner_project(tmp_path), "ownpkg")
+    install(site, pack_project(tmp_path, blocks=((200, 48),)), "Vendor_Configs")  # 48: no power of 2, no launch
+    monkeypatch.setenv("FLYTUNE_PACKS", "*")
+    with pytest.warns(FlytuneWarning, match=r"config pack Vendor_Configs: .* failed to launch .*refused, the next "
+                                            r"tier serves"):
+        assert served(200) == ("heuristic", 16, None)
+    assert served(200) == ("heuristic", 16, None)  # decided again after a reset: the pack is read afresh, refused again

@@ -1,0 +1,161 @@
+"""The in-process warm-up: tuned keys decided ahead (`Autotuned.prime`), the alignment variants a
+key's buckets need, the stand-ins whose specialization is the recorded one, and FLYTUNE_WARMUP.
+
+Kernels run on the interpreter here: the JIT's own cache (GPU only) is exercised by
+benchmarks/warmup_inprocess.py on the H200; what decides it (the stand-ins, the binder's check) runs here.
+"""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import python_env
+from test_warmup import installed  # noqa: F401 - the fixture
+
+import flytune_build as ft
+from flytune_build import Config, pow2
+from flytune_build.core import settings
+from flytune_build.core.errors import SettingsError
+from flytune_build.runtime import autotuner, binder, warmup
+
+
+@triton.jit
+def scale2_kernel(x, out, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * alpha, mask=m)
+
+
+def fresh_scratch(monkeypatch, tmp_path):
+    """A machine that never searched these kernels (tuning the fixture filled the scratch cache); the
+    bundles rediscovered (the fixture's bundle was installed after the tuning looked for some)."""
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "fresh-scratch"))
+    autotuner.reset_stats()
+
+
+def test_after_a_warmup_each_tuned_key_is_decided_before_its_first_call(installed, monkeypatch, tmp_path):  # noqa: F811
+    installed()
+    fresh_scratch(monkeypatch, tmp_path)
+    report = warmup.warmup("fixpkg")
+    import fixpkg
+
+    assert report.ok and sum(u.primed for u in report.units) == 2  # n=100 and n=256
+    for n in (100, 256):
+        x = torch.randn(n)
+        d = fixpkg.add_kernel.decision(x, x, x, n)
+        assert d is not None and d.tier == "offline" and d.calls == 0
+        torch.testing.assert_close(fixpkg.add(x, x), x + x)
+        assert d.calls == 1  # the first call was a hit on the decision made ahead
+    assert ft.stats()["fixpkg.add"]["calls"]["offline"] == 2
+
+
+def test_a_key_no_stored_tier_serves_is_left_to_its_first_call_and_no_heuristic_sees_stand_ins():
+    seen = []
+    k = ft.autotune([Config({"BLOCK": 16})], ["x", "n"], default=lambda a: seen.append(a) or Config({"BLOCK": 16}),
+                    name="t.prime_miss")(scale2_kernel)
+    assert k.prime(x=warmup.Pointer(torch.float32, True), out=warmup.Pointer(torch.float32, True), n=64,
+                   alpha=1.5) is None
+    assert seen == [] and k.decision(torch.empty(64), torch.empty(64), 64, 1.5) is None
+    x = torch.randn(64)
+    out = torch.empty(64)
+    k[(4,)](x, out, 64, 2.0)  # the first call decides, by the heuristic, with the real arguments
+    torch.testing.assert_close(out, x * 2.0)
+    assert len(seen) == 1 and seen[0]["x"] is x
+
+
+def test_a_kernel_with_a_scratch_cache_is_not_decided_ahead(tmp_path, monkeypatch):
+    fresh_scratch(monkeypatch, tmp_path)
+    k = ft.autotune([Config({"BLOCK": 16})], ["n"], name="t.prime_scratch")(scale2_kernel)
+    (tmp_path / "fresh-scratch").mkdir()
+    (tmp_path / "fresh-scratch" / "t.prime_scratch.json").write_text("{}")  # winners searched here depend on tensor layouts too
+    assert k.prime(n=64) is None
+
+
+def spec_of(kernel, args, config):
+    return binder.capture(kernel, args, {}, config)
+
+
+def test_stand_ins_specialise_exactly_as_the_recorded_launch():
+    config = Config({"BLOCK": 32}, num_warps=2)
+    for n in (64, 100):  # aligned, and not
+        spec = spec_of(scale2_kernel, (torch.randn(n), torch.empty(n), n, 0.5), config)
+        jit = binder.compilable(scale2_kernel)
+        _, specialization, extra = _bind(jit, spec, config)
+        warmup._check_specialization(spec, jit, specialization, _backend())  # raises on any difference
+        assert extra["num_warps"] == 2 and "BLOCK" not in extra
+
+
+def test_stand_ins_that_would_specialise_otherwise_are_refused():
+    config = Config({"BLOCK": 32})
+    spec = spec_of(scale2_kernel, (torch.randn(100), torch.empty(100), 100, 0.5), config)
+    jit = binder.compilable(scale2_kernel)
+    aligned = dict(spec, attrs={**spec["attrs"], "n": [["tt.divisibility", 16]]})  # not what n=100 gives
+    _, specialization, _ = _bind(jit, spec, config)
+    with pytest.raises(binder.Mismatch, match="attributes"):
+        warmup._check_specialization(aligned, jit, specialization, _backend())
+    with pytest.raises(binder.Mismatch, match="tuple argument"):
+        warmup.stand_ins({**spec, "signature": {**spec["signature"], "x": ["*fp32", "*fp32"]}}, config)
+
+
+def test_a_bucketed_axis_tuned_aligned_gets_its_unaligned_variant_and_an_exact_one_none():
+    k = ft.autotune([Config({"BLOCK": 32})], ["x", pow2("n")], name="t.variants")(scale2_kernel)
+    config = Config({"BLOCK": 32})
+    spec = spec_of(scale2_kernel, (torch.randn(256), torch.empty(256), 256, 0.5), config)
+    unit = warmup.Unit("t.variants", "test", "tests", config, spec, [{"x": "float32", "n": 256}], tuned=k)
+    (variant,) = warmup.variants([(unit, scale2_kernel)])
+    v = variant[0]
+    assert v.variant == ("n",) and v.spec["attrs"]["n"] == [] and v.spec["attrs"]["x"] == spec["attrs"]["x"]
+    # what a call in n's bucket that is not a multiple of 16 (n=200 -> 256) specialises as
+    assert v.spec == spec_of(scale2_kernel, (torch.randn(200), torch.empty(200), 200, 0.5), config)
+    assert warmup.variants([(unit, scale2_kernel), variant]) == []  # planned once
+    exact = ft.autotune([Config({"BLOCK": 32})], ["x", "n"], name="t.variants_exact")(scale2_kernel)
+    assert warmup.variants([(warmup.Unit("t.variants_exact", "test", "tests", config, spec, [], tuned=exact),
+                             scale2_kernel)]) == []
+
+
+def test_flytune_warmup_background_starts_the_bundles_warmup_when_its_kernel_registers(installed, tmp_path):  # noqa: F811
+    site = installed()
+    script = textwrap.dedent("""
+        import json, torch
+        import fixpkg
+        from flytune_build.runtime import warmup
+        auto = warmup.auto()
+        assert auto is not None and auto.wait(120)
+        report = auto.reports["fixpkg"]
+        x = torch.randn(100)
+        d = fixpkg.add_kernel.decision(x, x, x, 100)
+        print(json.dumps({"primed": sum(u.primed for u in report.units), "tier": d and d.tier}))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
+                       env=python_env(PYTHONPATH=site, TRITON_INTERPRET=1, FLYTUNE_WARMUP="background",
+                                      FLYTUNE_CACHE_DIR=tmp_path / "fresh-scratch"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == '{"primed": 2, "tier": "offline"}'
+    off = "import fixpkg; from flytune_build.runtime import warmup; print(warmup.auto())"
+    r = subprocess.run([sys.executable, "-c", off], capture_output=True, text=True, check=False,
+                       env=python_env(PYTHONPATH=site, TRITON_INTERPRET=1))
+    assert r.returncode == 0 and r.stdout.strip() == "None", r.stderr  # off unless asked for
+
+
+def test_a_bad_flytune_warmup_value_names_the_variable():
+    with pytest.raises(SettingsError, match="FLYTUNE_WARMUP"):
+        settings.read({"FLYTUNE_WARMUP": "foreground"})
+    assert settings.read({"FLYTUNE_WARMUP": "background"}).warmup == "background"
+    assert settings.read({}).warmup == settings.read({"FLYTUNE_WARMUP": "0"}).warmup == "off"
+
+
+def _backend():
+    from triton.backends.compiler import BaseBackend
+
+    return BaseBackend
+
+
+def _bind(jit, spec, config):
+    from triton.runtime.jit import create_function_from_signature
+
+    bind = create_function_from_signature(jit.signature, jit.params, _backend())
+    named = warmup.stand_ins(spec, config, exclude=set(config.kwargs))
+    return bind(**named, **config.launch_kwargs(), debug=False, instrumentation_mode="")
