@@ -91,11 +91,16 @@ def short(config: str) -> str:
 
 
 def over_fastest(run: dict, winner: str) -> float | None:
-    """The winner's time over the fastest candidate's in its run: the re-timed finalists' medians (what the
-    band compares), else every candidate's time."""
+    """The winner's time over the fastest candidate's in its run: its paired gap to the fastest finalist where
+    the selection records one (what the sequential test compares), else the re-timed finalists' medians
+    (a fixed band's), else every candidate's time."""
     finalists = run["selection"].get("finalists") or []
     times = {f["index"]: f["median_ms"] for f in finalists}
-    if run["selection"].get("winner") in times:
+    gaps = {f["index"]: f["gap"] for f in finalists if "gap" in f}
+    w = run["selection"].get("winner")
+    if gaps and w in times:
+        return 0.0 if w == run["selection"].get("fastest") else gaps.get(w)
+    if w in times:
         return times[run["selection"]["winner"]] / min(times.values()) - 1
     t, best = run["times"].get(winner), min(run["times"].values(), default=None)
     return None if t is None or not best else t / best - 1
