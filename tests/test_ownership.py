@@ -173,8 +173,97 @@ def test_a_bundle_under_a_package_its_distribution_does_not_install_owns_nothing
     """A data-only distribution writing `ownpkg/_flytune/` (the package itself comes from elsewhere)."""
     install(site, owner_project(tmp_path), "intruder", package_files=False)
     (site / PKG / "__init__.py").write_text(KERNEL.replace("fixpkg.add", KERNEL_NAME))  # ownpkg, from no RECORD
-    with pytest.warns(FlytuneWarning, match="does not install that package itself"):
+    with pytest.warns(FlytuneWarning, match="the distribution does not own that package"):
         assert served(100)[0] == "heuristic"
+
+
+def intruder(site: Path, bundle_dir: Path, dist: str, rel: str, manifest_package: str, files: dict[str, bytes],
+             direct_url: str | None = None) -> None:
+    """Install `dist`: the bundle in `bundle_dir`, re-labelled as `manifest_package`'s and placed at
+    `rel` (a bundle directory), with `files` beside it, its RECORD listing them all."""
+    src = {p.name: p.read_bytes() for p in bundle_dir.iterdir()}
+    m = src[bundle.MANIFEST]
+    src[bundle.MANIFEST] = m.replace(b'"package":"ownpkg"', f'"package":"{manifest_package}"'.encode())
+    info = f"{dist}-1.0.dist-info"
+    out = {**{f"{rel}/{n}": d for n, d in src.items()}, **files,
+           f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n".encode(),
+           f"{info}/entry_points.txt": f"[flytune.bundles]\n{dist} = {rel.replace('/', '.')}\n".encode()}
+    if direct_url is not None:
+        out[f"{info}/direct_url.json"] = direct_url.encode()
+    for name, data in out.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(data)
+    lines = "".join(f"{n},sha256={encode(hashlib.sha256(d).digest())},{len(d)}\n" for n, d in out.items())
+    (site / info / "RECORD").write_text(lines + f"{info}/RECORD,,\n")
+
+
+def retuned_owner(tmp_path: Path) -> Path:
+    """The owner's project with other configs: an intruder copying its bundle serves BLOCK 64, not 32."""
+    return project(tmp_path / "other", "ownpkg", PKG, [artifact(100, 64, kernel=KERNEL_NAME),
+                                                       artifact(200, 64, kernel=KERNEL_NAME)],
+                   code=KERNEL.replace("fixpkg.add", KERNEL_NAME))
+
+
+@pytest.mark.parametrize("rel,package,files", [
+    ("ownpkg/add/_flytune", "ownpkg.add", {"ownpkg/add/__init__.py": b""}),   # a sub-package named like the kernel
+    ("ownpkg/add/_flytune", "ownpkg.add", {"ownpkg/add/k.py": b""}),         # the same, with no __init__.py
+])
+def test_a_distribution_inside_another_distributions_package_owns_nothing_there(tmp_path, site, rel, package, files):
+    """The longest package a kernel lies under is its owner only where that package is its
+    distribution's own: here `ownpkg/__init__.py` is the owner's, so the intruder is a config pack."""
+    other = tmp_path / "o"
+    install(other, retuned_owner(tmp_path), "ownpkg")   # the intruder's bundle: other configs, same kernel
+    install(site, owner_project(tmp_path), "ownpkg")
+    intruder(site, other / PKG / "_flytune", "intruder", rel, package, files)
+    with pytest.warns(FlytuneWarning, match="the distribution does not own that package"):
+        assert served(100) == ("offline", 32, None)   # the owner's, not the intruder's 64
+    assert served(200)[0] == "heuristic"                # the intruder's other key: an unaccepted pack
+
+
+def test_a_package_is_owned_by_the_distribution_whose_init_it_is():
+    """core.serving.owns over a RECORD and the files beside it."""
+    on_disk = {"fla/__init__.py", "fla/ops/__init__.py", "google/cloud/x/__init__.py"}
+    own = {"fla/__init__.py", "fla/ops/__init__.py", "fla/ops/k.py"}
+    assert serving.owns(own, "fla.ops", on_disk.__contains__)
+    assert not serving.owns({"fla/ops/mine.py"}, "fla.ops", on_disk.__contains__)          # fla's package
+    assert not serving.owns({"fla/ops/new/__init__.py"}, "fla.ops.new", on_disk.__contains__)  # inside fla's
+    assert serving.owns({"google/cloud/x/__init__.py"}, "google.cloud.x", on_disk.__contains__)  # namespace parents
+    assert not serving.owns({"numpy_data.txt"}, "numpy", on_disk.__contains__)               # installs nothing
+
+
+@pytest.mark.parametrize("tree", ["none", "foreign", "owner"])
+def test_an_editable_bundle_owns_the_package_only_where_its_source_tree_holds_it(tmp_path, site, tree):
+    """An editable wheel's bundle (`__flytune_editable__.<name>`) lies outside the package: it owns the
+    package only where the install's source tree (direct_url.json) is where that package comes from."""
+    import shutil
+
+    other = tmp_path / "o"
+    install(other, retuned_owner(tmp_path), "ownpkg")
+    install(site, owner_project(tmp_path), "ownpkg")
+    shutil.rmtree(site / PKG / "_flytune")               # the package, installed without a bundle of its own
+    (tmp_path / "evil" / "evilpkg").mkdir(parents=True)  # another project's source tree
+    where = {"foreign": tmp_path / "evil", "owner": site}.get(tree)
+    direct = None if where is None else f'{{"url": "{where.as_uri()}", "dir_info": {{"editable": true}}}}'
+    intruder(site, other / PKG / "_flytune", "editor", "__flytune_editable__/editor", PKG, {}, direct_url=direct)
+    if tree == "owner":
+        assert served(100) == ("offline", 64, None)       # the source tree holds ownpkg: its bundle serves
+    else:
+        with pytest.warns(FlytuneWarning, match="the distribution does not own that package"):
+            assert served(100)[0] == "heuristic"
+
+
+@pytest.mark.parametrize("extra,ok", [({}, False), ({"__editable__.ownpkg-1.0.pth": b"/src\n"}, True)])
+def test_verify_refuses_an_editable_bundle_in_a_wheel_that_is_not_editable(tmp_path, extra, ok):
+    from flytune_build.audit import source
+
+    state = pipeline.run(owner_project(tmp_path), out=io.StringIO())
+    files = {k.replace(f"{PKG}/_flytune/", "__flytune_editable__/ownpkg/"): v for k, v in state.files.items()}
+    files.update(extra, **{"ownpkg-1.0.dist-info/entry_points.txt":
+                           b"[flytune.bundles]\nownpkg = __flytune_editable__.ownpkg\n"})
+    src = source.verify(str(wheel(tmp_path / "ownpkg-1.0-py3-none-any.whl", files)))
+    assert src.ok is ok, src.render()
+    if not ok:
+        assert any("an editable install whose source tree does not hold it" in str(e) for e in src.errors)
 
 
 def test_the_build_refuses_a_package_the_project_does_not_hold(tmp_path):

@@ -130,7 +130,7 @@ def _wheel_bundles(src: Source, whl: wheelfile.Wheel, eps: list) -> None:
             continue
         manifest = _bundle(src, f"{whl.path}!{base}", data, lambda n, b=base: whl.read(b + n, bundle.MAX_SHARD_BYTES))
         _check_entry_value(src, ep, manifest, ep_file)
-        _check_owner(src, ep, manifest, whl.members, f"{whl.path}!{name}")
+        _check_owner(src, ep, manifest, _wheel_owns(whl.members, ep.value, manifest), f"{whl.path}!{name}")
     for name in sorted(n for n in whl.members if _is_manifest(n) and n not in reached):
         src.errors.append(BundleError(f"no entry point in group {bundle.ENTRY_POINT_GROUP} names this bundle: the "
                                       f"runtime will not find it", file=f"{whl.path}!{name}"))
@@ -156,22 +156,38 @@ def _not_a_module(ep, file: str) -> BundleError:
                        field=f"{bundle.ENTRY_POINT_GROUP}.{ep.name}")
 
 
-def _check_owner(src: Source, ep, manifest: bundle.Manifest | None, files, file: str) -> None:
-    """A bundle must sit in a package the distribution itself installs (never `numpy/`); artifacts it
-    holds for kernels outside that package are a config pack, said as a warning."""
+def _check_owner(src: Source, ep, manifest: bundle.Manifest | None, owned: bool, file: str) -> None:
+    """A bundle must sit in a package the distribution itself owns (never `numpy/`, never another
+    distribution's `fla/ops/`; `owned`: the runtime's rule, core.serving.owns); artifacts it holds for
+    kernels outside that package are a config pack, said as a warning."""
     if manifest is None:
         return
-    if not serving.is_editable_value(ep.value) and not serving.installs(files, manifest.package):
-        src.errors.append(BundleError(f"places a bundle under package {manifest.package!r}, which this {src.kind} "
-                                      f"does not otherwise contain: the runtime serves no kernel from it as their "
-                                      f"owner (a bundle goes only into the distribution's own package)", file=file,
-                                      field="package"))
+    if not owned:
+        where = ("an editable install whose source tree does not hold it" if serving.is_editable_value(ep.value)
+                 else f"which this {src.kind} does not otherwise contain, or whose __init__.py another "
+                      f"distribution installs")
+        src.errors.append(BundleError(f"places a bundle under package {manifest.package!r}, {where}: the runtime "
+                                      f"serves no kernel from it as their owner (a bundle goes only into the "
+                                      f"distribution's own package)", file=file, field="package"))
     foreign = sorted(k for k in manifest.kernels if not serving.under(k, manifest.package))
     if foreign:
         src.warnings.append(f"{file}: holds artifacts for {len(foreign)} kernel(s) outside package "
                             f"{manifest.package} ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): a "
                             f"config pack, served only where the kernel's owner accepts it ([tool.flytune] packs) or "
                             f"the user sets FLYTUNE_PACKS, and only for keys the owner lacks")
+
+
+def _wheel_owns(members, value: str, manifest: bundle.Manifest | None) -> bool:
+    """Whether a wheel owns its bundle's package: it installs it (core.serving.owns, the wheel's members
+    being all that is beside it); an editable wheel's bundle, where the wheel is an editable one (a
+    top-level `.pth` puts the source tree on sys.path: whether that tree holds the package is known only
+    once installed, and the runtime checks it there)."""
+    if manifest is None:
+        return True
+    members = set(members)
+    if serving.is_editable_value(value):
+        return serving.installs(members, manifest.package) or any("/" not in m and m.endswith(".pth") for m in members)
+    return serving.owns(members, manifest.package, members.__contains__)
 
 
 def _is_manifest(name: str) -> bool:
@@ -336,7 +352,7 @@ def _installed_bundle(src: Source, name: str, ep, record: dict) -> None:
         return
     _check_entry_value(src, ep, loc.manifest, name)
     rel = "/".join(parts) + "/"
-    _check_owner(src, ep, loc.manifest, record, str(loc.root / bundle.MANIFEST))
+    _check_owner(src, ep, loc.manifest, loc.package is not None, str(loc.root / bundle.MANIFEST))
     blobs: dict[str, bytes | None] = {}
     read_member = bundle.member_reader(loc.root)  # capped, regular files only
 

@@ -8,7 +8,8 @@ Used by the runtime's offline tier and warm-up, the adopted-kernel adapter, the 
   anything else (a path, an absolute directory, `..`) names no bundle.
 - Who owns a kernel: a kernel's name is module-qualified (`sample_pkg.rmsnorm`), so the bundle of
   package P owns the kernels named P or P.<anything> (the longest such package, when several are
-  installed). Artifacts a bundle holds for any other kernel are a *config pack* for that kernel's owner.
+  installed), where its distribution owns P (`owns`: it installs P, and no `__init__.py` of P or its
+  parents is another distribution's; an editable install owns P where its source tree holds P). Artifacts a bundle holds for any other kernel are a *config pack* for that kernel's owner.
 - Which packs serve: only those the owner's manifest accepts by distribution name (`[tool.flytune]
   packs`) or the user opts into (FLYTUNE_PACKS); the owner's artifacts win at every match level, packs
   fill what the owner lacks.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from . import codec
@@ -95,6 +96,22 @@ def installs(paths: Iterable[str], package: str) -> bool:
         if p.startswith(base) and "/" not in p[len(base):] and p.endswith((".py", ".so", ".pyd")):
             return True
     return False
+
+
+def owns(paths: Collection[str], package: str, exists: Callable[[str], bool]) -> bool:
+    """Whether a distribution whose own files are `paths` (its RECORD) owns `package`: it installs a
+    module directly in it (`installs`), and every `__init__.py` of the package and of its parents that
+    `exists` where the distribution is installed is one of its own files. A bundle dropped into another
+    distribution's regular package (`fla/ops/_flytune/`, or a new `fla/ops/mine/` beside it) owns
+    nothing; a portion of a namespace package (parents without `__init__.py`) owns its package."""
+    if not installs(paths, package):
+        return False
+    parts = package.split(".")
+    for depth in range(1, len(parts) + 1):
+        init = "/".join(parts[:depth]) + "/__init__.py"
+        if init not in paths and exists(init):
+            return False
+    return True
 
 
 def packs_setting(raw: str) -> tuple[str, ...] | None:

@@ -13,9 +13,11 @@ user opts in (FLYTUNE_PACKS), and only for keys the owner lacks (`Hit.pack` name
 from __future__ import annotations
 
 import csv
+import json
 import operator
 import os
 import re
+import sys
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -443,25 +445,71 @@ def locate(ep, dist_name: str | None = None) -> _Source | None:
     except FlytuneError as e:
         warning.once(("manifest", str(manifest_path)), f"{e}; bundle ignored, the next tier serves")
         return None
-    package = owned_package(ep.value, manifest, record)
+    package = owned_package(ep.value, manifest, record, ep.dist)
     if package is None and manifest.kernels:
         warning.once(("owner", label), f"{label}: entry point {ep.value!r} with manifest package "
-                     f"{manifest.package!r}: the distribution does not install that package itself, so the "
-                     f"bundle owns no kernel (its artifacts serve only as an accepted config pack)")
+                     f"{manifest.package!r}: the distribution does not own that package (it does not install "
+                     f"it itself, another distribution installs its __init__.py, or an editable install's source "
+                     f"tree does not hold it), so the bundle owns no kernel (its artifacts serve only as an "
+                     f"accepted config pack)")
     return _Source(label, root, manifest, name, package)
 
 
-def owned_package(value: str, manifest: bundle.Manifest, record: set[str] | None) -> str | None:
+def owned_package(value: str, manifest: bundle.Manifest, record: set[str] | None, dist=None) -> str | None:
     """The package whose kernels a bundle owns: the manifest's, when the entry point names that
-    package's bundle (or an editable wheel's) and the distribution's RECORD, where it has one, installs
-    a module of that package beside the bundle; None otherwise."""
+    package's bundle and the distribution owns the package (core.serving.owns, against its RECORD and
+    the files beside it), or when the entry point is an editable wheel's and the install's source tree
+    (its direct_url.json) holds the package; None otherwise. A distribution without a RECORD (laid out
+    by hand, not by an installer) is taken at its manifest's word."""
+    package = manifest.package
     if serving.is_editable_value(value):
-        return manifest.package  # the package lives in the source tree, outside the distribution's files
-    if serving.bundle_package(value) != manifest.package:
+        tree = _editable_tree(dist)
+        return package if tree is not None and _tree_holds(tree, package) else None
+    if serving.bundle_package(value) != package:
         return None
-    if record is not None and not serving.installs(record, manifest.package):
+    if record is not None and (dist is None or not serving.owns(
+            record, package, lambda rel: os.path.lexists(dist.locate_file(rel)))):
         return None
-    return manifest.package
+    return package
+
+
+def _editable_tree(dist) -> Path | None:
+    """The source tree of an editable install (PEP 610 direct_url.json: `dir_info.editable`, a file
+    URL); None for any other distribution."""
+    import urllib.parse
+    import urllib.request  # only where a bundle is an editable install's: not on every import
+
+    try:
+        text = dist.read_text("direct_url.json") if dist is not None else None
+        doc = json.loads(text) if text and len(text) < 65536 else None
+    except (ValueError, OSError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("dir_info"), dict) or \
+            doc["dir_info"].get("editable") is not True or not isinstance(doc.get("url"), str):
+        return None
+    url = urllib.parse.urlsplit(doc["url"])
+    if url.scheme != "file" or url.netloc not in ("", "localhost"):
+        return None
+    return Path(urllib.request.url2pathname(url.path))
+
+
+def _tree_holds(tree: Path, package: str) -> bool:
+    """Whether `package` is imported from inside `tree`: where it is already imported, its own
+    locations; otherwise `tree/<package>` or `tree/src/<package>` with an `__init__.py` (nothing is
+    imported to find out)."""
+    module = sys.modules.get(package)
+    spec = getattr(module, "__spec__", None)
+    places = [Path(p) for p in (getattr(spec, "submodule_search_locations", None) or ())]
+    if module is not None and not places and getattr(module, "__file__", None):
+        places = [Path(module.__file__).parent]
+    if module is None:
+        rel = package.replace(".", "/")
+        places = [d for d in (tree / rel, tree / "src" / rel) if (d / "__init__.py").is_file()]
+    try:
+        root = tree.resolve()
+        return any(p.resolve().is_relative_to(root) for p in places)
+    except (OSError, ValueError):
+        return False
 
 
 def _record(dist) -> set[str] | None:

@@ -294,6 +294,10 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
                          f"the package its manifest names (an editable install, or an altered bundle): nothing is "
                          f"imported for it; not warmed")  # the package the distribution installs
             continue
+        if src.package is None:  # a bundle in a package its distribution does not own: nothing imported for it
+            notes.append(f"{src.label}: its distribution does not own package {src.manifest.package} (see the "
+                         f"warning): nothing is imported for it; not warmed")
+            continue
         for kernel, info in sorted(src.manifest.kernels.items()):
             try:
                 _add_units(units, src, info, dev)
