@@ -392,3 +392,62 @@ def test_a_pack_config_that_fails_to_launch_is_refused_once_and_the_next_tier_se
                                             r"tier serves"):
         assert served(200) == ("heuristic", 16, None)
     assert served(200) == ("heuristic", 16, None)  # decided again after a reset: the pack is read afresh, refused again
+
+
+ADOPTED_SOURCE = '''
+import triton, triton.language as tl
+from flytune_build.triton import adopt
+
+
+@triton.autotune([triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+
+adopt(add_kernel, "ownpkg.add")
+
+
+def add(x, y):
+    out = x.new_empty(x.shape)
+    n = x.numel()
+    add_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+    return out
+'''
+
+
+def adopted_key(n: int) -> dict:
+    return {"n": n, "x": "float32", "y": "float32", "out": "float32"}
+
+
+@pytest.mark.parametrize("owner_block,loud", [(32, False), (48, True)])
+def test_an_adopted_kernels_pack_config_that_fails_is_refused_and_the_owners_stays_loud(
+        tmp_path, site, monkeypatch, owner_block, loud):
+    """The same rule for an adopted `@triton.autotune` kernel: a pack's config (48 elements: no power
+    of 2, no launch) is refused with one warning and the first config serves; the owner's failing
+    config is an ArtifactExecutionError naming it."""
+    from flytune_build.core.errors import ArtifactExecutionError
+    from flytune_build.runtime import registry
+
+    install(site, project(tmp_path / "owner", "ownpkg", PKG,
+                          [artifact(100, owner_block, kernel=KERNEL_NAME, key=adopted_key(100))], "", ADOPTED_SOURCE),
+            "ownpkg")
+    install(site, project(tmp_path / "pack", "Vendor_Configs", "vendor_configs",
+                          [artifact(200, 48, kernel=KERNEL_NAME, key=adopted_key(200))]), "Vendor_Configs")
+    monkeypatch.setenv("FLYTUNE_PACKS", "*")
+    ft.reset_stats()
+    mod = importlib.import_module(PKG)
+    if loud:
+        with pytest.raises(ArtifactExecutionError, match="failed to compile or launch with the accepted artifact"):
+            mod.add(torch.randn(100), torch.randn(100))
+        return
+    x = torch.randn(100)
+    assert torch.allclose(mod.add(x, x), 2 * x)
+    x = torch.randn(200)
+    with pytest.warns(FlytuneWarning, match=r"config pack Vendor_Configs: .* failed to launch .*refused"):
+        assert torch.allclose(mod.add(x, x), 2 * x)
+    assert torch.allclose(mod.add(x, x), 2 * x)   # decided: no second failure, no second warning
+    calls = registry.kernel(KERNEL_NAME).stats()["calls"]
+    assert calls.get("offline") == 1 and calls.get("heuristic") == 2, calls

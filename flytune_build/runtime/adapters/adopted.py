@@ -51,6 +51,7 @@ class Seed:
     level: str
     origin: str
     obj: object = None
+    pack: str | None = None   # the config pack (distribution) it came from; None: the owner's
 
 
 class Adopted(Kernel):
@@ -102,9 +103,12 @@ class Adopted(Kernel):
                     finally:
                         local.retrying = False
             except Exception as e:
-                err = self.failure(args, kwargs, e)
+                d = self.failure(args, kwargs, e)
+                err = launch_error(d, e)
                 if err is None:
                     raise
+                if self.refused_pack(d, e):  # a config pack's config: decided again, the next tier serves
+                    return run(*args, **kwargs)
                 raise err from e
             d = seeded.get(id(tuner.best_config))
             if d is None:
@@ -162,7 +166,7 @@ class Adopted(Kernel):
         d = self.seeded.get(id(seed.obj))
         if d is None:
             d = Decision(seed.artifact.config, "offline", dict(seed.artifact.key), level=seed.level,
-                         origin=f"{seed.artifact.filename} ({seed.origin})")
+                         origin=f"{seed.artifact.filename} ({seed.origin})", pack=seed.pack)
             self.remember(seed.obj, d)
         return d
 
@@ -225,8 +229,8 @@ class Adopted(Kernel):
         self._stats.decisions.append(d)
         events.announce(self.name, d)
 
-    def failure(self, args: tuple, kwargs: dict, e: Exception):
-        """The `ArtifactExecutionError` for a call a bundled config served, else None (the error stands)."""
+    def failure(self, args: tuple, kwargs: dict, e: Exception) -> Decision | None:
+        """The decision of flytune's that served a failing call, else None (Triton's own: the error stands)."""
         self.pending = None
         self.searching.restore()
         if not self.seeded or isinstance(e, FlytuneError):
@@ -235,7 +239,7 @@ class Adopted(Kernel):
             d = self.seeded.get(id(self.tuner.cache.get(call_key(self.tuner, args, kwargs))))
         except TypeError:  # an unhashable key: Triton failed before any launch
             return None
-        return launch_error(d, e)
+        return d
 
     def seed(self) -> int:
         """Read the best artifact per Triton key for this device (the earliest source, then the best
@@ -244,15 +248,15 @@ class Adopted(Kernel):
         self.offline.clear()
         here, idx = device.current(), Index()
         best: dict[tuple, tuple] = {}
-        for rank, art, level, origin in self._usable(here, idx):
+        for rank, art, level, origin, pack in self._usable(here, idx):
             tk = seed_key(self.tuner, art.key)
             if tk not in best or rank < best[tk][0]:
-                best[tk] = (rank, art, level, origin)
+                best[tk] = (rank, art, level, origin, pack)
         for problem in idx.problems:
             self.fallback(f"artifact ignored: {problem}")
-        for tk, (_, art, level, origin) in best.items():
+        for tk, (_, art, level, origin, pack) in best.items():
             if tk not in self.tuner.cache:  # else Triton already decided this key in this process
-                self.offline[_items(art.key)] = Seed(art, level, origin)
+                self.offline[_items(art.key)] = Seed(art, level, origin, pack=pack)
         if not best and idx.other_devices:
             self.fallback(f"no artifact matches this device ({here}); bundled for: "
                           f"{', '.join(sorted(idx.other_devices))}")
@@ -266,9 +270,19 @@ class Adopted(Kernel):
         self.seeded.clear()
         self.objects.clear()
 
+    def forget_pack(self, d: Decision) -> None:
+        """A refused pack decision: its seed leaves the offline tier, its config Triton's cache."""
+        cache = self.tuner.cache
+        for items, seed in list(self.offline.items()):
+            if seed.obj is not None and self.seeded.get(id(seed.obj)) is d:
+                del self.offline[items]
+        for k in [k for k, v in cache.items() if self.seeded.get(id(v)) is d]:
+            del cache[k]
+
     def _usable(self, here, idx: Index):
-        """(rank, artifact, level, origin) for each artifact of this kernel usable on `here`."""
+        """(rank, artifact, level, origin, pack) for each artifact of this kernel usable on `here`."""
         for order, src in TIER.ranked(self.name):  # the owner's bundle, then accepted packs (core.serving)
+            pack = src.dist if order[0] == serving.PACK else None
             for doc, dev, accept, origin, fname in TIER.documents(src, self.name, idx):
                 level = serving.served_level(dev, here, accept)
                 if level is None:
@@ -281,7 +295,7 @@ class Adopted(Kernel):
                 except FlytuneError as e:
                     self.fallback(f"artifact {fname or '?'} from {origin} rejected: {e.rule}")
                     continue
-                yield serving.rank(order, level), art, level, origin
+                yield serving.rank(order, level), art, level, origin, pack
 
     def triton_config(self, config: Config):
         """A fresh `triton.Config` with `config`'s data: a copy of the declared one (its pre_hook with
