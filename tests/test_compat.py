@@ -35,6 +35,11 @@ seeded = adopt(compatpkg.cumsum_kernel, "compatpkg.cumsum")
 for B, H in {shapes}:
     s = torch.randn(B, 40, H)
     torch.testing.assert_close(compatpkg.cumsum(s, cu_seqlens=None, scale=None), s.cumsum(1))
+for B in {varlen}:  # B sequences of 40 packed into one, as fla's varlen calls pass them
+    s = torch.randn(1, 40 * B, 2)
+    cu = torch.arange(0, 40 * B + 1, 40, dtype=torch.int32)
+    want = torch.cat([c.cumsum(1) for c in s.split(40, 1)], 1)
+    torch.testing.assert_close(compatpkg.cumsum(s, cu_seqlens=cu, scale=None), want)
 for n in (100, 1000):
     x, y = torch.randn(n), torch.randn(n)
     torch.testing.assert_close(compatpkg.add(x, y), x + y)
@@ -42,8 +47,9 @@ print(json.dumps({{"seeded": seeded, "stats": ft.stats()}}, default=str))
 '''
 
 
-def serve(site: Path, shapes) -> dict:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SERVE.format(shapes=list(shapes)))], cwd="/",
+def serve(site: Path, shapes, varlen=()) -> dict:
+    code = textwrap.dedent(SERVE.format(shapes=list(shapes), varlen=list(varlen)))
+    r = subprocess.run([sys.executable, "-c", code], cwd="/",
                        capture_output=True, text=True, timeout=300,
                        env=python_env(PYTHONPATH=f"{site}:{ROOT}", FLYTUNE_AUTOTUNE="strict", TRITON_INTERPRET=1))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -78,15 +84,19 @@ def test_first_release_wheel_serves_with_zero_search(tmp_path):
     assert_offline(out["stats"], 2)
 
 
-def retune(project: Path, B: int) -> Artifact:
-    """This release's `recording` of one new cumsum shape, written into the first release's directory."""
+def retune(project: Path, B: int, varlen: bool = False) -> Artifact:
+    """This release's `recording` of one new cumsum shape, written into the first release's directory;
+    `varlen`: B sequences packed into one, with `cu_seqlens` a tensor (`scale` None)."""
+    call = (f"compatpkg.cumsum(torch.randn(1, {40 * B}, 2), cu_seqlens=torch.arange(0, {40 * B + 1}, 40, "
+            f"dtype=torch.int32), scale=None)") if varlen else \
+        f"compatpkg.cumsum(torch.randn({B}, 40, 2), cu_seqlens=None, scale=None)"
     code = f'''
         import sys, torch
         sys.path.insert(0, {str(project)!r})
         from flytune_build.triton import recording
         import compatpkg
         with recording(compatpkg.cumsum_kernel, "compatpkg.cumsum") as got:
-            compatpkg.cumsum(torch.randn({B}, 40, 2), cu_seqlens=None, scale=None)
+            {call}
         print(got[0].save({str(project / "artifacts" / "interpreter")!r}))
     '''
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
@@ -113,6 +123,28 @@ def test_retune_into_first_release_directory_builds_strict_and_serves(tmp_path):
     out = serve(install(wheel, tmp_path / "site"), [(2, 2), (2, 4), (3, 2)])
     assert out["seeded"] == 3
     assert_offline(out["stats"], 3)
+
+
+def test_varlen_retunes_into_first_release_directory_build_strict_and_serve_both(tmp_path):
+    """Re-tunes that pass `cu_seqlens` as a tensor (key `cu_seqlens: int32, scale: null`) beside the
+    first release's keys, which lack both axes (it called with None and left None out): one axis set,
+    a strict build, and every old and new shape served with zero search."""
+    project = tmp_path / "compatpkg"
+    shutil.copytree(CORPUS / "src", project)
+    new = [retune(project, B=b, varlen=True) for b in (3, 5)]
+    assert all(a.key["cu_seqlens"] == "int32" and a.key["scale"] is None and a.key["IS_VARLEN"] for a in new)
+    arts = load_dir(project / "artifacts" / "interpreter")
+    found = verification.check(arts, lambda a: a.filename)
+    assert not found.errors and {a.key_axes() for a in found.bundled(arts) if a.kernel == "compatpkg.cumsum"} == \
+        {("B", "H", "IS_VARLEN", "cu_seqlens", "o", "s", "scale")}
+    assert any("read as cu_seqlens=None" in w for w in found.warnings)  # on a dtype's evidence alone: said
+
+    r = pip_wheel(project, tmp_path / "dist")  # strict = true
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = (tmp_path / "dist").glob("compatpkg-*.whl")
+    out = serve(install(wheel, tmp_path / "site"), [(2, 2), (2, 4)], varlen=[3, 5])
+    assert out["seeded"] == 4
+    assert_offline(out["stats"], 4)
 
 
 def test_old_and_new_key_of_one_shape_are_one_identity():

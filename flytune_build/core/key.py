@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +83,16 @@ def dtype_name(dtype: Any) -> str:
     """A dtype's name as artifacts store it: `torch.float16` (a dtype or its text) -> `float16`."""
     text = str(dtype)
     return text.removeprefix("torch.")
+
+
+# the names `dtype_name` gives torch's and Triton's dtypes (`float16`, `bfloat16`, `int32`, `uint8`,
+# `float8_e4m3fn`, `bool`, `fp8e4nv`, `bf16`): what a tensor parameter contributes to a key
+DTYPE_NAME = re.compile(r"(?:b?float|u?int|complex|fp|bf)\d+(?:_?[a-z0-9]+)*|bool")
+
+
+def is_dtype_name(value: Any) -> bool:
+    """Whether a stored axis value is a tensor's dtype (so the parameter is a tensor, which may be None)."""
+    return type(value) is str and DTYPE_NAME.fullmatch(value) is not None
 
 
 def bucket(value: Any, axis: Axis, tuned: Sequence[Any] | None = None) -> Any:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from . import options
 from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
+from .key import is_dtype_name
 
 if TYPE_CHECKING:
     from .artifact import Artifact
@@ -86,24 +87,42 @@ def check(artifacts: list[Artifact], where: Where, declared: Declaration | None 
     return found
 
 
-def nullable_axes(artifacts: Iterable[Artifact]) -> dict[str, frozenset]:
-    """Per kernel, the axes some artifact of it holds null (a parameter passed as None, or left at a None
-    default): an artifact of the kernel that lacks such an axis reads it as null (`conform`)."""
-    out: dict[str, set] = defaultdict(set)
+@dataclass(frozen=True)
+class Nullable:
+    """One kernel's axes an artifact lacking them may read as null (`conform`)."""
+    null: frozenset = frozenset()    # axes some artifact holds null (a parameter passed as None, or a None default)
+    tensor: frozenset = frozenset()  # axes some artifact holds as a tensor's dtype (a tensor may be passed as None)
+
+    def missing(self, a: Artifact) -> frozenset:
+        """The axes `a` lacks and reads as null: every null-held one; and the tensor ones where `a` lacks a
+        null-held axis too, the mark of the first release's derivation, which left every None argument
+        out of the key. An artifact lacking only a tensor axis is another key (the kernel gained a
+        parameter), not a None."""
+        lacks = self.null.difference(a.key)
+        return lacks | self.tensor.difference(a.key) if lacks else lacks
+
+
+def nullable_axes(artifacts: Iterable[Artifact]) -> dict[str, Nullable]:
+    """Per kernel, the axes an artifact of it that lacks them may read as null (`Nullable`)."""
+    null: dict[str, set] = defaultdict(set)
+    tensor: dict[str, set] = defaultdict(set)
     for a in artifacts:
         for axis, value in a.key.items():
             if value is None:
-                out[a.kernel].add(axis)
-    return {k: frozenset(v) for k, v in out.items()}
+                null[a.kernel].add(axis)
+            elif is_dtype_name(value):
+                tensor[a.kernel].add(axis)
+    return {k: Nullable(frozenset(v), frozenset(tensor[k])) for k, v in null.items()}
 
 
-def conform(a: Artifact, nullable: frozenset) -> Artifact:
-    """`a` with every axis of `nullable` it lacks set to null (`a` itself when it lacks none).
+def conform(a: Artifact, nullable: Nullable | None) -> Artifact:
+    """`a` with every axis it lacks and reads as null (`Nullable.missing`) set to null (`a` itself when
+    it lacks none).
 
     Lossless: Triton keys nothing for a None argument, so the two keys stand for one Triton cache key,
     and a release that wrote no null axes (before 062c083) left exactly such parameters out. Its
     content address is that of the conformed key; the file read keeps its own name and bytes."""
-    missing = nullable.difference(a.key)
+    missing = nullable.missing(a) if nullable is not None else frozenset()
     if not missing:
         return a
     return type(a)(a.kernel, {**a.key, **dict.fromkeys(sorted(missing))}, a.device, a.config, a.provenance)
@@ -112,7 +131,7 @@ def conform(a: Artifact, nullable: frozenset) -> Artifact:
 def conformed(artifacts: list[Artifact]) -> list[Artifact]:
     """Each artifact as `conform` reads it among `artifacts` (what the build bundles: one axis set per kernel)."""
     nullable = nullable_axes(artifacts)
-    return [conform(a, nullable.get(a.kernel, frozenset())) for a in artifacts]
+    return [conform(a, nullable.get(a.kernel)) for a in artifacts]
 
 
 def key_axes(artifacts: list[Artifact], where: Where) -> Findings:
@@ -124,10 +143,19 @@ def key_axes(artifacts: list[Artifact], where: Where) -> Findings:
         by_kernel[a.kernel].append(a)
     nullable = nullable_axes(artifacts)
     for kernel, arts in sorted(by_kernel.items()):
-        extra = nullable.get(kernel, frozenset())
+        rule = nullable.get(kernel, Nullable())
         groups: dict[tuple, list[Artifact]] = defaultdict(list)
         for a in arts:
-            groups[tuple(sorted(extra.union(a.key)))].append(a)
+            groups[tuple(sorted(rule.missing(a).union(a.key)))].append(a)
+        for axis in sorted(rule.tensor - rule.null):  # read as null as the first release's key: say so
+            lacking = [a for a in arts if axis in rule.missing(a)]
+            if lacking:
+                found.warnings.append(
+                    f"{where(lacking[0])}{f' and {len(lacking) - 1} more' if len(lacking) > 1 else ''}: no key axis "
+                    f"{axis!r}, which kernel {kernel}'s other artifacts hold as a tensor's dtype: read as {axis}=None, "
+                    f"as the first release wrote a call that passed None (it left every None argument out of the "
+                    f"key, these lack {sorted(rule.null - set(lacking[0].key))} too). Where the kernel never "
+                    f"takes None there, they never serve: re-tune them")
         if len(groups) < 2:
             continue
         main = max(groups, key=lambda k: (len(groups[k]), k))
@@ -196,7 +224,7 @@ def conflicts(artifacts: list[Artifact], where: Where) -> Findings:
     nullable = nullable_axes(artifacts)
     plain = {type(v) for a in artifacts for v in a.key.values()} <= _EXACT  # no float or bool: the address
     for a in artifacts:
-        c = conform(a, nullable.get(a.kernel, frozenset()))  # an earlier release's key and this one's: one identity
+        c = conform(a, nullable.get(a.kernel))  # an earlier release's key and this one's: one identity
         first = seen.setdefault(c.address if plain else runtime_identity(c), a)
         if first is a:
             continue
