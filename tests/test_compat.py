@@ -229,6 +229,26 @@ def test_upgrade_is_all_or_nothing(tmp_path):
     assert {p.name: p.read_bytes() for p in d.iterdir()} == files
 
 
+def test_upgrade_never_folds_two_measurements_into_one_file(tmp_path):
+    """Two old files that both conform to one identity and config, with other provenance: upgrading
+    would keep one measurement and delete the other, so it refuses, naming both; a hidden file (an
+    atomic writer's temporary) is no artifact."""
+    from flytune_build.store.upgrade import upgrade
+
+    d = tmp_path / "artifacts"
+    c = Config({"BT": 16}, num_warps=1)
+    Artifact("k.cs", {"H": 9, "cu_seqlens": None, "scale": None}, INTERPRETER, c, {"flytune": "0.2"}).save(d)
+    a = Artifact("k.cs", {"H": 2, "scale": None}, INTERPRETER, c, {"host": "A"}).save(d)
+    b = Artifact("k.cs", {"H": 2}, INTERPRETER, c, {"host": "B"}).save(d)
+    (d / ".k.cs-tmp.json").write_text("{partial")
+    files = {p.name: p.read_bytes() for p in d.iterdir()}
+    report = upgrade(d)
+    (err,) = report.errors
+    assert {Path(err.file).name, *[n for n in (a.name, b.name) if n in err.rule]} == {a.name, b.name}
+    assert "remove the file whose measurement you drop" in err.rule
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == files
+
+
 def test_upgrade_command_prints_each_file_and_exits_0_then_1_on_an_invalid_artifact(tmp_path, capsys):
     import argparse
 

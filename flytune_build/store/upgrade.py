@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import verification
-from ..core.artifact import Artifact, read_capped
+from ..core import artifactdir, verification
+from ..core.artifact import Artifact
 from ..core.errors import ArtifactError, FlytuneError, InputError, OutputError, printable
 
 
@@ -42,9 +42,11 @@ def upgrade(directory) -> Upgraded:
         raise InputError("is not a directory of artifact files", file=directory)
     report = Upgraded()
     found: list[tuple[Path, Artifact]] = []
-    for path in sorted(root.glob("*.json")):
+    read = artifactdir.read_all(root)  # bounded, hidden files aside, regular files only (as every reader)
+    report.errors += read.problems
+    for path, data in read.files:
         try:
-            found.append((path, Artifact.from_bytes(read_capped(path, ArtifactError), file=path)))
+            found.append((path, Artifact.from_bytes(data, file=path)))
         except FlytuneError as e:
             report.errors.append(e)
     report.files = len(found)
@@ -56,12 +58,22 @@ def upgrade(directory) -> Upgraded:
     if report.errors:
         return report
     plan = []  # (old path, new artifact)
+    planned: dict[str, tuple[Path, Artifact]] = {}  # target name -> the old file it is made from
     for (path, art), new in zip(found, verification.conformed([a for _, a in found])):
         if new is art:
             continue
         target = root / new.filename
+        if new.filename in planned:  # two old files, one identity and config: one file would be lost
+            first_path, first = planned[new.filename]
+            if first.to_bytes() != art.to_bytes():
+                report.errors.append(ArtifactError(
+                    f"and {first_path.name} are, with the null axes they lack, both {new.filename}, "
+                    f"with other provenance: one measurement would be dropped: remove the file whose measurement "
+                    f"you drop, then upgrade", file=path, field="key"))
+                continue
+        planned.setdefault(new.filename, (path, art))
         if os.path.lexists(target) and (target.is_symlink() or not target.is_file()
-                                        or read_capped(target, ArtifactError) != new.to_bytes()):
+                                        or artifactdir.read(target) != new.to_bytes()):
             report.errors.append(ArtifactError(
                 f"is, with the null axes it lacks, the identity of {target.name}, which holds its config with "
                 f"another provenance (this shape re-tuned by a newer release?): remove the file whose "
