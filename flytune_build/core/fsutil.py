@@ -53,6 +53,24 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
         raise
 
 
+def write_all(files: list[tuple[Path, bytes]]) -> None:
+    """Write each (path, bytes) with `atomic_write`, all or none: when one fails (an OutputError naming
+    it is raised), those already written by this call are removed. For new files only: a path that
+    existed before is the caller's to leave alone."""
+    written: list[Path] = []
+    try:
+        for path, data in files:
+            atomic_write(path, data)
+            written.append(Path(path))
+    except BaseException:
+        for path in written:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+
+
 def output_directory(path: str | os.PathLike) -> Path:
     """`path`, made a directory if it is not one; an OutputError naming it when it cannot be."""
     path = Path(path)

@@ -29,7 +29,7 @@ import os
 import re
 from pathlib import Path
 
-from ..core import codec
+from ..core import codec, fsutil
 from ..core import options as compiler_options
 from ..core.artifact import Artifact, read_capped
 from ..core.codec import Fields
@@ -202,7 +202,7 @@ def triton_of_directory(path: Path) -> str | None:
 def save_all(arts: list[Artifact], output: str | Path) -> tuple[int, int]:
     """Write every artifact into `output`, or none: each target is checked first (a file of the same
     name holding other bytes is another config of that identity, a conflict; a non-file there is an
-    error); then each is written atomically. Returns (written, already there)."""
+    error); then all are written atomically, or (one failing) none. Returns (written, already there)."""
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise InputError("is not a directory", file=out)
@@ -223,6 +223,5 @@ def save_all(arts: list[Artifact], output: str | Path) -> tuple[int, int]:
                                     "new directory and reconcile with `flytune merge`", file=target)
             continue
         todo.append(art)
-    for art in todo:
-        art.save(out)
+    fsutil.write_all([(out / art.filename, art.to_bytes()) for art in todo])  # all or none
     return len(todo), len(batch) - len(todo)

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import artifactdir, verification
+from ..core import artifactdir, fsutil, verification
 from ..core.artifact import Artifact
 from ..core.errors import ArtifactError, FlytuneError, InputError, OutputError, printable
 
@@ -83,18 +83,11 @@ def upgrade(directory) -> Upgraded:
         plan.append((path, new))
     if report.errors:
         return report
-    written = []
-    try:
-        for path, new in plan:
-            target = root / new.filename
-            if not target.exists():
-                new.save(root)
-                written.append(target)
-    except (OSError, FlytuneError) as e:
-        for target in written:
-            target.unlink(missing_ok=True)
-        report.errors.append(e if isinstance(e, FlytuneError) else
-                             OutputError(f"cannot be written: {e.strerror or e}", file=root))
+    try:  # every new file, or (one failing) none
+        fsutil.write_all([(root / new.filename, new.to_bytes()) for _, new in plan
+                          if not (root / new.filename).exists()])
+    except FlytuneError as e:
+        report.errors.append(e)
         return report
     for path, new in plan:
         try:
