@@ -451,3 +451,13 @@ def test_an_adopted_kernels_pack_config_that_fails_is_refused_and_the_owners_sta
     assert torch.allclose(mod.add(x, x), 2 * x)   # decided: no second failure, no second warning
     calls = registry.kernel(KERNEL_NAME).stats()["calls"]
     assert calls.get("offline") == 1 and calls.get("heuristic") == 2, calls
+
+
+def test_a_distribution_name_with_escape_sequences_reaches_no_warning_raw(tmp_path, site, monkeypatch):
+    """A hostile distribution name quoted in a runtime warning is written as Python escapes."""
+    install(site, owner_project(tmp_path), "ownpkg")
+    install(site, pack_project(tmp_path), "Evil\x1b[31mRED\x1b[0m")
+    with pytest.warns(FlytuneWarning) as got:
+        served(100)
+    text = " ".join(str(w.message) for w in got)
+    assert "\x1b" not in text and "\\x1b[31mRED" in text

@@ -8,17 +8,20 @@ from __future__ import annotations
 import inspect
 import warnings
 
-from ..core.errors import FlytuneWarning
+from ..core.errors import FlytuneWarning, printable
 
 _seen: set = set()
 _INSIDE = ("flytune_build", "triton")
 
 
 def once(cause, message: str) -> bool:
+    """Warn `message` the first time `cause` is seen; True when it did. The message is made printable
+    (core.errors.printable): what it quotes from data (a distribution's name, a file name) cannot move
+    the cursor or recolour a terminal."""
     if cause in _seen:
         return False
     _seen.add(cause)
-    warnings.warn(message, FlytuneWarning, stacklevel=_caller_level())
+    warnings.warn(printable(message), FlytuneWarning, stacklevel=_caller_level())
     return True
 
 
