@@ -42,12 +42,13 @@ def adopted_stub(stub, blocks, x):
     import tempfile
 
     from flytune_build.core.artifact import Artifact
-    from flytune_build.core.device import INTERPRETER
+    from flytune_build.runtime import device
     from flytune_build.triton import adopt
 
     d = tempfile.mkdtemp()
     dtype = str(x.dtype).removeprefix("torch.")
-    Artifact("bench.adopted", {"N": 8, "x": dtype, "w": dtype, "y": dtype}, INTERPRETER, Config({"BLOCK": 512})).save(d)
+    Artifact("bench.adopted", {"N": 8, "x": dtype, "w": dtype, "y": dtype}, device.current(),  # this machine's
+             Config({"BLOCK": 512})).save(d)
     os.environ["FLYTUNE_ARTIFACT_DIR"] = d
     from flytune_build.core import settings
     from flytune_build.runtime.offline import TIER
