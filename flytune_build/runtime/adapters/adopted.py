@@ -158,7 +158,7 @@ class Adopted(Kernel):
             return None
         if seed.obj is None:
             seed.obj = self.pruned(seed, kwargs) if self.tuner.early_config_prune else \
-                self.triton_config(seed.artifact.config)
+                triton_config(self, seed.artifact.config)
             if seed.obj is None:
                 del self.offline[items]
                 return None
@@ -196,7 +196,7 @@ class Adopted(Kernel):
                           f"configs early_config_prune makes for this call, which carry pre_hooks (a config "
                           f"never launches without its hook)")
             return None
-        return copy.copy(match) if match is not None else self.triton_config(config)
+        return copy.copy(match) if match is not None else triton_config(self, config)
 
     def wrap_warmup(self, original):
         def warmup(*args, **kwargs):
@@ -297,23 +297,12 @@ class Adopted(Kernel):
                     continue
                 yield serving.rank(order, level), art, level, origin, pack
 
-    def triton_config(self, config: Config):
-        """A fresh `triton.Config` with `config`'s data: a copy of the declared one (its pre_hook with
-        it) when there is one, else a new one."""
-        for obj, c in zip(self.declared, self.configs):
-            if c == config and hasattr(obj, "all_kwargs"):
-                return copy.copy(obj)
-        import triton
-
-        return triton.Config(dict(config.kwargs), num_warps=config.num_warps, num_stages=config.num_stages,
-                             num_ctas=config.num_ctas, maxnreg=config.maxnreg)
-
     @contextlib.contextmanager
     def forcing(self, config):
         """A context in which every call launches `config` (verify --execute): Triton's own path for a
         kernel with one config, which launches it with its pre_hook and consults no cache."""
         saved = self.tuner.configs
-        self.tuner.configs = [self.triton_config(Config.coerce(config))]
+        self.tuner.configs = [triton_config(self, Config.coerce(config))]
         try:
             yield
         finally:
@@ -328,6 +317,18 @@ class Adopted(Kernel):
 
 class _Seeded(Exception):
     """Raised through Triton's `run` by `prune_configs` once it has put the call's config in the cache."""
+
+
+def triton_config(kernel: Adopted, config: Config):
+    """A fresh `triton.Config` with `config`'s data: a copy of the kernel's declared one (its pre_hook
+    with it) when there is one, else a new one."""
+    for obj, c in zip(kernel.declared, kernel.configs):
+        if c == config and hasattr(obj, "all_kwargs"):
+            return copy.copy(obj)
+    import triton
+
+    return triton.Config(dict(config.kwargs), num_warps=config.num_warps, num_stages=config.num_stages,
+                         num_ctas=config.num_ctas, maxnreg=config.maxnreg)
 
 
 def _items(key: dict) -> tuple:
