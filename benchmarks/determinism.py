@@ -7,6 +7,10 @@
       the report: winner agreement of two cold `flytune tune` runs (goal >= 95%), each winner against
       the fastest candidate measured in its own run (goal within 2%), the same for triton.autotune,
       and what a third run into RUN1's output (RUN3, a copy of it re-tuned) kept and replaced
+  python benchmarks/determinism.py replay RUN1 RUN2
+      each shape's recorded finalist rounds (provenance.selection) decided again by this release's
+      `selection.decide`: whether two runs' rounds choose alike under the rule as it is now, beside the
+      winners they recorded. A replay cannot add rounds: the stopping was the recording release's
 """
 import json
 import math
@@ -217,10 +221,39 @@ def report(run1, run2, run3, triton1="-", triton2="-") -> None:
     print(json.dumps(summary), file=sys.stderr)
 
 
+def replay(run1, run2) -> None:
+    """The recorded winners and this release's decision over the same rounds, for two runs."""
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+    from flytune_build.runtime import selection
+
+    def decided(sel: dict) -> int | None:
+        finals = sel.get("finalists") or []
+        if sel.get("rule", {}).get("test") != "sequential" or len(finals) < 2:
+            return sel.get("winner")
+        fields = {k: v for k, v in sel["rule"].items() if k in ("cap", "z", "noise_floor", "rounds", "max_rounds")}
+        samples = {f["index"]: dict(enumerate(f["rounds_ms"])) for f in finals}
+        return selection.decide(samples, selection.Rule(**fields)).winner
+
+    a, b = load_run(run1), load_run(run2)
+    rows, recorded, now = [], 0, 0
+    for name in sorted(a.keys() & b.keys()):
+        sa, sb = a[name]["selection"], b[name]["selection"]
+        was, new = (sa.get("winner"), sb.get("winner")), (decided(sa), decided(sb))
+        recorded += was[0] == was[1]
+        now += new[0] == new[1]
+        if len({*was, *new}) > 1:
+            key = ",".join(f"{k}={v}" for k, v in sorted(a[name]["key"].items()))
+            rows.append(f"  {a[name]['kernel']} {key}: recorded #{was[0]}/#{was[1]}, now #{new[0]}/#{new[1]}")
+    n = len(a.keys() & b.keys())
+    print("\n".join(rows + [f"recorded winners agree on {recorded}/{n}; decided again by this release: {now}/{n}"]))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["triton"]:
         triton_pass(*sys.argv[2:5])
     elif sys.argv[1:2] == ["report"]:
         report(*sys.argv[2:7])
+    elif sys.argv[1:2] == ["replay"]:
+        replay(*sys.argv[2:4])
     else:
         raise SystemExit(__doc__)

@@ -94,13 +94,17 @@ def test_twenty_noisy_runs_of_a_gap_near_the_cap_choose_alike():
     assert sum(len(p.record["finalists"][0]["rounds_ms"]) > RULE.rounds for p in picks) >= 10  # measured on
 
 
-def test_an_edge_that_never_resolves_is_decided_by_its_gap_and_reported_unresolved():
+def test_an_edge_that_never_resolves_is_no_tie_and_is_reported_unresolved():
     rounds = {16: [1.0299, 1.0099, 1.0199] * 20, 32: [1.0] * 60}  # 1.99% +- 1%: the gap sits on the cap
     picked = selection.pick(cands(1.0, 1.0), scripted(rounds), clock=lambda: 0.0)
     assert len(picked.record["finalists"][0]["rounds_ms"]) == RULE.max_rounds
     assert picked.record["resolved"] is False and 0.5 <= picked.record["confidence"] < 0.977
-    assert picked.record["finalists"][0]["verdict"] == "edge" and picked.record["winner"] == 0
-    assert "unresolved after 60 rounds: #0 +1.99%" in picked.record["why"]
+    assert picked.record["finalists"][0]["verdict"] == "edge" and picked.record["winner"] == 1  # the fastest
+    assert block(picked) == 32 and "unresolved after 60 rounds: #0 +1.99%" in picked.record["why"]
+    # an edge before a tied finalist: the walk goes on to the tied one
+    d = selection.decide({0: dict(enumerate([1.0199, 1.0299, 1.0099] * 4)), 1: dict(enumerate([1.003] * 12)),
+                          2: dict(enumerate([1.0] * 12))}, RULE)
+    assert (d.tests[0].verdict, d.tests[1].verdict, d.winner, d.decisive) == ("edge", "tied", 1, (0, 1))
 
 
 def test_the_extra_rounds_stop_at_their_time_budget():
@@ -142,7 +146,7 @@ def test_two_cold_h200_runs_whose_placements_time_two_ways_choose_alike():
     # Recorded: #14 is 1.2-1.4% behind the fastest by its paired rounds in both runs; its unpaired median
     # read 2.7% in run 1 (three of its five placements in the slow mode), which once made run 1 choose #17
     runs = json.loads((Path(__file__).parent / "data/selection/h200_rmsnorm_two_modes.json").read_text())["runs"]
-    decisions = [selection.decide({int(i): dict(enumerate(t)) for i, t in run.items()}, RULE, final=True)
+    decisions = [selection.decide({int(i): dict(enumerate(t)) for i, t in run.items()}, RULE)
                  for run in runs.values()]
     assert [d.winner for d in decisions] == [14, 14]
     assert all(0 < d.tests[14].gap <= RULE.cap for d in decisions)
