@@ -19,6 +19,8 @@ start=$SECONDS
   $PY -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
   nproc; } | tee "$OUT/gpu.txt"
 echo "== install flytune-build and the sample wheel (committed sm_90 artifacts)"
+# a machine without an index: the dependencies it lacks (platformdirs, ...) as wheels in .whl/
+[ -d "$REPO/.whl" ] && $PY -m pip install -q --no-index --find-links "$REPO/.whl" "$REPO"/.whl/*.whl 2>&1 | tail -3
 $PY -m pip install -q --no-deps --no-build-isolation "$REPO" 2>&1 | tail -3
 WORK=$(mktemp -d /tmp/flytune-w26.XXXXXX)
 cp -r "$REPO/sample_pkg" "$WORK/sample_pkg" && rm -rf "$WORK/sample_pkg/build" "$WORK"/sample_pkg/*.egg-info

@@ -18,7 +18,6 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
                output checked against torch (no wrong kernel, nothing broken)
   triton       stock triton.autotune over the same configs (benchmarks/_triton_swap.py), empty cache
 
-  bg_reserve   background with FLYTUNE_WARMUP_RESERVE=256: the warm-up grows torch's caching allocator
   bg_prealloc  background, with each output size allocated once (and freed) before the first calls,
                untimed: the caching allocator's first cudaMalloc of a size is not the kernel's cost
 
@@ -48,7 +47,7 @@ import torch
 import flytune_build as ft
 out = {"mode": mode}
 bg = None
-if mode in ("background", "bg_prealloc", "bg_reserve"):
+if mode in ("background", "bg_prealloc"):
     bg = ft.warmup("sample-pkg", background=True)
 import sample_pkg
 from sample_pkg import kernels, tuning
@@ -139,7 +138,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--plan", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--modes", default="cold,disk,inproc,inproc_disk,inproc_thr,inproc_novar,background,bg_reserve,bg_prealloc,env,racing,triton")
+    ap.add_argument("--modes", default="cold,disk,inproc,inproc_disk,inproc_thr,inproc_novar,background,bg_prealloc,env,racing,triton")
     args = ap.parse_args()
     with open(args.plan, "rb") as f:
         shapes = [(e["kernel"].rsplit(".", 1)[1], s) for e in tomllib.load(f)["entries"] for s in e["shapes"]]
@@ -168,8 +167,6 @@ def main():
             r = child(script, mode, shapes, disk, bench_dir)
         elif mode in ("env", "racing"):
             r = child(script, mode, shapes, fresh(), bench_dir, FLYTUNE_WARMUP="background")
-        elif mode == "bg_reserve":
-            r = child(script, mode, shapes, fresh(), bench_dir, FLYTUNE_WARMUP_RESERVE="256")
         else:
             r = child(script, mode, shapes, fresh(), bench_dir)
         results[mode] = r

@@ -147,21 +147,6 @@ def test_a_bad_flytune_warmup_value_names_the_variable():
     assert settings.read({}).warmup == settings.read({"FLYTUNE_WARMUP": "0"}).warmup == "off"
 
 
-@pytest.mark.parametrize("raw", ["-1", "256MB", "1e3", "\u0662", str((1 << 20) + 1)])
-def test_flytune_warmup_reserve_is_a_number_of_mib(raw):
-    with pytest.raises(SettingsError, match="FLYTUNE_WARMUP_RESERVE.*a number of MiB"):
-        settings.read({"FLYTUNE_WARMUP_RESERVE": raw})
-    assert settings.read({"FLYTUNE_WARMUP_RESERVE": " 256 "}).warmup_reserve == 256
-    assert settings.read({}).warmup_reserve == 0
-
-
-def test_reserve_without_a_gpu_reserves_nothing_and_says_nothing():
-    from flytune_build.runtime import warmup
-
-    notes = []
-    assert warmup.reserve(256, notes) == 0 and warmup.reserve(0, notes) == 0 and notes == []
-
-
 def _backend():
     from triton.backends.compiler import BaseBackend
 

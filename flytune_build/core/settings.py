@@ -42,11 +42,6 @@ class Settings:
     # accepts: distribution names (normalised), or ("*",) for every installed pack
     packs: tuple[str, ...] = ()
     warmup: str = "off"             # FLYTUNE_WARMUP=background: a bundle's kernel, once registered, starts its warm-up
-    # FLYTUNE_WARMUP_RESERVE: MiB a GPU warm-up grows torch's caching allocator by (0: none)
-    warmup_reserve: int = 0
-
-
-MAX_RESERVE_MIB = 1 << 20  # 1 TiB: FLYTUNE_WARMUP_RESERVE beyond it is a typo
 
 
 def read(env=None) -> Settings:
@@ -66,10 +61,6 @@ def read(env=None) -> Settings:
     if warmup not in ("off", "0", "background"):
         raise SettingsError(f"must be `background` or `off` (or unset), not {env['FLYTUNE_WARMUP']!r}",
                             field="FLYTUNE_WARMUP")
-    reserve = env.get("FLYTUNE_WARMUP_RESERVE", "").strip() or "0"
-    if not (reserve.isascii() and reserve.isdigit() and int(reserve) <= MAX_RESERVE_MIB):
-        raise SettingsError(f"must be a number of MiB from 0 to {MAX_RESERVE_MIB}, not "
-                            f"{env['FLYTUNE_WARMUP_RESERVE']!r}", field="FLYTUNE_WARMUP_RESERVE")
     epoch = env.get("SOURCE_DATE_EPOCH", "").strip()
     packs = serving.packs_setting(env.get("FLYTUNE_PACKS", ""))
     if packs is None:
@@ -91,7 +82,6 @@ def read(env=None) -> Settings:
         visible_devices=tuple((v, env[v]) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if v in env),
         packs=packs,
         warmup="off" if warmup == "0" else warmup,
-        warmup_reserve=int(reserve),
     )
 
 

@@ -96,7 +96,6 @@ class Report:
     target: str
     cache_dir: str | None
     seconds: float = 0.0
-    reserved_mib: int = 0  # how far torch's caching allocator was grown (FLYTUNE_WARMUP_RESERVE)
 
     @property
     def ok(self) -> bool:
@@ -108,7 +107,7 @@ class Report:
     def to_json(self) -> dict:
         return {"ok": self.ok, "target": self.target, "cache_dir": self.cache_dir, "seconds": round(self.seconds, 3),
                 "counts": self.counts(), "loaded": sum(u.loaded for u in self.units),
-                "primed": sum(u.primed for u in self.units), "reserved_mib": self.reserved_mib, "notes": self.notes,
+                "primed": sum(u.primed for u in self.units), "notes": self.notes,
                 "units": [u.to_json() for u in self.units]}
 
     def render(self) -> str:
@@ -133,7 +132,7 @@ class Report:
 
 
 def warmup(*distributions: str, background: bool = False, workers: int | None = None,
-           processes: bool | None = None, align_variants: bool = True, reserve_mib: int | None = None):
+           processes: bool | None = None, align_variants: bool = True):
     """Compile every bundled config for this device into Triton's caches and ready this process for
     its tuned shapes (see the module docstring).
 
@@ -142,26 +141,22 @@ def warmup(*distributions: str, background: bool = False, workers: int | None = 
     report, so a server can warm at import time while calls that arrive first compile as they would.
     `processes`: compile in forked processes (default: where the platform forks) or, False, on threads.
     `align_variants`: also compile the alignment variants the tuned keys' buckets need (`variants`).
-    `reserve_mib` (default: FLYTUNE_WARMUP_RESERVE, 0): on a GPU, grow torch's caching allocator by that
-    many MiB (`reserve`), so the first calls' outputs are carved from it instead of each waiting on
-    cudaMalloc.
     """
     if background:
-        worker = Background(distributions, workers, processes, align_variants, reserve_mib)
+        worker = Background(distributions, workers, processes, align_variants)
         worker.start()
         return worker
-    return run(*plan(distributions), workers=workers, processes=processes, align_variants=align_variants,
-               reserve_mib=reserve_mib)
+    return run(*plan(distributions), workers=workers, processes=processes, align_variants=align_variants)
 
 
 class Background(threading.Thread):
     """A warm-up on a daemon thread; `result(timeout)` waits for its `Report` (or re-raises its error).
     It readies the CUDA device that was current where it was started."""
 
-    def __init__(self, distributions, workers, processes=None, align_variants=True, reserve_mib=None):
+    def __init__(self, distributions, workers, processes=None, align_variants=True):
         super().__init__(name="flytune-warmup", daemon=True)
         self.distributions, self.workers, self.processes = tuple(distributions), workers, processes
-        self.align_variants, self.reserve_mib = align_variants, reserve_mib
+        self.align_variants = align_variants
         self.cuda_device = _current_cuda_device()
         self.report: Report | None = None
         self.error: BaseException | None = None
@@ -171,7 +166,7 @@ class Background(threading.Thread):
             if self.cuda_device is not None:
                 sys.modules["torch"].cuda.set_device(self.cuda_device)
             self.report = warmup(*self.distributions, workers=self.workers, processes=self.processes,
-                                 align_variants=self.align_variants, reserve_mib=self.reserve_mib)
+                                 align_variants=self.align_variants)
         except BaseException as e:  # noqa: BLE001 - kept for result(); a server must not die of a warm-up
             self.error = e
             warning.once(("warmup", "error"), f"flytune: background warm-up stopped: {type(e).__name__}: {e}")
@@ -353,7 +348,7 @@ def _add_units(units: dict, src, info: bundle.ShardInfo, dev: DeviceIdentity) ->
 
 
 def run(units: list[Unit], notes: list[str], *, workers: int | None = None, processes: bool | None = None,
-        align_variants: bool = True, reserve_mib: int | None = None) -> Report:
+        align_variants: bool = True) -> Report:
     """Compile `units` (from `plan`, with the alignment variants their keys' buckets need) into Triton's
     caches, ready them in this process, and decide their tuned keys ahead; each unit says what happened."""
     start = time.perf_counter()
@@ -374,34 +369,8 @@ def run(units: list[Unit], notes: list[str], *, workers: int | None = None, proc
     for u, _ in todo:
         if not u.variant and u.status in ("compiled", "cached", "interpreter"):
             _prime(u, notes)
-    reserved = 0
-    if tools is not None and tools.launcher_cls is not None:  # a GPU, readied here
-        want = settings.current().warmup_reserve if reserve_mib is None else reserve_mib
-        reserved = reserve(want, notes)
     cache_dir = tools.cache_dir() if tools is not None else None
-    return Report(units, notes, tools.label if tools else "interpreter", cache_dir, time.perf_counter() - start,
-                  reserved)
-
-
-def reserve(mib: int, notes: list[str]) -> int:
-    """Grow torch's caching allocator on the current device by `mib` MiB: one block of that size (its
-    large pool, which later allocations over 1 MiB are split from) and four of 1 MiB (its small pool's
-    2 MiB segments), allocated and freed at once. The memory stays in torch's cache for this process's
-    own tensors (`torch.cuda.memory_reserved`; `torch.cuda.empty_cache()` returns it), and a first
-    call's output is carved from it instead of waiting on cudaMalloc. Idempotent: a second reserve of
-    the same size reuses the free block. Returns the MiB reserved (0 without torch's CUDA, or when the
-    device cannot hold it: said in `notes`)."""
-    torch = sys.modules.get("torch")
-    if mib <= 0 or torch is None or not torch.cuda.is_available():
-        return 0
-    try:
-        blocks = [torch.empty(mib << 20, dtype=torch.uint8, device="cuda")]
-        blocks += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(4)]
-        del blocks
-    except RuntimeError as e:  # out of memory: the first calls allocate as they would have
-        notes.append(f"FLYTUNE_WARMUP_RESERVE: {mib} MiB could not be reserved ({_first_line(e)})")
-        return 0
-    return mib
+    return Report(units, notes, tools.label if tools else "interpreter", cache_dir, time.perf_counter() - start)
 
 
 def _threads(n: int, workers: int | None) -> int:
