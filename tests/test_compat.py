@@ -215,6 +215,29 @@ def test_upgrade_rewrites_only_the_old_keys_losslessly(tmp_path):
         (FIRST_RELEASE_DIR / "compatpkg.add-265e550ffd965b1d.json").read_bytes()  # untouched kernels keep their bytes
 
 
+def test_upgrade_reads_every_folder_below_dir_as_the_build_does(tmp_path):
+    """A tune's `{arch}` layout: the first release's files in one folder, this release's re-tune (which
+    holds the null axes) in another. The build conforms them across folders; so does `upgrade`, which
+    rewrites each old file in its own folder, and `flytune verify` of the tree is clean after it."""
+    from flytune_build.store.upgrade import upgrade
+
+    d = mixed_directory(tmp_path)
+    (new,) = [p for p in d.glob("compatpkg.cumsum-*.json") if "cu_seqlens" in p.read_text()]
+    (d / "sm_90").mkdir()
+    new.rename(d / "sm_90" / new.name)
+    old = d / "interpreter"
+    old.mkdir()
+    for p in d.glob("*.json"):
+        p.rename(old / p.name)
+    report = upgrade(d)
+    assert report.ok and report.files == 5 and len(report.actions) == 2, report.errors
+    assert sorted(p.parent.name for p in d.rglob("*.json")) == ["interpreter"] * 4 + ["sm_90"]
+    after = load_dir(old, canonical=True)
+    assert {a.key_axes() for a in after if a.kernel == "compatpkg.cumsum"} == \
+        {("B", "H", "IS_VARLEN", "cu_seqlens", "o", "s", "scale")}
+    assert upgrade(d).actions == []
+
+
 def test_upgrade_is_all_or_nothing(tmp_path):
     from flytune_build.store.upgrade import upgrade
 

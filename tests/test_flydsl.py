@@ -146,3 +146,20 @@ def test_rocm_options_of_an_artifact_are_exported_to_flydsl_and_read_back(tmp_pa
     assert json.loads(written.read_text())["config"] == {"BLOCK": 64, "waves_per_eu": 2, "matrix_instr_nonkdim": 16,
                                                          "kpack": 2, "num_warps": 8}
     assert fly.from_flydsl(written).config == art.config
+
+
+@pytest.mark.parametrize("option, value, rule", [("waves_per_eu", 99, "integer 0..16"), ("kpack", 4, "1 or 2"),
+                                                 ("launch_pdl", True, "cuda backend")])
+def test_import_refuses_a_backend_option_verify_would_refuse_and_writes_nothing(tmp_path, option, value, rule):
+    """Every importer checks a config's backend compiler options as `verify` does (core.options.backend_problems):
+    a FlyDSL file whose `waves_per_eu` no ROCm Triton takes, or holding a CUDA-only option, is refused naming it."""
+    (written,), _ = fly.export([hip_artifact()], tmp_path / "in")
+    doc = json.loads(written.read_text())
+    doc["config"][option] = value
+    written.write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError, match=rf"config\.{option}.*{rule}"):
+        fly.from_flydsl(written)
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "import", "--format", "flydsl",
+                        "--output", str(tmp_path / "out"), str(written)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and option in r.stderr
+    assert not (tmp_path / "out").exists()

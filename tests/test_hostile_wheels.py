@@ -182,6 +182,8 @@ CASES = [
      ["C:/evil.py", "absolute path"]),
     ("backslash-dotdot", lambda g, t: write(t / g.name, [*members(g).items(), ("fixpkg\\..\\..\\evil.py", b"x")]),
      ["holds `..`"]),
+    ("backslash-member", lambda g, t: write(t / g.name, [*members(g).items(), ("fixpkg\\zz.py", b"x")]),
+     ["fixpkg\\zz.py", "holds a backslash"]),
     ("duplicate-member", lambda g, t: write(t / g.name, [*members(g).items(), ("fixpkg/__init__.py", b"evil()")]),
      ["fixpkg/__init__.py", "appears twice"]),
     ("dot-component", lambda g, t: write(t / g.name, [*members(g).items(), ("fixpkg/./x.py", b"x")]),

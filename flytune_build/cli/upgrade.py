@@ -9,7 +9,7 @@ from ..core.errors import printable
 def add_command(command) -> None:
     u = command("upgrade", "rewrite an artifact directory several releases wrote under each kernel's one axis set",
                 "0 upgraded (or nothing to do), 1 an invalid artifact or a conflict (nothing written), 2 usage error")
-    u.add_argument("dir", metavar="DIR", help="a directory of artifact files (*.json)")
+    u.add_argument("dir", metavar="DIR", help="a directory of artifact files (*.json), read with every folder below it")
 
 
 def command(args) -> int:

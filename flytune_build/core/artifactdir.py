@@ -61,7 +61,8 @@ def read_all(directory: str | os.PathLike, *, prefix: str = "", recursive: bool 
             found = fsutil.find(directory, ".", suffix=SUFFIX, error=error, file=directory,
                                 root_name="the directory")
             problems += found.problems
-            paths = [(Path(real), directory / rel) for real, rel in sorted(found.files.items(), key=lambda t: t[1])]
+            paths = [(Path(real), directory / rel) for real, rel in sorted(found.files.items(), key=lambda t: t[1])
+                     if not any(part.startswith(".") for part in Path(rel).parts)]  # hidden: no artifact, as above
         else:
             paths = [(p, p) for p in listing(directory, prefix=prefix, error=error)]
     except FlytuneError as e:

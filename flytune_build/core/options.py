@@ -93,6 +93,24 @@ def foreign_kwarg(kwargs: Mapping[str, Any], backend: str) -> tuple[str, tuple[s
     return None
 
 
+def backend_problems(kwargs: Mapping[str, Any], backend: str) -> list[tuple[str, str]]:
+    """(kwarg name, the rule it breaks) for each backend compiler option among `kwargs` that holds a value
+    the option does not take (`BACKEND_VALUES`: `kpack: 4`), then for the first that `backend` refuses at
+    launch (`foreign_kwarg`: an MI300X's `waves_per_eu` on an H200). The one check every reader of a
+    config applies: the build and `verify` (core.verification) and every importer (vLLM, SGLang, FlyDSL)."""
+    out = []
+    for name in sorted(BACKEND_VALUES.keys() & kwargs.keys()):
+        must = bad_backend_value(name, kwargs[name])
+        if must is not None:
+            out.append((name, f"is {kwargs[name]!r}, but Triton's {name} compiler option takes {must}"))
+    foreign = foreign_kwarg(kwargs, backend)
+    if foreign is not None:
+        name, backends = foreign
+        out.append((name, f"is a compiler option of Triton's {' and '.join(backends)} backend, which Triton's "
+                          f"{backend} backend refuses at launch (a config tuned for another device?)"))
+    return out
+
+
 def check(values: Mapping[str, Any], f: Fields, path: str = "") -> tuple:
     """Every option's value (its default when absent), checked, in table order."""
     out = []

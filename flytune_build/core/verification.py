@@ -189,17 +189,8 @@ def backend_options(artifacts: list[Artifact], where: Where) -> Findings:
     value the option does not take (`options.BACKEND_VALUES`: `kpack: 4`)."""
     found = Findings()
     for a in artifacts:
-        for name in options.BACKEND_VALUES.keys() & a.config.kwargs.keys():
-            must = options.bad_backend_value(name, a.config.kwargs[name])
-            if must is not None:
-                found.reject(ArtifactError(f"is {a.config.kwargs[name]!r}, but Triton's {name} compiler option takes "
-                                           f"{must}", file=where(a), field=f"config.kwargs.{name}"), a)
-        foreign = options.foreign_kwarg(a.config.kwargs, a.device.backend)
-        if foreign is not None:
-            name, backends = foreign
-            found.reject(ArtifactError(f"is a compiler option of Triton's {' and '.join(backends)} backend, which "
-                                       f"Triton's {a.device.backend} backend refuses at launch (a config tuned "
-                                       f"for another device?)", file=where(a), field=f"config.kwargs.{name}"), a)
+        for name, rule in options.backend_problems(a.config.kwargs, a.device.backend):
+            found.reject(ArtifactError(rule, file=where(a), field=f"config.kwargs.{name}"), a)
     return found
 
 

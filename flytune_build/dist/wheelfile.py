@@ -1,6 +1,6 @@
 """A wheel opened the way installers and the runtime will read it, for `flytune verify`, `inspect`, `diff`.
 
-- Member names: no absolute path, no `..`, no name twice (an installer would write outside the target,
+- Member names: no absolute path, no `..`, no backslash, no name twice (an installer would write outside the target,
   or keep one of two members at random).
 - RECORD: read as installers read it (UTF-8 CSV); every member hashed as a stream, in any algorithm
   the wheel spec allows (sha256 or stronger from hashlib.algorithms_guaranteed: not md5, sha1, the
@@ -211,6 +211,9 @@ def name_problem(name: str, orig: str) -> str | None:
     parts = name.replace("\\", "/").split("/")
     if ".." in parts:
         return "holds `..`: an installer would write outside the target directory"
+    if "\\" in name:
+        return ("holds a backslash: an installer on Windows writes it as a folder separator, one elsewhere as part "
+                "of a file name (`pkg\\x.py` is no module of `pkg/` there)")
     if posixpath.normpath(name.rstrip("/") or "/") != name.rstrip("/"):
         return "is not a normalised path (`.` or empty components): two names could mean one file"
     return None

@@ -181,14 +181,9 @@ def config_of(body: dict, f: Fields, m: str, backend: str) -> Config:
             f.fail(path, "must be a kernel parameter name (a Python identifier)")
         else:
             kwargs[name] = f.scalar(value, path)
-            must = compiler_options.bad_backend_value(name, value)
-            if must is not None:
-                f.fail(path, f"is {value!r}, but Triton's {name} compiler option takes {must}")
-    foreign = compiler_options.foreign_kwarg(kwargs, backend)
-    if foreign is not None:
-        f.fail(f"{m}.{foreign[0]}", f"is a compiler option of Triton's {' and '.join(foreign[1])} backend, which "
-                                    f"Triton's {backend} backend refuses at launch (pass the device the file was "
-                                    f"tuned on with --device)")
+    for name, rule in compiler_options.backend_problems(kwargs, backend):
+        f.fail(f"{m}.{name}", rule if compiler_options.bad_backend_value(name, kwargs[name]) else
+               f"{rule}: pass the device the file was tuned on with --device")
     options.setdefault("num_stages", DEFAULT_STAGES[backend])
     return Config(kwargs, **options)
 

@@ -2,7 +2,9 @@
 
 What changes is only what `core.verification.conform` reads in: an artifact written before null key
 axes (the first release left an adopted kernel's None arguments out of its key) gains the null axes
-its kernel's other artifacts hold, under its new content address. Its config and provenance are kept
+its kernel's other artifacts hold, under its new content address, in its own folder. DIR is read as
+the build and `verify DIR` read it, every folder below it (`artifacts/` of a tune's `{arch}` layout,
+whose re-tunes on one device decide the axes of the first release's files on another). Its config and provenance are kept
 as they are; nothing else is rewritten. Lossless: both keys stand for one Triton cache key.
 
 All or nothing: every file is read and the directory checked with the build's rules first (key
@@ -42,7 +44,7 @@ def upgrade(directory) -> Upgraded:
         raise InputError("is not a directory of artifact files", file=directory)
     report = Upgraded()
     found: list[tuple[Path, Artifact]] = []
-    read = artifactdir.read_all(root)  # bounded, hidden files aside, regular files only (as every reader)
+    read = artifactdir.read_all(root, recursive=True)  # contained, bounded, regular files only (as verify DIR)
     report.errors += read.problems
     for path, data in read.files:
         try:
@@ -58,20 +60,20 @@ def upgrade(directory) -> Upgraded:
     if report.errors:
         return report
     plan = []  # (old path, new artifact)
-    planned: dict[str, tuple[Path, Artifact]] = {}  # target name -> the old file it is made from
+    planned: dict[Path, tuple[Path, Artifact]] = {}  # target -> the old file it is made from
     for (path, art), new in zip(found, verification.conformed([a for _, a in found])):
         if new is art:
             continue
-        target = root / new.filename
-        if new.filename in planned:  # two old files, one identity and config: one file would be lost
-            first_path, first = planned[new.filename]
+        target = path.parent / new.filename
+        if target in planned:  # two old files, one identity and config: one file would be lost
+            first_path, first = planned[target]
             if first.to_bytes() != art.to_bytes():
                 report.errors.append(ArtifactError(
                     f"and {first_path.name} are, with the null axes they lack, both {new.filename}, "
                     f"with other provenance: one measurement would be dropped: remove the file whose measurement "
                     f"you drop, then upgrade", file=path, field="key"))
                 continue
-        planned.setdefault(new.filename, (path, art))
+        planned.setdefault(target, (path, art))
         if os.path.lexists(target) and (target.is_symlink() or not target.is_file()
                                         or artifactdir.read(target) != new.to_bytes()):
             report.errors.append(ArtifactError(
@@ -84,8 +86,8 @@ def upgrade(directory) -> Upgraded:
     if report.errors:
         return report
     try:  # every new file, or (one failing) none
-        fsutil.write_all([(root / new.filename, new.to_bytes()) for _, new in plan
-                          if not (root / new.filename).exists()])
+        fsutil.write_all([(path.parent / new.filename, new.to_bytes()) for path, new in plan
+                          if not (path.parent / new.filename).exists()])
     except FlytuneError as e:
         report.errors.append(e)
         return report

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from ...core import codec, settings
+from ...core import codec, options, settings
 from ...core.artifact import KERNEL_NAME, KERNEL_NAME_MAX, Artifact
 from ...core.config import Config
 from ...core.device import DeviceIdentity
@@ -92,6 +92,8 @@ def from_flydsl(path: str | Path, *, name: str | None = None) -> Artifact:
     body = dict(f.mapping(doc["config"], "config"))  # `waves_per_eu` stays among the kwargs, as Triton takes it
     num_warps = body.pop("num_warps", 4)
     config = Config.from_json({"kwargs": body, "num_warps": num_warps}, f)
+    for option, rule in options.backend_problems(config.kwargs, device.backend):  # as verify checks it
+        f.fail(f"config.{option}", rule)
     return Artifact(kernel, key, device, config, {"ranking": "imported", "source": f"flydsl:{path.name}"[:1024]})
 
 
