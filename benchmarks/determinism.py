@@ -232,7 +232,9 @@ def replay(run1, run2) -> None:
             return sel.get("winner")
         fields = {k: v for k, v in sel["rule"].items() if k in ("cap", "z", "noise_floor", "rounds", "max_rounds")}
         samples = {f["index"]: dict(enumerate(f["rounds_ms"])) for f in finals}
-        return selection.decide(samples, selection.Rule(**fields)).winner
+        rule = selection.Rule(**fields)
+        d = selection.decide(samples, rule)
+        return (selection.decide(samples, rule, final=True) if d.edge() else d).winner   # as `pick`
 
     a, b = load_run(run1), load_run(run2)
     rows, recorded, now = [], 0, 0
