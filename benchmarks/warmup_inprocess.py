@@ -20,6 +20,12 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
 
   bg_prealloc  background, with each output size allocated once (and freed) before the first calls,
                untimed: the caching allocator's first cudaMalloc of a size is not the kernel's cost
+  bg_touch     bg_prealloc, and one torch kernel launched and awaited before the first calls, untimed:
+               the process's first launch on the device is not a tuned call's cost
+  bg_eager     bg_prealloc under CUDA_MODULE_LOADING=EAGER: whether lazy module loading is left to
+               the first calls
+
+`--reps N` runs the list of modes N times over (keys `mode#r` past the first).
 
 Per shape a child records the first call, whether flytune had decided its key before it
 (`decided_ahead`), how many kernels the first call added to the JIT's in-process cache (`jit_added`,
@@ -47,7 +53,7 @@ import torch
 import flytune_build as ft
 out = {"mode": mode}
 bg = None
-if mode in ("background", "bg_prealloc"):
+if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager"):
     bg = ft.warmup("sample-pkg", background=True)
 import sample_pkg
 from sample_pkg import kernels, tuning
@@ -72,9 +78,12 @@ if mode in ("env", "racing"):
 if mode == "env":
     t = time.perf_counter(); auto.wait(120); out["waited_s"] = round(time.perf_counter() - t, 4)
     out["report"] = next(iter(auto.reports.values())).to_json() if auto.reports else None
-if mode == "bg_prealloc":
+if mode in ("bg_prealloc", "bg_touch", "bg_eager"):
     for kind, s, _ in calls:
         torch.empty((s["M"], s["N"]), device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+if mode == "bg_touch":
+    torch.ones(1, device="cuda").add_(1)
     torch.cuda.synchronize()
 out["since_start_s"] = round(time.perf_counter() - t0, 3)
 def jit_entries():
@@ -138,7 +147,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--plan", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--modes", default="cold,disk,inproc,inproc_disk,inproc_thr,inproc_novar,background,bg_prealloc,env,racing,triton")
+    ap.add_argument("--modes", default="cold,disk,inproc,inproc_disk,inproc_thr,inproc_novar,background,bg_prealloc,"
+                                       "bg_touch,bg_eager,env,racing,triton")
+    ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args()
     with open(args.plan, "rb") as f:
         shapes = [(e["kernel"].rsplit(".", 1)[1], s) for e in tomllib.load(f)["entries"] for s in e["shapes"]]
@@ -150,26 +161,30 @@ def main():
     fresh = lambda: tempfile.mkdtemp(dir=work)
     results, extra = {}, {}
     disk = fresh()
-    for mode in args.modes.split(","):
+    for rep, mode in [(r, m) for r in range(args.reps) for m in args.modes.split(",")]:
+        name = mode if rep == 0 else f"{mode}#{rep}"
         if mode == "disk":
+            disk = fresh()
             t = time.perf_counter()
             p = subprocess.run([sys.executable, "-m", "flytune_build.cli", "warmup", "sample-pkg", "--json"],
                                env=dict(os.environ, TRITON_CACHE_DIR=disk, FLYTUNE_CACHE_DIR=tempfile.mkdtemp()),
                                capture_output=True, text=True, check=False)
-            extra["cli_warmup_wall_s"] = round(time.perf_counter() - t, 3)
-            extra["cli_warmup_rc"] = p.returncode
+            cli = {"cli_warmup_wall_s": round(time.perf_counter() - t, 3), "cli_warmup_rc": p.returncode}
             try:
-                extra["cli_report"] = json.loads(p.stdout)
+                cli["cli_report"] = json.loads(p.stdout)
             except ValueError:
-                extra["cli_report"] = {"error": (p.stdout + p.stderr)[-3000:]}
+                cli["cli_report"] = {"error": (p.stdout + p.stderr)[-3000:]}
+            extra.update(cli) if rep == 0 else extra.setdefault("cli_reps", []).append(cli)
             r = child(script, mode, shapes, disk, bench_dir)
         elif mode == "inproc_disk":
             r = child(script, mode, shapes, disk, bench_dir)
         elif mode in ("env", "racing"):
             r = child(script, mode, shapes, fresh(), bench_dir, FLYTUNE_WARMUP="background")
+        elif mode == "bg_eager":
+            r = child(script, mode, shapes, fresh(), bench_dir, CUDA_MODULE_LOADING="EAGER")
         else:
             r = child(script, mode, shapes, fresh(), bench_dir)
-        results[mode] = r
+        results[name] = r
         print(json.dumps({k: v for k, v in r.items() if k not in ("rows", "report", "stderr_tail")}), flush=True)
         with open(os.path.join(args.out, "warmup_inprocess.json"), "w") as f:
             json.dump({"results": results, **extra}, f, indent=1)
@@ -184,7 +199,7 @@ def main():
         steady = sum(x["steady_s"] for x in r["rows"]) * 1e3
         warm = r.get("warmup_s", r.get("waited_s"))
         dec = sum(bool(x["decided_ahead"]) for x in r["rows"])
-        added = sum(x["jit_added"] or 0 for x in r["rows"]) if mode != "triton" else None
+        added = sum(x["jit_added"] or 0 for x in r["rows"]) if mode.split("#")[0] != "triton" else None
         correct = all(x.get("correct", True) for x in r["rows"])
         summary[mode] = {"first_ms": round(first, 3), "steady_ms": round(steady, 3), "ratio": round(first / steady, 2),
                          "warmup_s": warm, "decided_ahead": dec, "jit_added": added, "correct": correct}

@@ -288,6 +288,38 @@ def test_warmup_fills_tritons_cache_under_the_key_tritons_own_launch_computes(in
     assert sorted(d for d, _ in found) == sorted(u["cache_key"] for u in doc["units"])
 
 
+def test_forked_compiles_build_each_signatures_launcher_once_beside_the_kernels(installed, tmp_path):
+    """On a GPU the first unit of each kernel signature also builds that signature's launcher (a C
+    compile) in its forked child, while the other units compile. A recording launcher class stands in
+    for Triton's here (no GPU), over a real sm_90 compile."""
+    site = installed()
+    built = tmp_path / "built"
+    built.mkdir()
+    script = textwrap.dedent(f"""
+        import json, os
+        from pathlib import Path
+        from triton.backends.compiler import GPUTarget
+        from flytune_build.runtime import warmup
+        built = Path({str(built)!r})
+
+        class Launcher:  # what Triton's launcher class is built from; where it was built
+            def __init__(self, src, metadata):
+                (built / f"{{os.getpid()}}-{{len(list(built.iterdir()))}}").write_text(warmup._signature(src))
+
+        warmup.Toolchain.for_device = classmethod(lambda cls, dev, notes: cls(GPUTarget("cuda", 90, 32), Launcher, "x"))
+        report = warmup.warmup("fixpkg", processes=True)
+        print(json.dumps({{"pid": os.getpid(), "units": [[u.status, u.where] for u in report.units]}}))
+    """)
+    env = python_env(PYTHONPATH=site, TRITON_INTERPRET=0, TRITON_CACHE_DIR=tmp_path / "cache",
+                     FLYTUNE_DEVICE="cuda:sm_90:132:NVIDIA H200")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout.splitlines()[-1])
+    assert len(doc["units"]) >= 2 and all(u == ["compiled", "process"] for u in doc["units"])
+    (marker,) = built.iterdir()  # one signature: one launcher, built once, in a child
+    assert int(marker.name.split("-")[0]) != doc["pid"] and "'n', 'i32'" in marker.read_text()
+
+
 def test_a_backend_launch_keyword_is_recorded_and_rebuilt_as_a_compile_option():
     """`waves_per_eu` in a ROCm config's kwargs binds to no parameter: it is recorded among the options
     and handed back to the compile as one, never refused as a stray constexpr."""

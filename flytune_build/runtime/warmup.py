@@ -576,7 +576,7 @@ class Toolchain:
         """Every unit into Triton's disk cache: those not cached yet in processes forked from this one
         (Triton's front end holds the GIL, so threads serialize), else, or for what the processes left,
         on threads."""
-        pending = []
+        pending, signatures = [], []
         for u, jit in todo:
             try:
                 src, _, u.cache_key = binder.cache_hash(u.spec, binder.compilable(jit), u.config, self.backend)
@@ -587,22 +587,36 @@ class Toolchain:
                 u.status, u.where = "cached", ""
             else:
                 pending.append((u, jit))
+                signatures.append(_signature(src))
         if processes is None:
             processes = sys.platform.startswith("linux") and len(pending) > 1
         if processes and pending:
-            pending = self._fork_compile(pending, workers)
+            pending = self._fork_compile(*self._builders_first(pending, signatures), workers)
         if pending:
             with ThreadPoolExecutor(max_workers=_threads(len(pending), workers),
                                     thread_name_prefix="flytune-warmup") as pool:
                 list(pool.map(lambda item: self.compile(*item), pending))
 
-    def _fork_compile(self, pending: list[tuple[Unit, object]], workers: int | None) -> list:
+    def _builders_first(self, pending: list, signatures: list[str]) -> tuple[list, int]:
+        """`pending` reordered, and n: its first n units are one per kernel signature, and the child that
+        compiles each also builds that signature's launcher (a C compile, about 0.5 s on the H200's host),
+        so those builds overlap the other units' compiles instead of all following them in `load`."""
+        if self.launcher_cls is None:
+            return pending, 0
+        first, rest, seen = [], [], set()
+        for item, signature in zip(pending, signatures):
+            (rest if signature in seen else first).append(item)
+            seen.add(signature)
+        return first + rest, len(first)
+
+    def _fork_compile(self, pending: list[tuple[Unit, object]], builders: int, workers: int | None) -> list:
         """Compile `pending` in forked processes (they inherit the imported kernels; no CUDA call is made
-        in them); returns the units they did not finish (a fork refused, a child timed out or died)."""
+        in them), the first `builders` with their launchers; returns the units they did not finish (a fork
+        refused, a child timed out or died)."""
         import multiprocessing
 
         token = id(pending)
-        _FORKED[token] = (self, pending)
+        _FORKED[token] = (self, pending, builders)
         pool = None
         try:
             pool = multiprocessing.get_context("fork").Pool(_threads(len(pending), workers))
@@ -624,8 +638,9 @@ class Toolchain:
                 left.append((u, jit))
         return left
 
-    def compile(self, unit: Unit, jit) -> None:
-        """One unit into Triton's disk cache on this thread (its launcher too, where there is a GPU)."""
+    def compile(self, unit: Unit, jit, launcher: bool = False) -> None:
+        """One unit into Triton's disk cache on this thread; with `launcher` (and a GPU's launcher class),
+        its signature's launcher too. Building a launcher makes no CUDA call: a forked child may."""
         import triton
 
         start = time.perf_counter()
@@ -634,10 +649,16 @@ class Toolchain:
             src, options, digest = binder.cache_hash(unit.spec, jit, unit.config, self.backend)
             unit.cache_key = digest
             cached = self._cached(digest, src.name)
-            triton.compile(src, target=self.target, options=options.__dict__)
+            kernel = triton.compile(src, target=self.target, options=options.__dict__)
             unit.status, unit.where = ("cached", "") if cached else ("compiled", "thread")
         except Exception as e:  # noqa: BLE001 - the runtime would fail on it too: report it, warm the rest
             unit.status, unit.note = "failed", _first_line(e)
+        else:
+            if launcher and self.launcher_cls is not None:
+                try:
+                    self.launcher_cls(kernel.src, kernel.metadata)  # lands in Triton's cache, as `kernel.run` would
+                except Exception:  # noqa: BLE001 - `load` builds it again and says why it fails
+                    pass
         unit.seconds = time.perf_counter() - start
 
     def load(self, unit: Unit, jit) -> None:
@@ -681,7 +702,7 @@ class Toolchain:
 
     def _launcher_lock(self, src) -> threading.Lock:
         """One launcher build per kernel signature at a time (a C compile)."""
-        signature = codec.canonical([repr(sorted(src.constants.items())), repr(src.signature)]).decode()
+        signature = _signature(src)
         with self._locks:
             return self._launchers.setdefault(signature, threading.Lock())
 
@@ -698,15 +719,21 @@ class Toolchain:
         return knobs.cache.dir or None
 
 
-_FORKED: dict[int, tuple[Toolchain, list]] = {}
+def _signature(src) -> str:
+    """What a Triton launcher's C source is made from: the kernel's argument types, constexpr ones skipped
+    (Triton 3.x `make_launcher`; a constexpr's value does not enter it, tensor descriptors' metadata may)."""
+    return repr(list(src.signature.items()))
+
+
+_FORKED: dict[int, tuple[Toolchain, list, int]] = {}
 
 
 def _compile_forked(job: tuple[int, int]) -> tuple[str, str, float]:
     """In a forked child: compile one pending unit into the disk cache; (status, note, seconds)."""
-    toolchain, pending = _FORKED[job[0]]
+    toolchain, pending, builders = _FORKED[job[0]]
     unit, jit = pending[job[1]]
     unit.where = ""
-    toolchain.compile(unit, jit)
+    toolchain.compile(unit, jit, launcher=job[1] < builders)
     return unit.status, unit.note, unit.seconds
 
 
