@@ -7,10 +7,11 @@
       the report: winner agreement of two cold `flytune tune` runs (goal >= 95%), each winner against
       the fastest candidate measured in its own run (goal within 2%), the same for triton.autotune,
       and what a third run into RUN1's output (RUN3, a copy of it re-tuned) kept and replaced
-  python benchmarks/determinism.py replay RUN1 RUN2
+  python benchmarks/determinism.py replay RUN1 RUN2 [RUN...]
       each shape's recorded finalist rounds (provenance.selection) decided again by this release's
-      `selection.decide`: whether two runs' rounds choose alike under the rule as it is now, beside the
-      winners they recorded. A replay cannot add rounds: the stopping was the recording release's
+      `selection.decide`: whether each pair of runs' rounds choose alike under the rule as it is now,
+      beside the winners they recorded, and over all pairs under two other rules for a test left at
+      the edge. A replay cannot add rounds: the stopping was the recording release's
 """
 import json
 import math
@@ -221,8 +222,9 @@ def report(run1, run2, run3, triton1="-", triton2="-") -> None:
     print(json.dumps(summary), file=sys.stderr)
 
 
-def replay(run1, run2) -> None:
-    """The recorded winners and this release's decision over the same rounds, for two runs."""
+def replay(*runs: str) -> None:
+    """Each pair of runs' winners, recorded and decided again by this release from the recorded rounds;
+    then agreement over all pairs with the edge rule this release has and with two others (`EDGE_TIE`)."""
     sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
     from flytune_build.runtime import selection
 
@@ -236,18 +238,31 @@ def replay(run1, run2) -> None:
         d = selection.decide(samples, rule)
         return (selection.decide(samples, rule, final=True) if d.edge() else d).winner   # as `pick`
 
-    a, b = load_run(run1), load_run(run2)
+    loaded = [load_run(r) for r in runs]
+    names = sorted(set.intersection(*(set(r) for r in loaded)))
+    pairs = [(i, j) for i in range(len(runs)) for j in range(i + 1, len(runs))]
     rows, recorded, now = [], 0, 0
-    for name in sorted(a.keys() & b.keys()):
-        sa, sb = a[name]["selection"], b[name]["selection"]
-        was, new = (sa.get("winner"), sb.get("winner")), (decided(sa), decided(sb))
-        recorded += was[0] == was[1]
-        now += new[0] == new[1]
-        if len({*was, *new}) > 1:
-            key = ",".join(f"{k}={v}" for k, v in sorted(a[name]["key"].items()))
-            rows.append(f"  {a[name]['kernel']} {key}: recorded #{was[0]}/#{was[1]}, now #{new[0]}/#{new[1]}")
-    n = len(a.keys() & b.keys())
-    print("\n".join(rows + [f"recorded winners agree on {recorded}/{n}; decided again by this release: {now}/{n}"]))
+    for i, j in pairs:
+        for name in names:
+            sa, sb = loaded[i][name]["selection"], loaded[j][name]["selection"]
+            was, new = (sa.get("winner"), sb.get("winner")), (decided(sa), decided(sb))
+            recorded += was[0] == was[1]
+            now += new[0] == new[1]
+            if len({*was, *new}) > 1:
+                key = ",".join(f"{k}={v}" for k, v in sorted(loaded[i][name]["key"].items()))
+                rows.append(f"  runs {i + 1},{j + 1} {loaded[i][name]['kernel']} {key}: recorded #{was[0]}/#{was[1]}, "
+                            f"now #{new[0]}/#{new[1]}")
+    n = len(names) * len(pairs)
+    print("\n".join(rows + [f"{len(pairs)} pair(s) of runs x {len(names)} shapes: recorded winners agree on "
+                            f"{recorded}/{n}; decided again by this release: {now}/{n}"]))
+    mine = selection.EDGE_TIE
+    for label, tie in ((f"this release: an edge is a tie under {mine:g} x the cap", mine),
+                       ("an edge is a tie under half the cap", 0.5), ("an edge is never a tie", -math.inf)):
+        selection.EDGE_TIE = tie
+        agree = sum(decided(loaded[i][m]["selection"]) == decided(loaded[j][m]["selection"])
+                    for i, j in pairs for m in names)
+        print(f"  {label}: {agree}/{n}")
+    selection.EDGE_TIE = mine
 
 
 if __name__ == "__main__":
@@ -255,7 +270,7 @@ if __name__ == "__main__":
         triton_pass(*sys.argv[2:5])
     elif sys.argv[1:2] == ["report"]:
         report(*sys.argv[2:7])
-    elif sys.argv[1:2] == ["replay"]:
-        replay(*sys.argv[2:4])
+    elif sys.argv[1:2] == ["replay"] and len(sys.argv) > 3:
+        replay(*sys.argv[2:])
     else:
         raise SystemExit(__doc__)

@@ -56,8 +56,10 @@ def test_cold_searches_agree_each_winner_within_the_cap_and_a_re_tune_keeps_them
     for run in (first, second):
         for n, r in run.items():
             sel = r["selection"]
-            medians = {f["index"]: f["median_ms"] for f in sel["finalists"]}
-            assert medians[sel["winner"]] <= min(medians.values()) * (1 + selection.CPU_TIME.cap), (n, sel)
+            won = next(f for f in sel["finalists"] if f["index"] == sel["winner"])
+            # within the cap of the run's fastest, round for round (the finalists' medians are over
+            # different rounds: the extra blocks time the edge finalists and the fastest alone)
+            assert sel["winner"] == sel["fastest"] or won["gap"] <= selection.CPU_TIME.cap, (n, sel)
             assert r["config"].num_warps == 1, (n, sel)   # an exact tie goes to the earliest declared
             assert isinstance(sel["resolved"], bool) and 0.5 <= sel["confidence"] <= 1
     assert all(third[n]["selection"]["shipped"]["outcome"] == "kept" for n in SHAPES)   # churn 0

@@ -94,13 +94,15 @@ def test_twenty_noisy_runs_of_a_gap_near_the_cap_choose_alike():
     assert sum(len(p.record["finalists"][0]["rounds_ms"]) > RULE.rounds for p in picks) >= 10  # measured on
 
 
-def test_an_edge_that_never_resolves_is_decided_by_its_gap_and_reported_unresolved():
+def test_an_edge_that_never_resolves_is_decided_on_the_cap_and_reported_unresolved():
     rounds = {16: [1.0299, 1.0099, 1.0199] * 20, 32: [1.0] * 60}  # 1.99% +- 1%: the gap sits on the cap
     picked = selection.pick(cands(1.0, 1.0), scripted(rounds), clock=lambda: 0.0)
     assert len(picked.record["finalists"][0]["rounds_ms"]) == RULE.max_rounds
     assert picked.record["resolved"] is False and 0.5 <= picked.record["confidence"] < 0.977
     assert picked.record["finalists"][0]["verdict"] == "edge" and picked.record["winner"] == 0
     assert block(picked) == 16 and "unresolved after 60 rounds: #0 +1.99%" in picked.record["why"]
+    rounds = {16: [1.0309, 1.0109, 1.0209] * 20, 32: [1.0] * 60}  # 2.09% +- 1%: over the cap
+    assert block(selection.pick(cands(1.0, 1.0), scripted(rounds), clock=lambda: 0.0)) == 32
     # while rounds remain an edge is no tie yet: the walk goes on to the next tied finalist
     d = selection.decide({0: dict(enumerate([1.0199, 1.0299, 1.0099] * 4)), 1: dict(enumerate([1.003] * 12)),
                           2: dict(enumerate([1.0] * 12))}, RULE)
