@@ -252,6 +252,24 @@ def test_tune_refuses_in_ci(tmp_path):
     assert r.returncode == 2 and "refusing to tune where CI is set" in r.stderr
 
 
+def test_tune_in_ci_refuses_a_measured_run_only_as_the_python_api_does(monkeypatch):
+    """One rule, in tuning.tune: where CI is set a measured run is refused; a synthetic one (--ranking or
+    FLYTUNE_RANKING) is not. `--workers 0` then stops the run before any work, with its own usage error."""
+    for how in ({"args": ("--ranking", "synthetic"), "env": {}}, {"args": (), "env": {"FLYTUNE_RANKING": "synthetic"}}):
+        r = flytune("tune", "--project", ROOT / "sample_pkg", *how["args"], "--executor", "local", "--workers", "0",
+                    CI="true", **how["env"])
+        assert r.returncode == 2 and "refusing" not in r.stderr and "--workers must be at least 1" in r.stderr, r.stderr
+    import flytune_build
+
+    monkeypatch.setenv("CI", "true")  # conftest's monkeypatch re-reads flytune's settings
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    with pytest.raises(flytune_build.UsageError, match="must be one of"):
+        flytune_build.tune(ROOT / "sample_pkg", executor="nope")
+    monkeypatch.delenv("FLYTUNE_RANKING")
+    with pytest.raises(flytune_build.UsageError, match="refusing to tune where CI is set"):
+        flytune_build.tune(ROOT / "sample_pkg", executor="nope")
+
+
 def test_tune_synthetic_ranking_writes_artifacts_and_resumes(tmp_path):
     env = dict(TRITON_INTERPRET=1, FLYTUNE_CACHE_DIR=tmp_path / "cache", PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}")
     out = tmp_path / "out"

@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from flytune_build.cli import report
 from flytune_build.core.artifact import Artifact, load_dir
 from flytune_build.core.config import Config
 from flytune_build.core.device import DeviceIdentity
+from flytune_build.core.errors import UsageError
 from flytune_build.review import shape as shape_mod
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,6 +173,49 @@ def test_hostile_names_are_shown_as_text_never_as_markup(tmp_path):
         assert s in shown, f"{s!r} is not shown as text"
     assert "evil.kernel" in kernels(doc)
     assert "\u202e" not in text and "\\u202eevil" in shown and "bad\\udcff" in shown
+
+
+def test_numbers_a_float_cannot_hold_are_left_out_never_drawn_as_nan(tmp_path):
+    """A JSON integer of 400 digits (float() raises OverflowError) and times near 1e308 or a subnormal
+    (their differences and ratios overflow) are valid provenance: the page is written, and no coordinate
+    or percentage of it is nan or inf."""
+    d = tmp_path / "extreme"
+    d.mkdir()
+    dev = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+    configs = [Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64, 128)]
+    prov = {"candidates": [{"config": configs[0].to_json(), "time_ms": 10 ** 400},
+                           {"config": configs[1].to_json(), "time_ms": 1.7e308},
+                           {"config": configs[2].to_json(), "time_ms": 5e-324},
+                           {"config": configs[3].to_json(), "time_ms": 0.01}],
+            "selection": {"winner": 3, "band": 1.7e308, "why": "extreme",
+                          "finalists": [{"index": 1, "median_ms": 1.7e308, "rounds_ms": [1.7e308, -1.7e308]},
+                                        {"index": 3, "median_ms": -1.7e308, "dispersion_ms": 1.7e308}],
+                          "shipped": {"outcome": "kept", "gain": 1.7e308}},
+            "measurement": {"timer": "cuda-graph", "estimate_ms": 1.7e308, "warmup_ms": 1.7e308}}
+    Artifact("big.kernel", {"n": 1}, dev, configs[3], prov).save(d)
+    text = review.write(tmp_path / "r.html", d).read_text("utf-8")
+    doc = Tree(text).root
+    assert "big.kernel" in kernels(doc)
+    for node in doc.all():
+        for name, value in node.attrs.items():
+            assert not {"nan", "inf"} & set(re.findall(r"[a-z]+", (value or "").lower())), \
+                (node.tag, name, value)
+    assert "inf%" not in doc.content() and "nan" not in doc.content().lower().split()
+
+
+def test_the_page_is_never_written_over_its_source(tmp_path):
+    wheel = tmp_path / "mypkg-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"not a zip, but the user's file")
+    assert run_report(str(wheel), "--output", str(wheel)) == 2
+    assert wheel.read_bytes() == b"not a zip, but the user's file"
+    d = tmp_path / "arts"
+    shutil.copytree(SM90, d)
+    before = sorted(p.name for p in d.iterdir())
+    assert run_report(str(SM90), str(d), "--output", str(d / "review.json")) == 2
+    assert sorted(p.name for p in d.iterdir()) == before
+    with pytest.raises(UsageError):
+        review.write(wheel, wheel)
+    assert run_report(str(d), "--output", str(d / "review.html")) == 0  # a page beside the artifacts is fine
 
 
 def test_artifacts_of_older_releases_render_what_they_have(tmp_path):

@@ -5,14 +5,15 @@ winners that changed and by how much.
 A source with violations, or one that cannot be read at all, is still reported: the page shows what
 could be read and lists every error (as `flytune diff` prints its diff all the same), each error is
 printed on stderr, and the exit code is 1. Nothing is written only on a usage error (exit 2: the
-output is a directory or its folder does not exist) or when the file cannot be written (exit 1).
+output is a directory, its folder does not exist, or it is a SOURCE file or a *.json inside a SOURCE
+directory) or when the file cannot be written (exit 1).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from ..core.errors import printable
+from ..core.errors import UsageError, printable
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 
@@ -40,7 +41,11 @@ def command(args) -> int:
     from ..audit.source import open_source
 
     sources = [open_source(p) for p in (args.source, args.new) if p is not None]
-    review.write(out, *sources, title=args.title)  # an OutputError is main's one-line error, exit 1
+    try:
+        review.write(out, *sources, title=args.title)  # an OutputError is main's one-line error, exit 1
+    except UsageError as e:  # --output is a SOURCE, or an artifact file in one: nothing is written
+        print(f"flytune: error: --output {e}", file=sys.stderr)
+        return EXIT_USAGE
     for s in sources:
         for e in s.errors:
             print(f"flytune: error: {printable(str(e))}", file=sys.stderr)

@@ -5,7 +5,7 @@ import json
 import math
 import sys
 
-from ..core import settings, table
+from ..core import table
 from ..core.errors import UsageError, printable
 from .progress import Progress
 
@@ -45,10 +45,6 @@ def add_command(command) -> None:
 
 
 def command(args) -> int:
-    if settings.current().ci and not args.allow_ci:
-        print("flytune: error: refusing to tune where CI is set: shared runners do not choose winners "
-              "(tune on the intended GPU; pass --allow-ci to override)", file=sys.stderr)
-        return EXIT_USAGE
     from .. import tuning
 
     if args.executor is None and (args.workers is not None or args.address or args.job_timeout is not None):
@@ -58,7 +54,7 @@ def command(args) -> int:
         report = tuning.tune(args.project, plan=args.plan, kernels=args.kernel, output=args.output,
                              executor=args.executor, repeat=args.repeat, min_improvement=args.min_improvement,
                              resume=not args.no_resume, ranking=args.ranking, job_timeout=args.job_timeout,
-                             workers=args.workers, address=args.address, allow_ci=True,
+                             workers=args.workers, address=args.address, allow_ci=args.allow_ci,
                              reporter=Progress(enabled=not args.no_progress))
     except UsageError as e:
         print(f"flytune: error: {e}", file=sys.stderr)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ..audit.source import Source, open_source
-from ..core.errors import InputError
+from ..core.errors import InputError, UsageError
 from ..core.fsutil import atomic_write
 
 
@@ -30,6 +30,25 @@ def render(*sources: Source | str | os.PathLike, title: str | None = None) -> st
 
 
 def write(path: str | os.PathLike, *sources: Source | str | os.PathLike, title: str | None = None) -> Path:
-    """Render and write the page atomically (a reader sees the old file or the whole new one)."""
-    atomic_write(path, render(*sources, title=title).encode("utf-8"))
+    """Render and write the page atomically (a reader sees the old file or the whole new one).
+
+    Raises UsageError, writing nothing, where the page would overwrite what it reports: a SOURCE file
+    itself (a wheel replaced by HTML), or a *.json under a SOURCE directory (read as an artifact next)."""
+    opened = [s if isinstance(s, Source) else open_source(os.fspath(s)) for s in sources]
+    check_output(path, opened)
+    atomic_write(path, render(*opened, title=title).encode("utf-8"))
     return Path(path)
+
+
+def check_output(path: str | os.PathLike, sources: list[Source]) -> None:
+    """Raise UsageError where writing the page at `path` would destroy a source's data."""
+    out = Path(path).resolve()
+    for s in sources:
+        if s.kind == "installed":  # a distribution name, not a path
+            continue
+        src = Path(s.path).resolve()
+        same = out == src or (out.exists() and src.exists() and os.path.samefile(out, src))
+        if same or (src.is_dir() and out.suffix == ".json" and src in out.parents):
+            raise UsageError(f"is the source {s.path} itself: the page would overwrite it" if same else
+                             f"is a *.json file in the source directory {s.path}: the next reading of it would "
+                             f"take the page for an artifact", file=path)

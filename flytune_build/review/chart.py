@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from .markup import Markup, element, number, void
-from .shape import Shape
+from .shape import Shape, slower_pct
 
 WIDTH = 900
 LABEL_W = 300           # config labels, left of the bars
@@ -62,7 +62,8 @@ def svg(shape: Shape) -> Markup:
                            title=f"#{c.index} {c.label}: {c.time_ms:.6g} ms"))
         if c.time_ms > scale_max:
             parts.append(element("text", "›", x=number(WIDTH - VALUE_W - 8), y=number(y + 12), class_="clip"))
-        rel = f" +{(c.time_ms / fastest - 1) * 100:.1f}%" if fastest and c.time_ms > fastest else ""
+        pct = slower_pct(c.time_ms, fastest)
+        rel = f" +{pct:.1f}%" if pct is not None and c.time_ms > fastest else ""
         parts.append(element("text", f"{c.time_ms:.4g}{rel}{mark}", x=number(WIDTH - VALUE_W + 4),
                              y=number(y + 12), class_="value" + (" winner" if c.winner else "")))
     if hidden:

@@ -8,6 +8,7 @@ machine, the driver and the load; it is shown only beside the margin, labelled a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..audit import source as audit
@@ -58,7 +59,8 @@ def compare(old: audit.Source, new: audit.Source) -> Comparison:
 
 def _cross_run(old: Artifact, new: Artifact) -> float | None:
     t_old, t_new = _own_time(old), _own_time(new)
-    return t_new / t_old - 1 if t_old and t_new else None
+    ratio = t_new / t_old if t_old and t_new else None
+    return ratio - 1 if ratio is not None and math.isfinite(ratio * 100) else None  # inf: t_old a subnormal
 
 
 def _own_time(art: Artifact) -> float | None:

@@ -261,7 +261,8 @@ def _table(s: shape.Shape) -> Markup:
     fastest = min((c.time_ms for c in s.candidates if c.time_ms is not None), default=None)
     rows = [element("tr", *(element("th", h) for h in ("#", "config", "time (ms)", "vs fastest", "")))]
     for c in s.candidates:
-        rel = "" if c.time_ms is None or not fastest else f"{(c.time_ms / fastest - 1) * 100:+.1f}%"
+        pct = shape.slower_pct(c.time_ms, fastest)
+        rel = "" if pct is None else f"{pct:+.1f}%"
         mark = "winner" if c.winner else "previous winner" if c.previous else (c.error or "")
         rows.append(element("tr", element("td", c.index, class_="num"), element("td", element("code", c.label)),
                             element("td", "failed" if c.time_ms is None else f"{c.time_ms:.6g}", class_="num"),

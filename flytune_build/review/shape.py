@@ -3,11 +3,12 @@ and how it was timed, read from an artifact's provenance (core.artifact, core.ch
 
 Artifacts from older releases may lack any field (no provenance at all, no candidates, no
 measurement or selection): every field here is optional, and a missing one leaves its part of the
-page out. Indices in `provenance.selection` that name no candidate are ignored, never trusted.
+page out. Indices in `provenance.selection` that name no candidate are ignored, never trusted, and so
+is a number past LIMIT (a JSON integer too large for a float, or 1e308, whose differences overflow
+the chart's arithmetic into inf and nan coordinates): it is read as missing.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from ..core.artifact import Artifact
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.errors import ArtifactError, FlytuneError
+
+LIMIT = 1e15  # ms (31,000 years), or a relative band or gain: past it a number is no measurement
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,15 @@ def label(config: Config) -> str:
     if config.maxnreg is not None:
         opts += f" r{config.maxnreg}"
     return f"{kw} · {opts}" if kw else opts
+
+
+def slower_pct(time_ms: float | None, fastest: float | None) -> float | None:
+    """How much slower than `fastest`, in percent; None where either is unknown or zero, or where the
+    ratio overflows (a fastest time that is a subnormal float)."""
+    if not time_ms or not fastest:
+        return None
+    pct = (time_ms / fastest - 1) * 100
+    return pct if -LIMIT <= pct <= LIMIT else None
 
 
 def key_text(key: Mapping[str, Any]) -> str:
@@ -192,7 +204,9 @@ def _list(value: Any) -> list:
 
 
 def _finite(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+    """A number the page can use: an int or a float within +-LIMIT (never NaN or inf). Compared, not
+    converted: float() of a JSON integer of 400 digits raises OverflowError."""
+    return type(value) in (int, float) and -LIMIT <= value <= LIMIT
 
 
 def _ms(value: Any) -> str:

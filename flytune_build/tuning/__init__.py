@@ -40,7 +40,7 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     margin = MIN_IMPROVEMENT_PCT if min_improvement is None else float(min_improvement)
     if not 0 <= margin < 1000:
         raise UsageError(f"min_improvement must be a percentage >= 0, not {min_improvement}")
-    if settings.current().ci and not allow_ci and ranking != "synthetic":
+    if settings.current().ci and not allow_ci and (ranking or settings.current().ranking) != "synthetic":
         raise UsageError("refusing to tune where CI is set: shared runners do not choose winners (tune on the "
                          "intended GPU; allow_ci=True or --allow-ci overrides)")
     options = Options(executor or "inprocess", workers, address, job_timeout, resume, ranking,
