@@ -476,3 +476,28 @@ def test_manifest_fast_entry_check_at_each_edge(name, field, value):
     entry = dict(FUZZ_MANIFEST["kernels"]["p.k"], **{field: value})
     raw = json.dumps(dict(FUZZ_MANIFEST, kernels={name: entry})).encode()
     _assert_entry_check_agrees(raw)
+
+
+@pytest.mark.parametrize("where", ["candidate", "band"])
+def test_a_number_no_double_holds_is_a_field_error_never_an_overflow(where):
+    import re
+
+    from flytune_build.core import serving
+    from flytune_build.core.artifact import load_dir
+    from flytune_build.core.errors import ArtifactError
+    from flytune_build.pipeline import reader
+
+    art = next(iter(load_dir(ROOT / "sample_pkg" / "artifacts" / "sm_90")))
+    doc = json.loads(art.to_bytes())
+    if where == "candidate":
+        doc["provenance"]["candidates"][0]["time_ms"] = 10 ** 400
+        field = "provenance.candidates[0].time_ms"
+    else:
+        doc["provenance"]["selection"]["band"] = 10 ** 400
+        field = "provenance.selection.band"
+    data = json.dumps(doc).encode()
+    for read in (lambda: Artifact.from_bytes(data, file=art.filename), lambda: reader.read(data, file=art.filename)):
+        with pytest.raises(ArtifactError, match=re.escape(f"`{field}` must be a finite number")):
+            read()
+    if where == "candidate":  # read from provenance as it is, unchecked: no time, never an overflow
+        assert serving.config_time(doc["provenance"], doc["provenance"]["candidates"][0]["config"]) is None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -232,7 +231,7 @@ def _plain_candidate(v: Any) -> bool:
     if type(v) is not dict or len(v) != 2 or "config" not in v:
         return False
     t = v.get("time_ms", 0)
-    if not (t is None or (type(t) in (int, float) and t == t and t not in (math.inf, -math.inf))):
+    if not (t is None or (type(t) in (int, float) and -codec.FLOAT_MAX <= t <= codec.FLOAT_MAX)):
         return False
     c = v["config"]
     return type(c) is dict and _plain_config(c)

@@ -4,10 +4,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from .errors import FlytuneError
+
+FLOAT_MAX = sys.float_info.max  # a JSON number past it is no measurement: float() of it raises or is inf
 
 MAX_DOCUMENT_BYTES = 1 << 20  # one artifact with hundreds of candidate timings stays far below this
 
@@ -200,8 +203,8 @@ class Fields:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(path, f"must be a number, not {kind(value)}")
-        if not math.isfinite(value):
-            self.fail(path, "must be a finite number")
+        if not -FLOAT_MAX <= value <= FLOAT_MAX:  # compared, never converted: a 400-digit int overflows float()
+            self.fail(path, "must be a finite number (one a double holds)")
         return value
 
     def boolean(self, value: Any, path: str) -> bool:

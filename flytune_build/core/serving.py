@@ -17,7 +17,6 @@ Used by the runtime's offline tier and warm-up, the adopted-kernel adapter, the 
 """
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
@@ -161,7 +160,7 @@ def config_time(provenance: Any, config: dict) -> float | None:
     want = codec.canonical(config)
     for c in (provenance or {}).get("candidates") or ():
         t = c.get("time_ms") if isinstance(c, dict) else None
-        if (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+        if (isinstance(t, (int, float)) and not isinstance(t, bool) and -codec.FLOAT_MAX <= t <= codec.FLOAT_MAX
                 and codec.canonical(c.get("config")) == want):
             return float(t)
     return None
