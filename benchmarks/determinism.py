@@ -12,6 +12,9 @@
       `selection.decide`: whether each pair of runs' rounds choose alike under the rule as it is now,
       beside the winners they recorded, and over all pairs under two other rules for a test left at
       the edge. A replay cannot add rounds: the stopping was the recording release's
+  python benchmarks/determinism.py pool A1 A2 B1 B2
+      each shape decided on the rounds of two runs at once (A1 and A2, then B1 and B2), and whether the
+      two pooled decisions agree: what measuring in two processes would buy
 """
 import json
 import math
@@ -265,11 +268,38 @@ def replay(*runs: str) -> None:
     selection.EDGE_TIE = mine
 
 
+def pool(a1, a2, b1, b2) -> None:
+    """Two decisions per shape, each on the recorded rounds of two runs at once (A1+A2, B1+B2; a round is
+    paired only with the rounds of its own run), and how often the two pooled decisions agree."""
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+    from flytune_build.runtime import selection
+
+    def decided(sels: list[dict]) -> int | None:
+        samples: dict = {}
+        for k, sel in enumerate(sels):
+            for f in sel.get("finalists") or []:
+                samples.setdefault(f["index"], {}).update({(k, j): t for j, t in enumerate(f["rounds_ms"])})
+        if len(samples) < 2:
+            return next(iter(samples), sels[0].get("winner"))
+        d = selection.decide(samples, selection.MEASURED)
+        return (selection.decide(samples, selection.MEASURED, final=True) if d.edge() else d).winner
+
+    runs = [load_run(r) for r in (a1, a2, b1, b2)]
+    names = sorted(set.intersection(*(set(r) for r in runs)))
+    apart = [n for n in names if decided([runs[0][n]["selection"], runs[1][n]["selection"]])
+             != decided([runs[2][n]["selection"], runs[3][n]["selection"]])]
+    for n in apart:
+        print(f"  {runs[0][n]['kernel']} {runs[0][n]['key']}")
+    print(f"pooled decisions agree on {len(names) - len(apart)}/{len(names)}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["triton"]:
         triton_pass(*sys.argv[2:5])
     elif sys.argv[1:2] == ["report"]:
         report(*sys.argv[2:7])
+    elif sys.argv[1:2] == ["pool"] and len(sys.argv) == 6:
+        pool(*sys.argv[2:6])
     elif sys.argv[1:2] == ["replay"] and len(sys.argv) > 3:
         replay(*sys.argv[2:])
     else:

@@ -31,8 +31,8 @@ next of five placements of its inputs (`placement`), so the times sample where t
    fastest by noise. Under the interpreter, where num_warps ties exactly, two cold tunes of 12 shapes
    agreed on 12 deciding on the cap, 8-10 with half the cap and 5 with no edge a tie
    (tests/test_determinism.py's plan on the 2-core development machine); over the rounds recorded by
-   four cold H200 runs of two plans (`benchmarks/determinism.py replay`) the rules tie within a
-   session (69 of 74 shape-pairs each) and differ by 4 of 222 across sessions (201 on the cap, 205);
+   six cold H200 runs of two plans in three sessions (`benchmarks/determinism.py replay`), every pair
+   of runs agreed on 516 of 555 shape-pairs deciding on the cap, 511 with either other rule;
 4. the tie rule: the earliest declared tied finalist wins. It depends on no timing, so two tunes whose
    tests resolve alike choose the same config; no winner's paired gap to F is ever over `cap` in its
    own run (the guarantee is on paired rounds, as the tests are: see `decide`);
