@@ -24,6 +24,9 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
                the process's first launch on the device is not a tuned call's cost
   bg_eager     bg_prealloc under CUDA_MODULE_LOADING=EAGER: whether lazy module loading is left to
                the first calls
+  bg_grow      background, then on another thread (as a warm-up's) one 256 MiB block and four 1 MiB
+               ones allocated and freed, untimed: whether growing the caching allocator blindly, not
+               knowing the outputs' sizes, does what bg_prealloc does
 
 `--reps N` runs the list of modes N times over (keys `mode#r` past the first).
 
@@ -53,7 +56,7 @@ import torch
 import flytune_build as ft
 out = {"mode": mode}
 bg = None
-if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager"):
+if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow"):
     bg = ft.warmup("sample-pkg", background=True)
 import sample_pkg
 from sample_pkg import kernels, tuning
@@ -82,6 +85,14 @@ if mode in ("bg_prealloc", "bg_touch", "bg_eager"):
     for kind, s, _ in calls:
         torch.empty((s["M"], s["N"]), device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
+if mode == "bg_grow":
+    import threading
+    def reserve():
+        blocks = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda")]
+        blocks += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(4)]
+        del blocks
+        torch.cuda.synchronize()
+    t = threading.Thread(target=reserve); t.start(); t.join()
 if mode == "bg_touch":
     torch.ones(1, device="cuda").add_(1)
     torch.cuda.synchronize()
@@ -148,7 +159,7 @@ def main():
     ap.add_argument("--plan", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--modes", default="cold,disk,inproc,inproc_disk,inproc_thr,inproc_novar,background,bg_prealloc,"
-                                       "bg_touch,bg_eager,env,racing,triton")
+                                       "bg_touch,bg_eager,bg_grow,env,racing,triton")
     ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args()
     with open(args.plan, "rb") as f:
