@@ -406,3 +406,11 @@ def test_a_small_kernel_is_timed_in_cuda_graphs_a_large_one_launch_by_launch(mon
     monkeypatch.setattr(bench, "graph_bench", no_graphs)
     eager = bench.on_gpu(25, 100, [lambda: 0.004])
     assert eager.timer == "cuda-events" and "CUDA graphs unavailable: RuntimeError" in eager.note
+
+
+def test_the_fastest_is_the_finalist_none_beats_round_for_round_however_many_steps_away():
+    # #0 ran on alone while the machine was faster: the least median, over rounds the others never ran.
+    # Over the rounds they share, #1 beats #0 (-10%) and #2 beats #1 (-5.6%): two steps to the fastest
+    d = selection.decide({0: dict(enumerate([1.0] * 5 + [0.5] * 25)), 1: dict(enumerate([0.9, 0.9, 0.9, 1.5, 1.5])),
+                          2: dict(enumerate([0.85, 0.85, 0.95, 0.95, 0.95]))}, RULE)
+    assert d.fastest == 2 and d.winner == 2 and all(t.gap > 0 for t in d.tests.values())

@@ -197,9 +197,13 @@ def decide(samples: dict[int, dict[int, float]], rule: Rule, final: bool = False
     medians = {i: statistics.median(t.values()) for i, t in samples.items()}
     fastest = min(medians, key=lambda i: (medians[i], i))
     paired = _paired(samples, fastest)
-    ahead = min(paired, key=lambda i: (_gap(paired[i]), i), default=None)
-    if ahead is not None and _gap(paired[ahead]) < 0:   # faster, round for round, than the least median
+    seen = {fastest}
+    while paired:   # a finalist faster, round for round, than F becomes F (medians over unlike rounds can hide it)
+        ahead = min(paired, key=lambda i: (_gap(paired[i]), i))
+        if _gap(paired[ahead]) >= 0 or ahead in seen:   # none ahead, or paired gaps in a cycle: F stays
+            break
         fastest = ahead
+        seen.add(fastest)
         paired = _paired(samples, fastest)
     dof = [(len(d) - 1, dispersion(d)) for d in paired.values() if len(d) > 1]
     # pooled by degrees of freedom: five rounds of a finalist left behind cannot outweigh sixty of one at the
