@@ -19,7 +19,7 @@ ALLOWED = {
     "audit": {"core", "dist", "pipeline", "runtime", "audit"},  # runtime: --deep only, imported lazily
     "store": {"core", "store"},                     # artifact directories: fmt, merge
     "interop": {"core", "store", "interop"},        # other tools' config formats
-    "review": {"core", "audit", "dist", "store", "review"},     # `flytune report`: pages
+    "review": {"core", "audit", "review"},     # `flytune report`: pages
     "cli": {"core", "runtime", "pipeline", "dist", "tuning", "audit", "store", "interop", "review", "cli", "top"},
     "backend": {"pipeline"},
     "build_hook": {"pipeline", "core"},  # the hatchling hook, beside backend: loaded only by hatchling
