@@ -176,14 +176,14 @@ def test_hostile_names_are_shown_as_text_never_as_markup(tmp_path):
 
 
 def test_numbers_a_float_cannot_hold_are_left_out_never_drawn_as_nan(tmp_path):
-    """A JSON integer of 400 digits (float() raises OverflowError) and times near 1e308 or a subnormal
-    (their differences and ratios overflow) are valid provenance: the page is written, and no coordinate
-    or percentage of it is nan or inf."""
+    """Times near 1e308 or a subnormal (their differences and ratios overflow) are valid provenance: the
+    page is written, and no coordinate or percentage of it is nan or inf. A JSON integer no double holds
+    (400 digits) is no valid provenance: the page lists that artifact's error, naming the field."""
     d = tmp_path / "extreme"
     d.mkdir()
     dev = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
     configs = [Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64, 128)]
-    prov = {"candidates": [{"config": configs[0].to_json(), "time_ms": 10 ** 400},
+    prov = {"candidates": [{"config": configs[0].to_json(), "time_ms": 1e300},
                            {"config": configs[1].to_json(), "time_ms": 1.7e308},
                            {"config": configs[2].to_json(), "time_ms": 5e-324},
                            {"config": configs[3].to_json(), "time_ms": 0.01}],
@@ -201,6 +201,11 @@ def test_numbers_a_float_cannot_hold_are_left_out_never_drawn_as_nan(tmp_path):
             assert not {"nan", "inf"} & set(re.findall(r"[a-z]+", (value or "").lower())), \
                 (node.tag, name, value)
     assert "inf%" not in doc.content() and "nan" not in doc.content().lower().split()
+    data = json.loads(next(d.iterdir()).read_bytes())
+    data["provenance"]["candidates"][0]["time_ms"] = 10 ** 400
+    next(d.iterdir()).write_text(json.dumps(data))
+    text = review.write(tmp_path / "r2.html", d).read_text("utf-8")
+    assert "`provenance.candidates[0].time_ms` must be a finite number" in Tree(text).root.content()
 
 
 def test_the_page_is_never_written_over_its_source(tmp_path):
