@@ -4,6 +4,11 @@ The corpus was made by the project's first release (commit 7f53f58): its `flytun
 tests/data/compat/src (a ported kernel and an fla-style cumsum adopted through @triton.heuristics over
 @triton.autotune, called with `cu_seqlens=None, scale=None`), and its backend built the wheel. That
 release wrote no null key axes; this one writes `cu_seqlens: null, scale: null`.
+
+`releases/<commit>/` holds what later releases wrote from the same project and plan, each with its own
+`flytune tune` (synthetic and measured ranking) and its own backend (a wheel of each directory): the
+provenance they recorded changed many times (measurement, selection under the fixed band and under the
+sequential test, specialization, host/worker), and every test below that takes `release` runs over them.
 """
 import json
 import shutil
@@ -25,6 +30,32 @@ from flytune_build.core.device import INTERPRETER
 CORPUS = Path(__file__).parent / "data" / "compat"
 FIRST_RELEASE_DIR = CORPUS / "src" / "artifacts" / "interpreter"
 FIRST_RELEASE_WHEEL = CORPUS / "wheels" / "compatpkg-1.0-py3-none-any.whl"
+
+# Later releases, oldest first (tests/data/compat/README.md: what each changed, and the commands), and
+# what each wrote into a measured `compatpkg.add` artifact's provenance beyond the first release's fields
+# (`host`/`worker` since 040536a; the sequential test's `confidence`, `noise`, `resolved` since 040536a,
+# in a measured run's record only).
+FIXED_BAND = {"band", "band_ms", "fastest", "finalists", "round_fraction", "rule", "why", "winner"}
+SEQUENTIAL = FIXED_BAND | {"confidence", "noise", "resolved"}
+LATER_RELEASES = {
+    "2b2006b": (set(), None),                                                # after the core/ runtime/ split
+    "062c083": ({"measurement", "selection", "specialization"}, FIXED_BAND),  # first measurement/selection
+    "8f1a9c2": ({"measurement", "selection", "specialization"}, FIXED_BAND),  # adopted kernels' specialization
+    "832d21a": ({"measurement", "selection", "specialization"}, FIXED_BAND),  # the band's 2% cap
+    "7d522ae": ({"measurement", "selection", "specialization"}, FIXED_BAND),  # placements, floor 1.5%
+    "040536a": ({"host", "worker", "measurement", "selection", "specialization"}, SEQUENTIAL),  # sequential test
+}
+RELEASES = [pytest.param((c, r), id=f"{c}-{r}") for c in LATER_RELEASES for r in ("synthetic", "measured")]
+
+
+def release_dir(release) -> Path:
+    commit, ranking = release
+    return CORPUS / "releases" / commit / ranking
+
+
+def release_wheel(release) -> Path:
+    commit, ranking = release
+    return CORPUS / "releases" / commit / "wheels" / ranking / "compatpkg-1.0-py3-none-any.whl"
 
 # Every tuned shape served from the installed bundle under FLYTUNE_AUTOTUNE=strict: a search raises.
 SERVE = '''
@@ -78,6 +109,41 @@ def test_first_release_artifacts_verify_as_they_are():
     assert [a.address for a in found.bundled(arts)] == [a.address for a in arts]  # alone: bundled as they are
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_later_release_artifacts_and_wheels_verify_as_they_are(release):
+    """Each later release's directory reads canonically with every provenance record it wrote, verifies
+    clean (no warning either), and its own backend's wheel verifies and holds that directory."""
+    import flytune_build as ft
+
+    commit, ranking = release
+    arts = load_dir(release_dir(release), canonical=True)
+    assert sorted(a.kernel for a in arts) == ["compatpkg.add"] * 2 + ["compatpkg.cumsum"] * 2
+    found = verification.check(arts, lambda a: a.filename)
+    assert not found.errors and not found.warnings
+    assert [a.address for a in found.bundled(arts)] == [a.address for a in arts]
+    extra, selection = LATER_RELEASES[commit]
+    first = {"candidates", "created", "cuda", "flytune", "hip", "ranking", "space_hash", "torch", "triton"}
+    for a in arts:
+        if a.kernel == "compatpkg.add":
+            assert set(a.provenance) == first | extra
+            if selection == SEQUENTIAL and ranking == "synthetic":
+                selection = FIXED_BAND  # a synthetic ranking has no rounds to test: one record, as before
+            assert set(a.provenance.get("selection", ())) == (selection or set())
+            assert a.provenance.get("measurement", {}).get("timer") in \
+                (None, "cpu-time" if ranking == "measured" else "synthetic")
+    for path in (release_dir(release), release_wheel(release)):
+        report = ft.verify(str(path), strict=True)
+        assert report.ok and not report.errors and not report.warnings, (path, report.errors, report.warnings)
+        assert sorted(a.address for a in report.artifacts) == sorted(a.address for a in arts)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_later_release_wheel_serves_with_zero_search(release, tmp_path):
+    out = serve(install(release_wheel(release), tmp_path / "site"), [(2, 2), (2, 4)])
+    assert out["seeded"] == 2
+    assert_offline(out["stats"], 2)
+
+
 def test_first_release_wheel_serves_with_zero_search(tmp_path):
     out = serve(install(FIRST_RELEASE_WHEEL, tmp_path / "site"), [(2, 2), (2, 4)])
     assert out["seeded"] == 2
@@ -123,6 +189,51 @@ def test_retune_into_first_release_directory_builds_strict_and_serves(tmp_path):
     out = serve(install(wheel, tmp_path / "site"), [(2, 2), (2, 4), (3, 2)])
     assert out["seeded"] == 3
     assert_offline(out["stats"], 3)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_retune_into_later_release_directory_builds_strict_and_serves(release, tmp_path):
+    """This release's re-tune of a new shape beside what a later release wrote: one axis set, a strict
+    build by this release's backend, every old and new shape served with zero search."""
+    project = tmp_path / "compatpkg"
+    shutil.copytree(CORPUS / "src", project, ignore=shutil.ignore_patterns("artifacts"))
+    shutil.copytree(release_dir(release), project / "artifacts" / "interpreter")
+    new = retune(project, B=3)
+    assert new.key["cu_seqlens"] is None and new.key["scale"] is None
+    arts = load_dir(project / "artifacts" / "interpreter")
+    assert len(arts) == 5 and not verification.check(arts, lambda a: a.filename).errors
+
+    r = pip_wheel(project, tmp_path / "dist")  # the project declares strict = true
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = (tmp_path / "dist").glob("compatpkg-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shard = json.loads(z.read("compatpkg/_flytune/compatpkg.cumsum.json"))
+    assert shard["axes"] == ["B", "H", "IS_VARLEN", "cu_seqlens", "o", "s", "scale"] and len(shard["artifacts"]) == 3
+
+    out = serve(install(wheel, tmp_path / "site"), [(2, 2), (2, 4), (3, 2)])
+    assert out["seeded"] == 3
+    assert_offline(out["stats"], 3)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_upgrade_of_a_later_release_directory(release, tmp_path):
+    """Beside a shape this release tuned, `flytune upgrade` rewrites only keys written before null axes
+    (2b2006b's cumsum, as the first release's), losslessly; a later release's keys are left as they are."""
+    from flytune_build.store.upgrade import upgrade
+
+    d = tmp_path / "artifacts"
+    shutil.copytree(release_dir(release), d)
+    (old,) = [a for a in load_dir(d) if a.kernel == "compatpkg.cumsum" and a.key["H"] == 2]
+    Artifact(old.kernel, {**old.key, "B": 3, "cu_seqlens": None, "scale": None}, old.device, old.config,
+             {"flytune": "0.1.0", "ranking": "measured"}).save(d)
+    before = load_dir(d)
+    report = upgrade(d)
+    assert report.ok, report.errors
+    assert len(report.actions) == (2 if release[0] == "2b2006b" else 0)
+    after = load_dir(d, canonical=True)
+    assert not verification.check(after, lambda a: a.filename).errors
+    assert {(a.kernel, a.config, json.dumps(dict(a.provenance), sort_keys=True)) for a in after} == \
+        {(a.kernel, a.config, json.dumps(dict(a.provenance), sort_keys=True)) for a in before}
 
 
 def test_varlen_retunes_into_first_release_directory_build_strict_and_serve_both(tmp_path):
