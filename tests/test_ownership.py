@@ -315,7 +315,9 @@ def test_inspect_installed_says_which_bundle_serves_each_kernel(tmp_path, site):
     assert k["owner"] == PKG and k["keys"] == 1
     assert [(s["dist"], s["role"], s["keys_served"]) for s in k["sources"]] == [
         ("ownpkg", "owner", 1), ("Vendor_Configs", "pack, not accepted", 0)]
-    assert "pack, not accepted" in source.render_installed(info)
+    text = source.render_installed(info)
+    assert "pack, not accepted" in text and "\\n" not in text  # one table row per line, never an escaped newline
+    assert any(line.lstrip().startswith(KERNEL_NAME) for line in text.splitlines())
 
 
 def test_verify_reports_a_pack_and_refuses_a_path_entry_point(tmp_path, site):

@@ -529,7 +529,8 @@ def render_installed(info: dict) -> str:
                          s["source"], s["role"], str(s["keys_served"])])
     lines = [printable(f"installed bundles on {info['device']}" + (
         f" (FLYTUNE_PACKS={','.join(info['packs_setting'])})" if info["packs_setting"] else ""))]
-    lines.append(printable(table.render(rows, align="<<<<>", indent="  ")) if info["kernels"] else
+    rows = [[printable(cell) for cell in row] for row in rows]  # each cell: the table's own newlines stay
+    lines.append(table.render(rows, align="<<<<>", indent="  ") if info["kernels"] else
                  "  no installed bundle holds any artifact")
     lines += [printable(f"  {k['kernel']}: {p}") for k in info["kernels"] for p in k["problems"]]
     return "\n".join(lines)

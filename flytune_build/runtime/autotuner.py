@@ -112,6 +112,7 @@ class Autotuned(Kernel):
             try:
                 return d.run(*args, grid=grid, **d.launch)  # the launcher, or the pre_hook then the launcher
             except Exception as e:
+                d.calls -= 1  # a launch that failed served no call (the tier that serves it instead counts it)
                 err = launch_error(d, e)
                 if err is None:
                     raise
@@ -155,6 +156,7 @@ class Autotuned(Kernel):
                 d.hook(args, kwargs)
             return self._launch(*args, grid=grid, **kwargs, **d.launch)
         except Exception as e:
+            d.calls -= 1  # as on the hot path: a failed launch served no call
             err = launch_error(d, e)
             if err is None:
                 raise

@@ -288,12 +288,14 @@ class Adopted(Kernel):
                 if level is None:
                     idx.other_devices.add(not_served(dev, here))
                     continue
+                art = None
                 try:
                     art = Artifact.from_json(doc)
                     self.check_key(art.key, fname or art.filename)
                     self.check_binds(art.config, set(), "config", file=fname or art.filename)
-                except FlytuneError as e:
-                    self.fallback(f"artifact {fname or '?'} from {origin} rejected: {e.rule}")
+                except FlytuneError as e:  # a bundle's documents come without a file name: the artifact's own
+                    named = fname or (art.filename if art is not None else "?")
+                    self.fallback(f"artifact {named} from {origin} rejected: {e.rule}")
                     continue
                 yield serving.rank(order, level), art, level, origin, pack
 
