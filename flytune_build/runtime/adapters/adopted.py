@@ -294,8 +294,7 @@ class Adopted(Kernel):
                     self.check_key(art.key, fname or art.filename)
                     self.check_binds(art.config, set(), "config", file=fname or art.filename)
                 except FlytuneError as e:  # a bundle's documents come without a file name: the artifact's own
-                    named = fname or (art.filename if art is not None else "?")
-                    self.fallback(f"artifact {named} from {origin} rejected: {e.rule}")
+                    self.fallback(f"artifact {fname or getattr(art, 'filename', '?')} from {origin} rejected: {e.rule}")
                     continue
                 yield serving.rank(order, level), art, level, origin, pack
 
