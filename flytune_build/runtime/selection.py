@@ -29,9 +29,9 @@ next of five placements of its inputs (`placement`), so the times sample where t
    2% behind can be chosen in one run and not in the next; but calling no edge a tie (or only one under
    half the cap) hands an exact tie in a noisy run (g near 0, se over 1%) to whichever finalist was
    fastest by noise. Under the interpreter, where num_warps ties exactly, two cold tunes of 12 shapes
-   agreed on 12 deciding on the cap, 8-10 with half the cap and 5 with no edge a tie
-   (tests/test_determinism.py's plan on the 2-core development machine); over the rounds recorded by
-   six cold H200 runs of two plans in three sessions (`benchmarks/determinism.py replay`), every pair
+   agreed on 9-12 deciding on the cap, 8-10 with half the cap and 5 with no edge a tie
+   (tests/test_determinism.py's plan at rep=100, on the 2-core development machine); over the rounds
+   recorded by six cold H200 runs of two plans in three sessions (`benchmarks/determinism.py replay`), every pair
    of runs agreed on 516 of 555 shape-pairs deciding on the cap, 511 with either other rule;
 4. the tie rule: the earliest declared tied finalist wins. It depends on no timing, so two tunes whose
    tests resolve alike choose the same config; no winner's paired gap to F is ever over `cap` in its
