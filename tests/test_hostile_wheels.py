@@ -234,7 +234,7 @@ CASES = [
                                                                "# fixpkg._flytune\n")),
      ["names 'fixpkg._flytune_x'", "Field `flytune.bundles.fixpkg`"]),
     ("ep-with-attr", lambda g, t: rewritten(g, t, entry_points("[flytune.bundles]\nfixpkg = fixpkg._flytune:x\n")),
-     ["it must be exactly fixpkg._flytune", "Field `flytune.bundles.fixpkg`"]),
+     ["is 'fixpkg._flytune:x', not a dotted module name", "Field `flytune.bundles.fixpkg`"]),
     ("ep-default-section", lambda g, t: rewritten(g, t, entry_points("[DEFAULT]\nfixpkg = fixpkg._flytune\n")),
      ["no entry point in group flytune.bundles names this bundle"]),
     ("ep-not-utf8", lambda g, t: rewritten(g, t, lambda m: m.__setitem__(EPS, b"[flytune.bundles]\nx = \xff\n")),

@@ -158,7 +158,8 @@ def test_owner_wins_at_every_match_level():
         assert tier.index("t.k", ("n",), h200).hit((8,)) is None
 
 
-@pytest.mark.parametrize("value", ["/tmp/somewhere/_flytune", "../ownpkg/_flytune", "ownpkg/_flytune"])
+@pytest.mark.parametrize("value", ["/tmp/somewhere/_flytune", "../ownpkg/_flytune", "ownpkg/_flytune",
+                                   "ownpkg._flytune:bundle"])
 def test_an_entry_point_value_that_is_a_path_is_never_followed(tmp_path, site, value):
     abs_bundle = tmp_path / "somewhere"
     install(site, owner_project(tmp_path), "ownpkg", ep_value=value)

@@ -53,8 +53,9 @@ def bundle_prefix(package: str) -> str:
 
 def bundle_parts(value: str) -> tuple[str, ...] | None:
     """The bundle directory an entry-point value names, as path parts relative to the distribution's
-    own location; None when the value is no dotted module name (a path, an absolute directory, `..`)."""
-    module = value.split(":")[0].strip()
+    own location; None when the value is no dotted module name (a path, an absolute directory, `..`, an
+    object reference `module:attr`): the runtime and `verify` refuse the same values."""
+    module = value.strip()
     parts = tuple(module.split("."))
     if not module or len(module) > 1024 or not all(IDENTIFIER.fullmatch(p) for p in parts):
         return None
