@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -205,9 +206,14 @@ def test_diff_names_added_removed_and_changed_winner_with_margin(tmp_path):
     assert r.returncode == 0
     assert "+ fixpkg.add {'n': 300, 'x': 'float32'} on interpreter" in r.stdout
     assert "- fixpkg.add {'n': 200, 'x': 'float32'} on interpreter" in r.stdout
-    assert "BLOCK=32" in r.stdout and "-> Config(BLOCK=64" in r.stdout and "+50.0% slower" in r.stdout
+    assert "BLOCK=32" in r.stdout and "-> Config(BLOCK=64" in r.stdout and "(old winner 50.0% slower in" in r.stdout
     d = json.loads(flytune("diff", "--json", old, new).stdout)
     assert len(d["added"]) == len(d["removed"]) == len(d["changed"]) == 1 and d["changed"][0]["margin"] == 0.5
+    cands[0]["time_ms"] = 0.8  # the new run timed the old winner faster than its own (a winner kept by no rule)
+    shutil.rmtree(new)
+    Artifact("fixpkg.add", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 64}),
+             {"triton": "3.6.0", "candidates": cands}).save(new)
+    assert "(old winner 20.0% faster in the new run)" in flytune("diff", old, new).stdout
 
 
 def test_fmt_rewrites_to_canonical_name_and_form(tmp_path):

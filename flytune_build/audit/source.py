@@ -463,7 +463,8 @@ def render_diff(d: dict) -> str:
 
     lines = [f"+ {key(x)}" for x in d["added"]] + [f"- {key(x)}" for x in d["removed"]]
     for x in d["changed"]:
-        m = "" if x["margin"] is None else f" (old winner {x['margin'] * 100:+.1f}% slower in the new run)"
+        m = "" if x["margin"] is None else \
+            f" (old winner {abs(x['margin']) * 100:.1f}% {'slower' if x['margin'] >= 0 else 'faster'} in the new run)"
         lines.append(f"~ {key(x)}: {printable(x['old'])} -> {printable(x['new'])}{m}")
     lines.append(f"{len(d['added'])} added, {len(d['removed'])} removed, {len(d['changed'])} changed, "
                  f"{d['unchanged']} unchanged")
