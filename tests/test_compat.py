@@ -171,14 +171,9 @@ def retune(project: Path, B: int, varlen: bool = False) -> Artifact:
     return Artifact.load(r.stdout.strip().splitlines()[-1])
 
 
-def test_retune_into_first_release_directory_builds_strict_and_serves(tmp_path):
-    project = tmp_path / "compatpkg"
-    shutil.copytree(CORPUS / "src", project)
-    new = retune(project, B=3)
-    assert new.key["cu_seqlens"] is None and new.key["scale"] is None  # this release's derivation
-    arts = load_dir(project / "artifacts" / "interpreter")
-    assert not verification.check(arts, lambda a: a.filename).errors
-
+def builds_strict_and_serves_all_three(project: Path, tmp_path: Path) -> None:
+    """The project's wheel (its `strict = true` build by this release's backend) holds one axis set for
+    the cumsum's three shapes, and serves them all with zero search."""
     r = pip_wheel(project, tmp_path / "dist")  # the project declares strict = true
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = (tmp_path / "dist").glob("compatpkg-*.whl")
@@ -189,6 +184,17 @@ def test_retune_into_first_release_directory_builds_strict_and_serves(tmp_path):
     out = serve(install(wheel, tmp_path / "site"), [(2, 2), (2, 4), (3, 2)])
     assert out["seeded"] == 3
     assert_offline(out["stats"], 3)
+
+
+def test_retune_into_first_release_directory_builds_strict_and_serves(tmp_path):
+    project = tmp_path / "compatpkg"
+    shutil.copytree(CORPUS / "src", project)
+    new = retune(project, B=3)
+    assert new.key["cu_seqlens"] is None and new.key["scale"] is None  # this release's derivation
+    arts = load_dir(project / "artifacts" / "interpreter")
+    assert not verification.check(arts, lambda a: a.filename).errors
+
+    builds_strict_and_serves_all_three(project, tmp_path)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -203,16 +209,7 @@ def test_retune_into_later_release_directory_builds_strict_and_serves(release, t
     arts = load_dir(project / "artifacts" / "interpreter")
     assert len(arts) == 5 and not verification.check(arts, lambda a: a.filename).errors
 
-    r = pip_wheel(project, tmp_path / "dist")  # the project declares strict = true
-    assert r.returncode == 0, r.stdout + r.stderr
-    (wheel,) = (tmp_path / "dist").glob("compatpkg-*.whl")
-    with zipfile.ZipFile(wheel) as z:
-        shard = json.loads(z.read("compatpkg/_flytune/compatpkg.cumsum.json"))
-    assert shard["axes"] == ["B", "H", "IS_VARLEN", "cu_seqlens", "o", "s", "scale"] and len(shard["artifacts"]) == 3
-
-    out = serve(install(wheel, tmp_path / "site"), [(2, 2), (2, 4), (3, 2)])
-    assert out["seeded"] == 3
-    assert_offline(out["stats"], 3)
+    builds_strict_and_serves_all_three(project, tmp_path)
 
 
 @pytest.mark.parametrize("release", RELEASES)
