@@ -576,7 +576,8 @@ def test_bundle_file_that_is_not_a_file_never_hangs_a_kernel_call(tmp_path, targ
 
 
 def test_an_unparseable_entry_points_file_elsewhere_skips_that_distribution_alone(tmp_path, monkeypatch):
-    from flytune_build.runtime import offline, warning
+    from flytune_build.core import installed
+    from flytune_build.runtime import warning
 
     site = installed_bundle(tmp_path)
     other = site / "other-1.0.dist-info"
@@ -586,7 +587,7 @@ def test_an_unparseable_entry_points_file_elsewhere_skips_that_distribution_alon
     monkeypatch.syspath_prepend(str(site))
     warning.reset()
     with pytest.warns(FlytuneWarning, match="entry_points.txt cannot be parsed"):
-        found = offline.bundle_entry_points()
+        found = installed.entry_points(warning.once)
     assert [(name, ep.value) for name, ep in found] == [("fixpkg", "fixpkg._flytune")]
 
 

@@ -204,3 +204,18 @@ def test_no_module_is_too_long():
                 assert size <= 260, f"{module}.{node.name} is {size} lines"
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 assert size <= 65, f"{module}.{node.name} is {size} lines"
+
+
+def test_verify_of_a_directory_imports_no_runtime():
+    """`flytune verify` of a wheel or directory reads installed-bundle rules from core.installed: the
+    runtime (and with it torch and triton) is never loaded."""
+    import subprocess
+    import sys
+
+    artifacts = PKG.parent / "sample_pkg" / "artifacts" / "interpreter"
+    code = ("import sys, flytune_build as ft; src = ft.verify(sys.argv[1]); assert not src.errors, src.errors; "
+            "loaded = sorted(m for m in sys.modules if m.startswith(('flytune_build.runtime', 'torch', 'triton'))); "
+            "print(loaded)")
+    out = subprocess.run([sys.executable, "-c", code, str(artifacts)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ from buildkit import KERNEL, artifact
 
 import flytune_build as ft
 from flytune_build import FlytuneWarning, pipeline
-from flytune_build.core import bundle, serving, settings
+from flytune_build.core import bundle, installed, serving, settings
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.device import DeviceIdentity
@@ -130,7 +130,7 @@ def test_the_user_opts_into_packs_with_flytune_packs(tmp_path, site, monkeypatch
     assert served(200)[0] == "heuristic"
 
 
-def test_owner_wins_at_every_match_level():
+def test_owner_wins_at_every_match_level(tmp_path):
     """An owner's artifact served at `arch` beats a pack's `exact` one for the same key."""
     h200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
     other_units = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 114)
@@ -141,16 +141,16 @@ def test_owner_wins_at_every_match_level():
     tier = offline.OfflineTier()
     sources = []
     for name, package, accept in (("owner", "t", ("exact", "arch_units", "arch")), ("pack", "v", ("exact",))):
-        root = Path(f"/nonexistent/{name}")
+        root = tmp_path / name
+        root.mkdir()
         data = manifests[name][1]
+        (root / "t.k.json").write_bytes(data)
         info = bundle.ShardInfo("t.k", "t.k.json", hashlib.sha256(data).hexdigest(), 1, ("n",),
                                 "t.k.provenance.json", "0" * 64)
         m = bundle.Manifest(package, (Target("sm_90", accept=accept),), None, {}, {"t.k": info}, "none",
                             ("pack",) if name == "owner" else ())  # the owner accepts the pack
-        sources.append(offline._Source(f"{name} bundle", root, m, name, package))
+        sources.append(installed.Source(f"{name} bundle", root, m, name, package))
     tier._sources = sources
-    tier._shard = lambda src, kernel, idx: bundle.parse_shard(src.manifest.kernels[kernel],
-                                                             manifests[src.dist][1], file=src.root)
     hit = tier.index("t.k", ("n",), h200).hit((8,))
     assert (hit.config["kwargs"]["BLOCK"], hit.level, hit.pack) == (1, "arch", None)
     tier._sources = sources[1:]  # no owner installed: the pack is accepted by no one
@@ -319,6 +319,17 @@ def test_inspect_installed_says_which_bundle_serves_each_kernel(tmp_path, site):
     text = source.render_installed(info)
     assert "pack, not accepted" in text and "\\n" not in text  # one table row per line, never an escaped newline
     assert any(line.lstrip().startswith(KERNEL_NAME) for line in text.splitlines())
+
+
+def test_inspect_installed_leaves_the_process_offline_tier_as_it_is(tmp_path, site):
+    """An API caller's index survives `inspect --installed`: the audit reads through a tier of its own."""
+    from flytune_build.audit import source
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    before = offline.TIER.sources()
+    info = source.installed()
+    assert offline.TIER.sources() is before
+    assert [k["owner"] for k in info["kernels"] if k["kernel"] == KERNEL_NAME] == [PKG]
 
 
 def test_verify_reports_a_pack_and_refuses_a_path_entry_point(tmp_path, site):

@@ -27,6 +27,7 @@ from flytune_build.core.errors import (
     SearchError,
 )
 from flytune_build.runtime import autotuner, bench, selection
+from flytune_build.core import installed
 
 N = 100
 
@@ -490,7 +491,7 @@ def _dist(site, name, version, group_line):
 def test_bundle_entry_points_match_importlib_metadata(tmp_path, monkeypatch, first, second, expected):
     from importlib.metadata import entry_points
 
-    from flytune_build.runtime.offline import bundle_entry_points
+    from flytune_build.core.installed import entry_points as bundle_entry_points
 
     _dist(tmp_path / "a", "fixpkg", "2.0", first)
     _dist(tmp_path / "b", "fixpkg", "1.0", second)
@@ -531,7 +532,7 @@ def test_index_prefers_the_first_source_then_the_best_level(tmp_path):
     for a in in_dir:
         a.save(tmp_path / "d")
     tier = offline.OfflineTier()
-    tier._sources = [offline._Source("dir", tmp_path / "d"), offline._Source("bundle", tmp_path / "b", manifest)]
+    tier._sources = [installed.Source("dir", tmp_path / "d"), installed.Source("bundle", tmp_path / "b", manifest)]
     idx = tier.index("t.rank", ("x", "n"), h200)  # declared order: x, then n
     got = {key: (idx.hit(key).config["kwargs"]["BLOCK"], idx.hit(key).level,
                  "dir" if idx.hit(key).origin.startswith(str(tmp_path / "d")) else idx.hit(key).origin)

@@ -151,7 +151,7 @@ def test_retuning_an_adopted_kernel_searches_and_restores_the_seeded_cache(tmp_p
 
 # -- 4. an egg-info left in the project root does not hide the installed bundle -----------------------
 def test_egg_info_in_the_project_root_does_not_hide_the_installed_bundle(tmp_path, monkeypatch):
-    from flytune_build.runtime.offline import bundle_entry_points
+    from flytune_build.core.installed import entry_points as bundle_entry_points
 
     site, root = tmp_path / "site", tmp_path / "project"
     info = site / "eggpkg-1.0.dist-info"

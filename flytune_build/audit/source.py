@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import artifactdir, bundle, serving, table, verification
+from ..core import installed as installed_bundles
 from ..core.artifact import Artifact
 from ..core.errors import (
     ArtifactError,
@@ -109,7 +110,7 @@ def _wheel_bundles(src: Source, whl: wheelfile.Wheel, eps: list) -> None:
     ep_file = f"{whl.path}!{whl.dist_info}/entry_points.txt"
     reached = set()
     for ep in eps:
-        parts = serving.bundle_parts(ep.value)  # where runtime.offline.locate looks
+        parts = serving.bundle_parts(ep.value)  # where core.installed.locate looks
         if parts is None:
             src.errors.append(_not_a_module(ep, ep_file))
             continue
@@ -339,13 +340,11 @@ def _installed(name: str) -> Source:
 
 
 def _installed_bundle(src: Source, name: str, ep, record: dict) -> None:
-    from ..runtime.offline import locate
-
     parts = serving.bundle_parts(ep.value)
     if parts is None:
         src.errors.append(_not_a_module(ep, name))
         return
-    loc = locate(ep)
+    loc = installed_bundles.locate(ep)
     if loc is None:
         src.errors.append(BundleError(f"entry point {ep.name} = {ep.value} names no readable bundle among the "
                                       f"distribution's own files", file=name))
@@ -477,14 +476,15 @@ def installed(dev=None) -> dict:
     """Which installed bundle (or FLYTUNE_ARTIFACT_DIR directory) serves each kernel on `dev` (default:
     this device), by the runtime's own rules (runtime.offline, core.serving): per kernel its owner
     package, every source holding artifacts for it with its role (directory, owner, pack, or a pack
-    not accepted, ignored) and how many of the kernel's keys it serves here."""
+    not accepted, ignored) and how many of the kernel's keys it serves here. Reads what is installed
+    now through a tier of its own: the process's offline tier is left as it is."""
     from ..core import settings
     from ..runtime import device
-    from ..runtime.offline import TIER
+    from ..runtime.offline import OfflineTier
 
     dev = dev or device.current()
-    TIER.reset()  # what is installed now, not what this process found before
-    sources = TIER.sources()
+    tier = OfflineTier()
+    sources = tier.sources()
     axes: dict[str, tuple[str, ...]] = {}
     for src in sources:
         if src.manifest is not None:
@@ -494,20 +494,20 @@ def installed(dev=None) -> dict:
             for path in artifactdir.listing(src.root):
                 kernel = path.name.rsplit("-", 1)[0]
                 if kernel not in axes:
-                    doc = next(TIER.documents(src, kernel), None)
+                    doc = next(tier.documents(src, kernel), None)
                     if doc is not None:
                         axes[kernel] = tuple(sorted(doc[0]["key"]))
     kernels = []
     for k in sorted(axes):
         owner = serving.owner(k, [s.package for s in sources if s.package is not None])
-        ranked = {id(s): r for r, s in TIER.ranked(k)}
-        idx = TIER.index(k, axes[k], dev)
+        ranked = {id(s): r for r, s in tier.ranked(k)}
+        idx = tier.index(k, axes[k], dev)
         served: dict[str, int] = {}
         for hit in idx.hits.values():
             served[hit.origin] = served.get(hit.origin, 0) + 1
         rows = []
         for src in sources:
-            holds = (src.manifest is None and any(True for _ in TIER.documents(src, k))) or (
+            holds = (src.manifest is None and any(True for _ in tier.documents(src, k))) or (
                 src.manifest is not None and k in src.manifest.kernels)
             if not holds:
                 continue

@@ -1,33 +1,23 @@
-"""The offline tier: bundles registered by installed wheels, overridden by FLYTUNE_ARTIFACT_DIR.
+"""The offline tier: one kernel's index of the artifacts installed bundles and FLYTUNE_ARTIFACT_DIR
+directories hold for the running device.
 
-Discovery is lazy and happens once per process: entry points in group `flytune.bundles` name a
-package whose `_flytune/` directory holds the bundle; nothing is imported to find it. Each kernel's
-shard is read, hash-checked and indexed on that kernel's first call, and never again.
-
-Ownership (core.serving): an entry point's value is a dotted module name inside its distribution's
-own files (RECORD, where there is one); the bundle owns the kernels under its package when that
-distribution installs the package itself. For any other kernel a bundle is a config pack, served
-only where the kernel's owner accepts it (`[tool.flytune] packs`, carried in its manifest) or the
-user opts in (FLYTUNE_PACKS), and only for keys the owner lacks (`Hit.pack` names it).
+What is installed, and who owns what, is core.installed's (found once per process here); each
+kernel's shard is read, hash-checked and indexed on that kernel's first call, and never again. For a
+kernel its owner does not own, a bundle is a config pack, served only where the owner accepts it
+(`[tool.flytune] packs`, carried in its manifest) or the user opts in (FLYTUNE_PACKS), and only for
+keys the owner lacks (`Hit.pack` names it).
 """
 from __future__ import annotations
 
-import csv
-import json
 import operator
-import os
-import re
-import sys
-from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..core import artifactdir, bundle, fsutil, serving, settings
+from ..core import bundle, installed, serving, settings
 from ..core.artifact import Artifact
 from ..core.device import DeviceIdentity
-from ..core.errors import ArtifactError, BundleError, FlytuneError
-from ..core.target import DEFAULT_ACCEPT
+from ..core.errors import ArtifactError, FlytuneError
 from . import warning
 
 
@@ -115,34 +105,25 @@ class _Rows(NamedTuple):
     pack: str | None
 
 
-@dataclass(frozen=True)
-class _Source:
-    label: str
-    root: Path                              # the bundle directory, or an artifact directory
-    manifest: bundle.Manifest | None = None # None for a plain artifact directory
-    dist: str | None = None                 # the distribution that installed the bundle
-    package: str | None = ""                # the package whose kernels it owns (default: the manifest's); None: none
-
-    def __post_init__(self):
-        if self.package == "":
-            object.__setattr__(self, "package", self.manifest.package if self.manifest is not None else None)
-
-
 class OfflineTier:
+    """The process's offline tier: the installed sources (core.installed), found once, and each
+    kernel's index for the running device. A tool that must not disturb the process's tier (`inspect
+    --installed`) makes an `OfflineTier()` of its own."""
+
     def __init__(self):
-        self._sources: list[_Source] | None = None
+        self._sources: list[installed.Source] | None = None
         self._dir_files: dict[Path, list[Path]] = {}
 
     def reset(self) -> None:
         self._sources = None
         self._dir_files = {}
 
-    def sources(self) -> list[_Source]:
+    def sources(self) -> list[installed.Source]:
         if self._sources is None:
-            self._sources = _artifact_dirs() + _bundles()
+            self._sources = installed.discover(warning.once)
         return self._sources
 
-    def ranked(self, kernel: str) -> list[tuple[tuple, _Source]]:
+    def ranked(self, kernel: str) -> list[tuple[tuple, installed.Source]]:
         """The sources that may serve `kernel`, each with its rank (core.serving: the user's artifact
         directories, then the owner's bundle, then the config packs accepted for it), in order."""
         sources = self.sources()
@@ -177,9 +158,13 @@ class OfflineTier:
         idx.problems = summarise(idx.problems)
         return idx
 
-    def _shard_groups(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index,
-                      pack: str | None = None):
-        shard = self._shard(src, kernel, idx)
+    def _shard_groups(self, src: installed.Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity,
+                      idx: Index, pack: str | None = None):
+        try:
+            shard = src.shard(kernel)
+        except FlytuneError as e:
+            idx.problems.append(f"{e} (shard refused)")
+            return
         if shard is None:
             return
         if sorted(shard.axes) != sorted(axes):
@@ -188,13 +173,12 @@ class OfflineTier:
         levels = []  # per device of the shard (a shard holds few): the level it is served at, or None
         for d in shard.devices:
             try:
-                dev = _device_of(d, src.label)
+                dev = installed.device_of(d, src.label)
             except FlytuneError as e:
                 idx.problems.append(str(e))
                 levels.append(None)
                 continue
-            accept = next((t.accept for t in src.manifest.targets if t.covers(dev)), ())
-            levels.append(_served_level(dev, device, accept, idx))
+            levels.append(_served_level(src, dev, device, idx))
         if len(levels) == 1:
             by_device = {0: shard.rows}
         else:
@@ -211,17 +195,18 @@ class OfflineTier:
                 keys = list(map(operator.itemgetter(*pick), rows))
             yield levels[di], keys, list(zip(repeat(_Rows(shard, levels[di], src.label, pack)), rows))
 
-    def _dir_groups(self, src: _Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity, idx: Index):
+    def _dir_groups(self, src: installed.Source, kernel: str, axes: tuple[str, ...], device: DeviceIdentity,
+                    idx: Index):
         levels: dict[DeviceIdentity, str | None] = {}
         axis_set = set(axes)
         found: dict[str, tuple[list, list]] = {}
-        for doc, dev, _, origin, name in self.documents(src, kernel, idx):
+        for doc, dev, origin, name in self.documents(src, kernel, idx):
             key = doc["key"]
             if key.keys() != axis_set:
                 idx.problems.append(str(_axes_error(key, axes, name)))
                 continue
             if dev not in levels:
-                levels[dev] = _served_level(dev, device, DEFAULT_ACCEPT, idx)
+                levels[dev] = _served_level(src, dev, device, idx)
             level = levels[dev]
             if level is not None:
                 keys, hits = found.setdefault(level, ([], []))
@@ -230,54 +215,11 @@ class OfflineTier:
         for level, (keys, hits) in found.items():
             yield level, keys, hits  # within a group, the first file wins (core.serving.best)
 
-    def _shard(self, src: _Source, kernel: str, idx: Index) -> bundle.Shard | None:
-        info = src.manifest.kernels.get(kernel)
-        if info is None:
-            return None
-        path = src.root / info.shard
-        try:
-            return bundle.parse_shard(info, fsutil.read_regular(path, BundleError, bundle.MAX_SHARD_BYTES), file=path)
-        except FlytuneError as e:
-            idx.problems.append(f"{e} (shard refused)")
-        return None
-
-    def documents(self, src: _Source, kernel: str, idx: Index | None = None):
-        """Yield (artifact document, device, accepted levels, origin, file name or None) for every
-        artifact of `kernel` in `src` (one of `sources()`), whatever its device; why an unreadable one
+    def documents(self, src: installed.Source, kernel: str, idx: Index | None = None):
+        """core.installed.documents, a directory listed once per process; why an unreadable artifact
         was skipped goes to `idx.problems`."""
         idx = Index() if idx is None else idx
-        if src.manifest is None:
-            files = self._dir_files.get(src.root)
-            if files is None:
-                try:  # bounded, one level (core.artifactdir): listed once per process
-                    files = artifactdir.listing(src.root)
-                except FlytuneError as e:
-                    idx.problems.append(str(e))
-                    files = []
-                self._dir_files[src.root] = files
-            for path in files:
-                if not path.name.startswith(kernel + "-"):
-                    continue
-                try:  # a regular file, capped: a FIFO or a link to /dev/zero named like an artifact is refused
-                    art = Artifact.from_bytes(artifactdir.read(path), file=path)
-                except FlytuneError as e:
-                    idx.problems.append(str(e))
-                    continue
-                if art.kernel == kernel:
-                    yield art.to_json(), art.device, DEFAULT_ACCEPT, str(path), path.name
-            return
-        shard = self._shard(src, kernel, idx)
-        if shard is None:
-            return
-        for row in shard.rows:
-            doc = shard.doc(row)
-            try:
-                dev = _device_of(doc["device"], src.label)
-            except FlytuneError as e:
-                idx.problems.append(str(e))
-                continue
-            accept = next((t.accept for t in src.manifest.targets if t.covers(dev)), ())
-            yield doc, dev, accept, src.label, None
+        return installed.documents(src, kernel, idx.problems, self._dir_files)
 
 
 SHOWN = 3  # problems named in full; the rest are counted (10,000 bad files are one warning, not 10,000)
@@ -290,8 +232,8 @@ def summarise(problems: list[str]) -> list[str]:
     return [f"{len(problems)} artifact files or entries ignored; the first {SHOWN}: " + "; ".join(problems[:SHOWN])]
 
 
-def _served_level(dev: DeviceIdentity, running: DeviceIdentity, accept, idx: Index) -> str | None:
-    level = serving.served_level(dev, running, accept)
+def _served_level(src: installed.Source, dev: DeviceIdentity, running: DeviceIdentity, idx: Index) -> str | None:
+    level = src.served_level(dev, running)
     if level is None:
         idx.other_devices.add(not_served(dev, running))
     return level
@@ -318,217 +260,4 @@ def _axes_error(got: Any, axes: tuple[str, ...], name: str) -> FlytuneError:
     return ArtifactError(f"has key axes {sorted(got)}, but the kernel declares {sorted(axes)}", file=name, field="key")
 
 
-def _device_of(d: Any, name: str) -> DeviceIdentity:
-    """Parse a device document once per distinct device (a bundle holds few)."""
-    try:
-        if type(d["units"]) is int:  # not True or 1.0: they hash equal to 1
-            return _devices[tuple(d.items())]
-    except (KeyError, TypeError):  # not seen yet, or not an object of scalars
-        pass
-    from ..core.codec import Fields
-    from ..core.errors import ArtifactError
-
-    dev = DeviceIdentity.from_json(d, Fields(name, ArtifactError))
-    if type(d.get("units")) is int:
-        _devices[tuple(d.items())] = dev
-    return dev
-
-
-def _artifact_dirs() -> list[_Source]:
-    out = []
-    for path in settings.current().artifact_dirs:
-        d = str(path)
-        if path.is_dir():
-            out.append(_Source(f"FLYTUNE_ARTIFACT_DIR {path}", path))
-        else:
-            warning.once(("artifact-dir", d), f"FLYTUNE_ARTIFACT_DIR names {d!r}, which is not a directory; ignored")
-    return out
-
-
-def _bundles() -> list[_Source]:
-    out = []
-    for dist_name, ep in sorted(bundle_entry_points(), key=lambda t: (t[1].name, t[1].value)):
-        src = locate(ep, dist_name)
-        if src is not None:
-            out.append(src)
-    return out
-
-
-_NAME = re.compile(r"^Name:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
-
-
-def bundle_entry_points() -> list[tuple[str, Any]]:
-    """(distribution name, entry point) for `importlib.metadata.entry_points(group="flytune.bundles")`,
-    without parsing the metadata and entry points
-    of every installed distribution: a distribution's file is parsed only when it names the group.
-    As there, a distribution shadowed by one of the same name earlier on sys.path is skipped, with one
-    exception: an `<name>.egg-info` directory that declares no bundle (what a build or an editable
-    install leaves in the project root, on sys.path when a program runs from there) is not an
-    installation and does not hide the installed distribution's bundle."""
-    from importlib.metadata import PackageNotFoundError, distribution, distributions
-
-    header = f"[{bundle.ENTRY_POINT_GROUP}]"
-    out, seen = [], set()
-    for dist in distributions():
-        try:  # one distribution's unreadable metadata (invalid UTF-8, a line without `=`) skips it alone
-            text = dist.read_text("entry_points.txt")
-        except (ValueError, OSError) as e:
-            warning.once(("entry-points", str(e)), f"an installed distribution's entry_points.txt cannot be read "
-                         f"({type(e).__name__}: {e}); it is skipped")
-            continue
-        if not text or header not in text:
-            continue
-        meta = _metadata_text(dist)
-        found = _NAME.search(meta)  # the one header needed: no full metadata parse
-        name = found.group(1) if found else ""
-        key = serving.normalize(name)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            first = distribution(name)
-        except (PackageNotFoundError, ValueError):
-            first = dist
-        try:
-            first_text = first.read_text("entry_points.txt")
-            if (first_text != text or _metadata_text(first) != meta) and not _build_leftover(first, first_text):
-                dist = first  # the copy earlier on sys.path is the installed one
-            out.extend((name, ep) for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP)
-        except (ValueError, TypeError, OSError) as e:  # a line without `=` is a TypeError in importlib.metadata
-            warning.once(("entry-points", name), f"distribution {name}: entry_points.txt cannot be parsed "
-                         f"({type(e).__name__}: {e}); its bundle is ignored")
-    return out
-
-
-def _build_leftover(dist, entry_points: str | None) -> bool:
-    """An egg-info directory (PKG-INFO, no METADATA) that declares no bundle: setuptools' by-product."""
-    return (f"[{bundle.ENTRY_POINT_GROUP}]" not in (entry_points or "") and dist.read_text("METADATA") is None
-            and dist.read_text("PKG-INFO") is not None)
-
-
-def _metadata_text(dist) -> str:
-    return dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-
-
-def locate(ep, dist_name: str | None = None) -> _Source | None:
-    """The bundle an entry point names, read without importing the package: its value is a dotted
-    module name (`<package>._flytune`, or an editable wheel's), looked up inside the distribution's own
-    files, never a path and never wherever the import system would find that name. Whether the bundle
-    owns its package's kernels is `_Source.package` (`owned_package`)."""
-    name = dist_name or (ep.dist.name if ep.dist else ep.name)
-    label = f"{name} bundle"
-    parts = serving.bundle_parts(ep.value)
-    if parts is None:
-        warning.once(("manifest", ep.value), f"{label}: entry point {ep.name} = {ep.value!r} in group "
-                     f"{bundle.ENTRY_POINT_GROUP} is not a dotted module name (a path is never followed); "
-                     f"bundle ignored")
-        return None
-    rel = "/".join(parts)
-    record = _record(ep.dist)
-    if ep.dist is None or (record is not None and f"{rel}/{bundle.MANIFEST}" not in record):
-        warning.once(("manifest", ep.value), f"{label}: entry point {ep.name} = {ep.value!r} in group "
-                     f"{bundle.ENTRY_POINT_GROUP}: no {rel}/{bundle.MANIFEST} among the distribution's own files; "
-                     f"bundle ignored")
-        return None
-    root = Path(ep.dist.locate_file(rel))
-    manifest_path = root / bundle.MANIFEST
-    try:
-        data = fsutil.read_regular(manifest_path, BundleError, bundle.MAX_MANIFEST_BYTES)
-        manifest = bundle.Manifest.from_bytes(data, file=manifest_path)
-    except BundleError as e:
-        if not os.path.lexists(manifest_path):
-            warning.once(("manifest", ep.value), f"entry point {ep.name} = {ep.value!r} in group "
-                         f"{bundle.ENTRY_POINT_GROUP}: no {bundle.MANIFEST} found; bundle ignored")
-        else:
-            warning.once(("manifest", str(manifest_path)), f"{e}; bundle ignored, the next tier serves")
-        return None
-    except FlytuneError as e:
-        warning.once(("manifest", str(manifest_path)), f"{e}; bundle ignored, the next tier serves")
-        return None
-    package = owned_package(ep.value, manifest, record, ep.dist)
-    if package is None and manifest.kernels:
-        warning.once(("owner", label), f"{label}: entry point {ep.value!r} with manifest package "
-                     f"{manifest.package!r}: the distribution does not own that package (it does not install "
-                     f"it itself, another distribution installs its __init__.py, or an editable install's source "
-                     f"tree does not hold it), so the bundle owns no kernel (its artifacts serve only as an "
-                     f"accepted config pack)")
-    return _Source(label, root, manifest, name, package)
-
-
-def owned_package(value: str, manifest: bundle.Manifest, record: set[str] | None, dist=None) -> str | None:
-    """The package whose kernels a bundle owns: the manifest's, when the entry point names that
-    package's bundle and the distribution owns the package (core.serving.owns, against its RECORD and
-    the files beside it), or when the entry point is an editable wheel's and the install's source tree
-    (its direct_url.json) holds the package; None otherwise. A distribution without a RECORD (laid out
-    by hand, not by an installer) is taken at its manifest's word."""
-    package = manifest.package
-    if serving.is_editable_value(value):
-        tree = _editable_tree(dist)
-        return package if tree is not None and _tree_holds(tree, package) else None
-    if serving.bundle_package(value) != package:
-        return None
-    if record is not None and (dist is None or not serving.owns(
-            record, package, lambda rel: os.path.lexists(dist.locate_file(rel)))):
-        return None
-    return package
-
-
-def _editable_tree(dist) -> Path | None:
-    """The source tree of an editable install (PEP 610 direct_url.json: `dir_info.editable`, a file
-    URL); None for any other distribution."""
-    import urllib.parse
-    import urllib.request  # only where a bundle is an editable install's: not on every import
-
-    try:
-        text = dist.read_text("direct_url.json") if dist is not None else None
-        doc = json.loads(text) if text and len(text) < 65536 else None
-    except (ValueError, OSError):
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("dir_info"), dict) or \
-            doc["dir_info"].get("editable") is not True or not isinstance(doc.get("url"), str):
-        return None
-    url = urllib.parse.urlsplit(doc["url"])
-    if url.scheme != "file" or url.netloc not in ("", "localhost"):
-        return None
-    return Path(urllib.request.url2pathname(url.path))
-
-
-def _tree_holds(tree: Path, package: str) -> bool:
-    """Whether `package` is imported from inside `tree`: where it is already imported, its own
-    locations; otherwise `tree/<package>` or `tree/src/<package>` with an `__init__.py` (nothing is
-    imported to find out)."""
-    module = sys.modules.get(package)
-    spec = getattr(module, "__spec__", None)
-    places = [Path(p) for p in (getattr(spec, "submodule_search_locations", None) or ())]
-    if module is not None and not places and getattr(module, "__file__", None):
-        places = [Path(module.__file__).parent]
-    if module is None:
-        rel = package.replace(".", "/")
-        places = [d for d in (tree / rel, tree / "src" / rel) if (d / "__init__.py").is_file()]
-    try:
-        root = tree.resolve()
-        return any(p.resolve().is_relative_to(root) for p in places)
-    except (OSError, ValueError):
-        return False
-
-
-def _record(dist) -> set[str] | None:
-    """The distribution's own files (its RECORD), as posix paths; None when it has no RECORD (a
-    distribution laid out by hand, not by an installer)."""
-    if dist is None:
-        return None
-    try:
-        text = dist.read_text("RECORD")
-        if text is None:
-            return None
-        # the first column, as importlib.metadata reads it, without making a PackagePath per line
-        # (a 14,600-line RECORD: 15 ms instead of 93)
-        return {row[0].replace("\\", "/") for row in csv.reader(text.splitlines()) if row}
-    except (ValueError, OSError, csv.Error) as e:
-        warning.once(("record", str(e)), f"a distribution's RECORD cannot be read ({type(e).__name__}: {e}); "
-                     f"its bundle is ignored")
-        return set()
-
-
-_devices: dict[tuple, DeviceIdentity] = {}
 TIER = OfflineTier()

@@ -42,14 +42,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import bundle, codec, fsutil, serving, settings, table
+from ..core import bundle, codec, installed, serving, settings, table
 from ..core import specialization as spec_format
 from ..core.artifact import Artifact
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.device import DeviceIdentity
 from ..core.errors import BundleError, FlytuneError, foreign_failure
-from . import binder, device, offline, warning
+from . import binder, device, warning
 
 STATUSES = ("compiled", "cached", "interpreter", "skipped", "failed")
 CHILD_TIMEOUT = 60.0  # seconds (and 2 s a unit) for the forked compiles; past it the rest compile on threads here
@@ -265,8 +265,8 @@ def auto() -> Auto | None:
 def _bundles_listing(names: set[str]) -> set[str]:
     """The installed distributions whose bundle lists one of the kernels `names`."""
     out = set()
-    for dist_name, ep in offline.bundle_entry_points():
-        src = offline.locate(ep, dist_name)
+    for dist_name, ep in installed.entry_points(warning.once):
+        src = installed.locate(ep, dist_name, warning.once)
         if src is not None and names & set(src.manifest.kernels):
             out.add(dist_name)
     return out
@@ -280,10 +280,10 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
     units: dict[tuple, Unit] = {}
     notes: list[str] = []
     found = set()
-    for dist_name, ep in sorted(offline.bundle_entry_points(), key=lambda t: _normal(t[0])):
+    for dist_name, ep in sorted(installed.entry_points(warning.once), key=lambda t: _normal(t[0])):
         if wanted and _normal(dist_name) not in wanted:
             continue
-        src = offline.locate(ep, dist_name)
+        src = installed.locate(ep, dist_name, warning.once)
         found.add(_normal(dist_name))
         if src is None:
             notes.append(f"{dist_name}: its bundle cannot be read (see the warning); not warmed")
@@ -318,21 +318,17 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
     return sorted(units.values(), key=lambda u: (u.kernel, u.spec is not None, u.config.canonical())), notes
 
 
-def _add_units(units: dict, src, info: bundle.ShardInfo, dev: DeviceIdentity) -> None:
+def _add_units(units: dict, src: installed.Source, info: bundle.ShardInfo, dev: DeviceIdentity) -> None:
     """One unit per (kernel, config, specialization) among `info`'s artifacts that `dev` is served."""
-    shard_path, prov_path = src.root / info.shard, src.root / info.provenance  # capped reads (docs/security.md)
-    shard = bundle.parse_shard(info, fsutil.read_regular(shard_path, BundleError, bundle.MAX_SHARD_BYTES),
-                               file=shard_path)
-    provenance = bundle.parse_provenance(info, fsutil.read_regular(prov_path, BundleError, bundle.MAX_SHARD_BYTES),
-                                         file=prov_path)
+    shard, provenance = src.shard(info.kernel), src.provenance(info.kernel)  # capped reads (docs/security.md)
+    prov_path = src.root / info.provenance
     accepted = {}
     for row in shard.rows:
         doc = shard.doc(row)
         key_dev = codec.canonical(doc["device"])
         if key_dev not in accepted:
             art_dev = DeviceIdentity.from_json(doc["device"], Fields(src.root / info.shard, BundleError))
-            accept = next((t.accept for t in src.manifest.targets if t.covers(art_dev)), ())
-            accepted[key_dev] = serving.served_level(art_dev, dev, accept) is not None
+            accepted[key_dev] = src.served_level(art_dev, dev) is not None
         if not accepted[key_dev]:
             continue
         art = Artifact.from_json(doc, file=src.root / info.shard)

@@ -283,8 +283,8 @@ class Adopted(Kernel):
         """(rank, artifact, level, origin, pack) for each artifact of this kernel usable on `here`."""
         for order, src in TIER.ranked(self.name):  # the owner's bundle, then accepted packs (core.serving)
             pack = src.dist if order[0] == serving.PACK else None
-            for doc, dev, accept, origin, fname in TIER.documents(src, self.name, idx):
-                level = serving.served_level(dev, here, accept)
+            for doc, dev, origin, fname in TIER.documents(src, self.name, idx):
+                level = src.served_level(dev, here)
                 if level is None:
                     idx.other_devices.add(not_served(dev, here))
                     continue
