@@ -1,4 +1,6 @@
 """Fixture packages built into real wheels by the backend under test."""
+import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -6,9 +8,11 @@ import textwrap
 import venv
 from pathlib import Path
 
+from flytune_build import pipeline
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
+from flytune_build.dist.wheelfile import encode
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
@@ -109,3 +113,23 @@ def run_child(py: Path, code: str, **env):
     e = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     e.update({k: str(v) for k, v in env.items()})
     return subprocess.run([str(py), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e, cwd="/")
+
+
+def install(site: Path, root: Path, dist: str, *, ep_value: str | None = None, record: bool = True,
+            package_files: bool = True) -> None:
+    """Lay out the project's wheel as an installer would: package, bundle, dist-info with RECORD."""
+    state = pipeline.run(root, out=io.StringIO())
+    files = dict(state.files)
+    if package_files:
+        for p in (root / state.project.package).glob("*.py"):
+            files[f"{state.project.package}/{p.name}"] = p.read_bytes()
+    info = f"{dist.replace('-', '_')}-1.0.dist-info"
+    name, value = state.entry_point
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n".encode()
+    files[f"{info}/entry_points.txt"] = f"[flytune.bundles]\n{name} = {ep_value or value}\n".encode()
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+    if record:
+        lines = "".join(f"{rel},sha256={encode(hashlib.sha256(d).digest())},{len(d)}\n" for rel, d in files.items())
+        (site / info / "RECORD").write_text(lines + f"{info}/RECORD,,\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from buildkit import KERNEL, artifact
+from buildkit import KERNEL, artifact, install
 
 import flytune_build as ft
 from flytune_build import FlytuneWarning, pipeline
@@ -47,26 +47,6 @@ coverage = "none"
     for a in artifacts:
         a.save(root / "artifacts")
     return root
-
-
-def install(site: Path, root: Path, dist: str, *, ep_value: str | None = None, record: bool = True,
-            package_files: bool = True) -> None:
-    """Lay out the project's wheel as an installer would: package, bundle, dist-info with RECORD."""
-    state = pipeline.run(root, out=io.StringIO())
-    files = dict(state.files)
-    if package_files:
-        for p in (root / state.project.package).glob("*.py"):
-            files[f"{state.project.package}/{p.name}"] = p.read_bytes()
-    info = f"{dist.replace('-', '_')}-1.0.dist-info"
-    name, value = state.entry_point
-    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n".encode()
-    files[f"{info}/entry_points.txt"] = f"[flytune.bundles]\n{name} = {ep_value or value}\n".encode()
-    for rel, data in files.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-    if record:
-        lines = "".join(f"{rel},sha256={encode(hashlib.sha256(d).digest())},{len(d)}\n" for rel, d in files.items())
-        (site / info / "RECORD").write_text(lines + f"{info}/RECORD,,\n")
 
 
 def owner_project(tmp_path: Path, extra: str = "") -> Path:

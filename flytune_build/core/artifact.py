@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from . import choice, codec, specialization
+from . import choice, codec, inductor, specialization
 from .codec import Fields
 from .config import Config, check_json
 from .device import DeviceIdentity
@@ -39,7 +39,8 @@ FILE_NAME = re.compile(r"(?P<kernel>.+)-(?P<address>[0-9a-f]{16})\.json")
 PROVENANCE_FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "created", "space_hash", "ranking",
                      "candidates", "host", "worker", "specialization",  # specialization: core.specialization
                      "measurement", "selection",  # how the winner was timed and chosen: core.choice
-                     "source")  # where an imported config came from (file and entry)
+                     "source",  # where an imported config came from (file and entry)
+                     "inductor")  # an Inductor kernel's name, size hints and compile mode: core.inductor
 RANKINGS = ("measured", "synthetic", "imported")
 
 
@@ -210,6 +211,8 @@ def _check_provenance(p: Any, f: Fields) -> None:
         choice.check_measurement(p["measurement"], f)
     if p.get("selection") is not None:
         choice.check_selection(p["selection"], f)
+    if p.get("inductor") is not None:
+        inductor.check_provenance(p["inductor"], f)
 
     def candidate(v, path):
         if _plain_candidate(v):

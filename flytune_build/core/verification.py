@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import options
+from . import inductor, options
 from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
 from .key import is_dtype_name
 
@@ -79,7 +79,7 @@ def check(artifacts: list[Artifact], where: Where, declared: Declaration | None 
     artifacts still kept, coverage of them and of `kernels` (the project's tuning plan). A verifier
     that only warns of drift runs `toolchain` itself."""
     found = key_axes(artifacts, where).merge(conflicts(artifacts, where)).merge(file_names(artifacts, where))
-    found.merge(backend_options(artifacts, where))
+    found.merge(backend_options(artifacts, where)).merge(inductor_configs(artifacts, where))
     if declared is not None:
         if with_toolchain:
             found.merge(toolchain(artifacts, where, declared))
@@ -191,6 +191,16 @@ def backend_options(artifacts: list[Artifact], where: Where) -> Findings:
     for a in artifacts:
         for name, rule in options.backend_problems(a.config.kwargs, a.device.backend):
             found.reject(ArtifactError(rule, file=where(a), field=f"config.kwargs.{name}"), a)
+    return found
+
+
+def inductor_configs(artifacts: list[Artifact], where: Where) -> Findings:
+    """An Inductor artifact (core.inductor) holds a lookup hash and what Inductor's lookup serves as
+    written: block sizes, num_warps, num_stages; anything else would be dropped silently at compile time."""
+    found = Findings()
+    for a in artifacts:
+        for name, rule in inductor.problems(a.key, a.config):
+            found.reject(ArtifactError(rule, file=where(a), field=name), a)
     return found
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -430,13 +431,21 @@ def kernels() -> dict[str, Autotuned]:
 
 def stats() -> dict:
     """Per-kernel counters, adopted `@triton.autotune` kernels included: calls per tier, searches, seconds
-    searching, fallbacks with reasons."""
-    return registry.stats()
+    searching, fallbacks with reasons; under "torch.compile", how the generated kernels of compiles
+    made under `flytune_build.inductor.serve()` were served (runtime.inductor)."""
+    out = registry.stats()
+    if "flytune_build.runtime.inductor" in sys.modules:  # loaded only by a process that serves compiles
+        compiled = sys.modules["flytune_build.runtime.inductor"].stats()
+        if compiled is not None:
+            out[sys.modules["flytune_build.runtime.inductor"].STATS_NAME] = compiled
+    return out
 
 
 def reset_stats() -> None:
     """Reset every kernel's decisions and counters, rediscover bundles and the device (tests)."""
     registry.reset()
+    if "flytune_build.runtime.inductor" in sys.modules:
+        sys.modules["flytune_build.runtime.inductor"].reset()
     settings.reload()
     TIER.reset()
     device.reset()

@@ -82,3 +82,9 @@ def emit(kernel: str, d: Decision) -> None:
                      seconds=d.search.seconds)
     for sub in tuple(_subscriptions):  # a callback may unregister itself
         sub.callback(event)
+
+
+def tell(event: dict) -> None:
+    """Tell every subscriber an event made elsewhere (runtime.inductor: how a generated kernel was served)."""
+    for sub in tuple(_subscriptions):
+        sub.callback(event)

@@ -215,6 +215,16 @@ class OfflineTier:
         for level, (keys, hits) in found.items():
             yield level, keys, hits  # within a group, the first file wins (core.serving.best)
 
+    def kernels(self, src: installed.Source) -> list[str]:
+        """The kernel names `src` holds artifacts for (a directory's, from its file names)."""
+        if src.manifest is not None:
+            return sorted(src.manifest.kernels)
+        files = self._dir_files.get(src.root)
+        if files is None:
+            list(self.documents(src, ""))  # lists the directory once, as documents() does
+            files = self._dir_files.get(src.root, [])
+        return sorted({path.name.rsplit("-", 1)[0] for path in files})
+
     def documents(self, src: installed.Source, kernel: str, idx: Index | None = None):
         """core.installed.documents, a directory listed once per process; why an unreadable artifact
         was skipped goes to `idx.problems`."""

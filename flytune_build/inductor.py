@@ -1,0 +1,16 @@
+"""Pre-tuned torch.compile and AOTInductor: the public path of flytune's Inductor support.
+
+    import flytune_build.inductor as fti
+    with fti.serve():                       # the installed bundles' Inductor winners for this device
+        compiled = torch.compile(model)
+        compiled(x)                          # compiled with the shipped configs: no autotune benchmarking
+
+`serve()` changes only the compiles made while it is open; `missing()` names the private PyTorch
+hooks this torch lacks (then `serve()` changes nothing and says so once). Winners are harvested on
+the target GPU with `flytune harvest` (`flytune_build.harvest(...)`).
+"""
+from __future__ import annotations
+
+from .runtime.inductor import SUPPORTED, Serving, missing, recording, serve
+
+__all__ = ["SUPPORTED", "Serving", "missing", "recording", "serve"]

@@ -1,0 +1,475 @@
+"""Inductor at compile time: shipped winners served to torch.compile and AOTInductor, and winners recorded.
+
+Serving (`serve()`, opt-in, a context or a handle): the installed bundles' Inductor artifacts for the
+running device (core.inductor, read through the offline tier) become entries of
+`torch._inductor.config.autotune_lookup_table`, Inductor's own lookup, which it forwards to its
+compile worker processes: a served kernel is compiled with its shipped config alone. In this
+process, where Inductor benchmarks (`CachingAutotuner.precompile`, parent side), each generated
+kernel is counted: served from the bundle, autotuned by Inductor (not in the bundle), or single (one
+candidate, nothing to tune). A served kernel keeps exactly its shipped config: any other candidate
+the compile made for it (a worker's, or occupancy-driven R0_BLOCK variants) is dropped, and it is
+marked as coordinate-descent-tuned so Inductor tunes it no further. Under FLYTUNE_AUTOTUNE=strict a
+kernel that would be autotuned raises `TierMissError` naming it. Closing says once, in one warning,
+how many kernels hit and missed and what differs (device, toolchain) when any missed.
+
+Recording (`recording()`, for `flytune harvest` on the target GPU): where Inductor benchmarks a
+kernel's candidates, flytune's selection (runtime.selection: the sequential test, its tie rule) picks
+the winner from Inductor's own timings and re-timings (`CachingAutotuner.bench`), and Inductor is told
+that winner; coordinate-descent results are taken as Inductor found them. Each kernel becomes one
+`Record`.
+
+The hooks are private to PyTorch: `HOOKS` names each one, `missing()` says which this torch lacks, and
+tests pin them. Nothing here changes a compile outside `serve()` or `recording()`.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import codec, inductor, settings
+from ..core.artifact import Artifact
+from ..core.codec import Fields
+from ..core.config import Config
+from ..core.device import DeviceIdentity
+from ..core.errors import ArtifactError, FlytuneError, TierMissError
+from . import device as running_device
+from . import warning
+
+# (module, attribute path) of every private PyTorch name used here; torch 2.9 and later hold them all
+HOOKS = (
+    ("torch._inductor.config", "autotune_lookup_table"),
+    ("torch._inductor.runtime.triton_heuristics", "generate_lookup_hash_from_source_code"),
+    ("torch._inductor.runtime.triton_heuristics", "lookup_autotune_config"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.precompile"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.benchmark_all_configs"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.coordinate_descent_tuning"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.bench"),
+)
+SUPPORTED = "torch 2.9 or later (torch._inductor.config.autotune_lookup_table appeared in 2.9)"
+STATS_NAME = "torch.compile"  # the name flytune_build.stats() and on_decision give Inductor's kernels
+
+
+def missing() -> list[str]:
+    """The hooks (`HOOKS`) the installed torch lacks; [] where every one is there."""
+    import importlib
+
+    out = []
+    for module, path in HOOKS:
+        try:
+            obj = importlib.import_module(module)
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            out.append(f"{module}.{path}")
+    return out
+
+
+def kernel_key(autotuner) -> str:
+    """The lookup hash of a `CachingAutotuner`'s kernel, as Inductor computes it (core.inductor.lookup_key)."""
+    return inductor.lookup_key(str(autotuner.size_hints), autotuner.fn.src)
+
+
+def kernel_name(autotuner) -> str:
+    return str((autotuner.inductor_meta or {}).get("kernel_name") or autotuner.fn.__name__)
+
+
+# -- the one patch: CachingAutotuner's parent-side methods call the active serving or recording ---------------
+_active: list = []  # the innermost serve() or recording() is the last
+
+
+def _patched(name: str, wrapper):
+    """Install `wrapper(original, self, *args, **kwargs)` as CachingAutotuner.<name> once per process."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    original = getattr(CachingAutotuner, name)
+    if getattr(original, "__flytune__", False):
+        return
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        return wrapper(original, self, *args, **kwargs)
+
+    method.__flytune__ = True
+    setattr(CachingAutotuner, name, method)
+
+
+def _install() -> None:
+    _patched("precompile", _precompile)
+    _patched("benchmark_all_configs", _benchmark_all_configs)
+    _patched("coordinate_descent_tuning", _coordinate_descent_tuning)
+
+
+def _precompile(original, self, warm_cache_only=False, *args, **kwargs):
+    if warm_cache_only or not _active:  # a compile worker's, or no flytune context: Inductor's own
+        return original(self, warm_cache_only, *args, **kwargs)
+    ctx = _active[-1]
+    ctx.before_precompile(self)
+    out = original(self, warm_cache_only, *args, **kwargs)
+    ctx.after_precompile(self)
+    return out
+
+
+def _benchmark_all_configs(original, self, *args, **kwargs):
+    ctx = _active[-1] if _active else None
+    if not isinstance(ctx, Recording):
+        return original(self, *args, **kwargs)
+    return ctx.benchmark(original, self, *args, **kwargs)
+
+
+def _coordinate_descent_tuning(original, self, launcher, *args, **kwargs):
+    out = original(self, launcher, *args, **kwargs)
+    ctx = _active[-1] if _active else None
+    if isinstance(ctx, Recording):
+        ctx.coordesc(self, out)
+    return out
+
+
+def _same(triton_config, entry: dict) -> bool:
+    """Whether a triton.Config is the lookup-table entry `entry` (block sizes, warps, stages)."""
+    blocks = {k: v for k, v in triton_config.kwargs.items() if "BLOCK" in k}
+    want = {k: v for k, v in entry.items() if "BLOCK" in k}
+    return (blocks == want and triton_config.num_warps == entry["num_warps"]
+            and triton_config.num_stages == entry["num_stages"])
+
+
+# -- serving ---------------------------------------------------------------------------------------------------
+@dataclass
+class Kernel:
+    """How one generated kernel of a compile was served."""
+    name: str           # Inductor's name (triton_poi_fused_gelu_3)
+    key: str            # its lookup hash
+    tier: str           # "offline" (the bundle's config), "autotune" (Inductor's search), "single"
+    config: dict | None = None
+    origin: str | None = None
+    level: str | None = None
+
+
+@dataclass
+class Shipped:
+    entry: dict         # the lookup-table value
+    kernel: str         # the flytune kernel (compile entry) it was harvested under
+    origin: str
+    level: str
+    provenance: Any
+
+
+class Serving:
+    """The installed bundles' Inductor winners served to the compiles made while it is open."""
+
+    def __init__(self, shipped: dict[str, Shipped], device: DeviceIdentity, other_devices: set[str],
+                 problems: list[str], unsupported: list[str]):
+        self.shipped = shipped
+        self.device = device
+        self.other_devices = other_devices
+        self.problems = problems
+        self.unsupported = unsupported    # the hooks this torch lacks: then nothing is changed
+        self.kernels: dict[str, Kernel] = {}
+        self._saved: dict | None = None
+        self._open = False
+
+    # a context, or a handle closed by hand
+    def __enter__(self) -> Serving:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def open(self) -> Serving:
+        if self._open or self.unsupported:
+            return self
+        import torch._inductor.config as inductor_config
+
+        _install()
+        self._saved = dict(inductor_config.autotune_lookup_table)
+        table = {k: s.entry for k, s in self.shipped.items()}
+        table.update(self._saved)  # the user's own entries stay theirs
+        inductor_config.autotune_lookup_table = table
+        _active.append(self)
+        _serving.append(self)
+        self._open = True
+        return self
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        import torch._inductor.config as inductor_config
+
+        inductor_config.autotune_lookup_table = self._saved
+        _active.remove(self)
+        self._open = False
+        self.tell()
+
+    def before_precompile(self, autotuner) -> None:
+        key = kernel_key(autotuner)
+        name = kernel_name(autotuner)
+        shipped = self.shipped.get(key)
+        results = getattr(autotuner, "compile_results", None) or []
+        configs = getattr(autotuner, "configs", None) or []
+        if shipped is not None:
+            kept = [r for r in results if _same(r.config, shipped.entry)]
+            if results and not kept:  # compiled elsewhere without it: compile the shipped config here
+                autotuner.compile_results = []
+                autotuner.configs = [_triton_config(shipped.entry)]
+            elif results:
+                autotuner.compile_results = kept[:1]
+            elif not any(_same(c, shipped.entry) for c in configs) or len(configs) > 1:
+                autotuner.configs = [_triton_config(shipped.entry)]
+            self._decided(Kernel(name, key, "offline", shipped.entry, shipped.origin, shipped.level))
+            return
+        candidates = len(results) or len(configs)
+        if candidates > 1:
+            if settings.current().autotune == "strict":
+                raise TierMissError(
+                    f"FLYTUNE_AUTOTUNE=strict: Inductor kernel {name} (lookup hash {key[:16]}) is not in any "
+                    f"installed bundle for {self.device.spec()}: it would be autotuned over {candidates} "
+                    f"configs; harvest it on this device (`flytune harvest`) or unset strict",
+                    field="FLYTUNE_AUTOTUNE")
+            self._decided(Kernel(name, key, "autotune"))
+        else:
+            self._decided(Kernel(name, key, "single"))
+
+    def after_precompile(self, autotuner) -> None:
+        shipped = self.shipped.get(kernel_key(autotuner))
+        if shipped is None:
+            return
+        launchers = [launcher for launcher in autotuner.launchers if _same(launcher.config, shipped.entry)]
+        autotuner.launchers = launchers[:1] or autotuner.launchers[:1]
+        for launcher in autotuner.launchers:
+            launcher.config.found_by_coordesc = True  # the shipped config is final: no coordinate descent
+
+    def _decided(self, k: Kernel) -> None:
+        from .events import tell
+
+        self.kernels[k.key] = k
+        tell({"kernel": STATS_NAME, "key": {inductor.AXIS: k.key, "name": k.name}, "tier": k.tier,
+              "config": k.config, "level": k.level, "origin": k.origin})
+
+    def stats(self) -> dict:
+        """Hits and misses of the compiles made while open: what `flytune_build.stats()` shows."""
+        tiers = {"offline": 0, "autotune": 0, "single": 0}
+        for k in self.kernels.values():
+            tiers[k.tier] += 1
+        return {"kernels": tiers, "shipped": len(self.shipped), "device": self.device.spec(),
+                "other_devices": sorted(self.other_devices),
+                "autotuned": sorted(k.name for k in self.kernels.values() if k.tier == "autotune")}
+
+    def tell(self) -> None:
+        """One warning when a compile autotuned a kernel, or nothing was shipped for this device."""
+        s = self.stats()
+        hits, tuned = s["kernels"]["offline"], s["kernels"]["autotune"]
+        if tuned == 0 and (self.shipped or not self.other_devices):
+            return
+        where = (f"; the bundle holds Inductor winners for {', '.join(sorted(self.other_devices))}, not for "
+                 f"{self.device.spec()}" if self.other_devices and not self.shipped else "")
+        drift = _toolchain_drift(self.shipped.values())
+        names = ", ".join(s["autotuned"][:3]) + (", ..." if tuned > 3 else "")
+        warning.once(("inductor", id(self)),
+                     f"torch.compile: {hits} generated kernel(s) served from the bundle, {tuned} autotuned by "
+                     f"Inductor (not in the bundle{': ' + names if names else ''}){where}{drift}")
+
+
+def _triton_config(entry: dict):
+    import triton
+
+    return triton.Config({k: v for k, v in entry.items() if "BLOCK" in k}, num_warps=entry["num_warps"],
+                         num_stages=entry["num_stages"])
+
+
+def _toolchain_drift(shipped) -> str:
+    """What differs between the toolchain the bundle's kernels were harvested with and this one."""
+    from .identity import versions
+
+    here = versions()
+    seen = {(p.get("torch"), p.get("triton")) for s in shipped if isinstance(p := s.provenance, dict)}
+    other = sorted(f"torch {t} / triton {tr}" for t, tr in seen if (t, tr) != (here["torch"], here["triton"]))
+    if not other:
+        return ""
+    return (f"; the bundle was harvested with {', '.join(other)}, this is torch {here['torch']} / triton "
+            f"{here['triton']}: Inductor generates other kernels")
+
+
+_serving: list[Serving] = []  # every Serving opened in this process: stats() sums them
+
+
+def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> Serving:
+    """The installed bundles' Inductor winners for this device (or `dev`), of the compile entries
+    `kernels` (default: every one installed), served to torch.compile and AOTInductor compiles made
+    while the returned `Serving` is open (`with serve(): ...`, or `serve().open()` ... `.close()`).
+
+    A torch without the hooks (`missing()`) gets one warning and an unchanged compile; under
+    FLYTUNE_AUTOTUNE=strict that is a `TierMissError`."""
+    from .offline import TIER
+
+    lacking = missing()
+    if lacking:
+        message = (f"this torch lacks {', '.join(lacking)} (flytune serves Inductor winners with {SUPPORTED}): "
+                   f"compiles autotune as Inductor does")
+        if settings.current().autotune == "strict":
+            raise TierMissError(f"FLYTUNE_AUTOTUNE=strict: {message}", field="FLYTUNE_AUTOTUNE")
+        warning.once(("inductor-hooks",), message)
+        return Serving({}, dev or running_device.current(), set(), [], lacking)
+    dev = dev or running_device.current()
+    shipped: dict[str, Shipped] = {}
+    other: set[str] = set()
+    problems: list[str] = []
+    for name in compile_entries(TIER):
+        if kernels and name not in kernels and not any(name.startswith(k + ".") for k in kernels):
+            continue
+        idx = TIER.index(name, (inductor.AXIS,), dev)
+        other |= idx.other_devices
+        problems += idx.problems
+        for (key,), hit in idx.hits.items():
+            try:
+                config = Config.from_json(hit.config, Fields(hit.origin, ArtifactError))
+            except FlytuneError as e:
+                problems.append(str(e))
+                continue
+            if key not in shipped:
+                prov = hit.document().get("provenance")
+                shipped[key] = Shipped(inductor.table_entry(config), name, hit.origin, hit.level, prov)
+    for p in problems:
+        warning.once(("inductor-problem", p), f"{p}; not served to torch.compile")
+    return Serving(shipped, dev, other, problems, [])
+
+
+def compile_entries(tier) -> list[str]:
+    """Every kernel name the offline tier's sources hold Inductor artifacts for."""
+    names = set()
+    for src in tier.sources():
+        if src.manifest is not None:
+            names |= {k for k, info in src.manifest.kernels.items() if tuple(info.axes) == (inductor.AXIS,)}
+            continue
+        for kernel in tier.kernels(src):
+            doc = next(tier.documents(src, kernel), None)
+            if doc is not None and inductor.is_inductor(doc[0]["key"]):
+                names.add(kernel)
+    return sorted(names)
+
+
+def stats() -> dict | None:
+    """Every serving's counts summed, or None where no serving was opened in this process."""
+    if not _serving:
+        return None
+    out = {"kernels": {"offline": 0, "autotune": 0, "single": 0}, "autotuned": []}
+    for s in _serving:
+        st = s.stats()
+        for tier, n in st["kernels"].items():
+            out["kernels"][tier] += n
+        out["autotuned"] += st["autotuned"]
+    return out
+
+
+def reset() -> None:
+    """Forget every closed serving's counts (`flytune_build.reset_stats()`)."""
+    _serving[:] = [s for s in _serving if s._open]
+    for s in _serving:
+        s.kernels.clear()
+
+
+# -- recording (flytune harvest) -----------------------------------------------------------------------------
+@dataclass
+class Record:
+    """One generated kernel's autotune, as harvested."""
+    name: str
+    key: str
+    size_hints: str
+    heuristic: str
+    candidates: list = field(default_factory=list)   # bench.Candidate, in Inductor's order
+    winner: Config | None = None
+    selection: dict | None = None
+    coordesc: bool = False
+
+
+class Recording:
+    """While open, every kernel Inductor autotunes in this process is chosen by flytune's selection and
+    recorded (`records`, by lookup hash)."""
+
+    def __init__(self, rule=None):
+        self.records: dict[str, Record] = {}
+        self.rule = rule
+        self._open = False
+
+    def __enter__(self) -> Recording:
+        missing_hooks = missing()
+        if missing_hooks:
+            raise TierMissError(f"this torch lacks {', '.join(missing_hooks)}: Inductor winners can be harvested "
+                                f"with {SUPPORTED}", field="torch")
+        _install()
+        _active.append(self)
+        self._open = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._open:
+            _active.remove(self)
+            self._open = False
+
+    def before_precompile(self, autotuner) -> None:
+        pass
+
+    def after_precompile(self, autotuner) -> None:
+        pass
+
+    def benchmark(self, original, autotuner, *args, **kwargs) -> dict:
+        from . import selection
+        from .bench import Candidate
+
+        timings = original(autotuner, *args, **kwargs)
+        launchers = list(timings)
+        candidates = [Candidate(inductor.config_of(lc.config.kwargs, lc.config.num_warps, lc.config.num_stages),
+                                float(timings[lc])) for lc in launchers]
+        by_candidate = {id(c): lc for c, lc in zip(candidates, launchers)}
+
+        def retime(candidate, fraction):
+            return float(autotuner.bench(by_candidate[id(candidate)], *args, **kwargs))
+
+        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED)
+        autotuner.reset_to_zero_args(*args, **kwargs)
+        rec = self._record(autotuner)
+        rec.candidates, rec.winner, rec.selection = candidates, chosen.winner.config, chosen.record
+        winner = by_candidate[id(chosen.winner)]
+        # Inductor keeps the least time: the selection's winner is given it, every other its own median
+        out = {lc: c.time_ms for c, lc in zip(candidates, launchers)}
+        out[winner] = math.nextafter(min(out.values()), -math.inf)
+        return out
+
+    def coordesc(self, autotuner, launcher) -> None:
+        rec = self._record(autotuner)
+        c = launcher.config
+        rec.winner = inductor.config_of(c.kwargs, c.num_warps, c.num_stages)
+        rec.coordesc = True
+
+    def _record(self, autotuner) -> Record:
+        key = kernel_key(autotuner)
+        if key not in self.records:
+            heuristic = getattr(autotuner.heuristic_type, "name", str(autotuner.heuristic_type)).lower()
+            self.records[key] = Record(kernel_name(autotuner), key, str(autotuner.size_hints), heuristic)
+        return self.records[key]
+
+
+def artifacts(records, kernel: str, mode: str, dev: DeviceIdentity | None = None) -> list[Artifact]:
+    """The records of one compile entry (`kernel`, the entry's dotted name) as artifacts for `dev`."""
+    from .identity import provenance
+
+    dev = dev or running_device.current()
+    out = []
+    for rec in sorted(records, key=lambda r: r.key):
+        if rec.winner is None:
+            continue
+        space = hashlib.sha256(codec.canonical([c.config.to_json() for c in rec.candidates])).hexdigest()
+        prov = provenance(rec.candidates, space, "measured", selection=rec.selection)
+        prov["inductor"] = {"name": rec.name, "size_hints": rec.size_hints, "heuristic": rec.heuristic,
+                            "mode": mode, "coordesc": rec.coordesc}
+        out.append(Artifact(kernel, {inductor.AXIS: rec.key}, dev, rec.winner, prov))
+    return out
+
+
+@contextlib.contextmanager
+def recording(rule=None):
+    """`with recording() as r:` compiles made inside are autotuned by flytune's selection and recorded."""
+    with Recording(rule) as r:
+        yield r

@@ -1,0 +1,228 @@
+"""Inductor kernels: the lookup key against Inductor's own code, serving through Inductor's own lookup,
+strict, another device, a torch without the hooks, and Inductor artifacts through the build's rules.
+
+A CPU cannot run Inductor's Triton kernels, but it can build Inductor's `CachingAutotuner` from a
+kernel module as Inductor writes it (tests/data/inductor): that is where Inductor reads its lookup
+table and where flytune counts and enforces, so these tests run Inductor's own code, not a copy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+import flytune_build as ft
+from flytune_build.core import inductor, verification
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import DeviceIdentity
+from flytune_build.core.errors import FlytuneWarning, TierMissError
+
+torch = pytest.importorskip("torch")
+heuristics = pytest.importorskip("torch._inductor.runtime.triton_heuristics")
+
+DATA = Path(__file__).parent / "data" / "inductor"
+GELU = DATA / "triton_poi_fused_gelu_0.py"
+H200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
+A100 = DeviceIdentity("cuda", "sm_80", "NVIDIA A100-SXM4-80GB", 108)
+SHIPPED = Config({"XBLOCK": 512}, num_warps=8, num_stages=1)
+
+
+def load_kernel(path: Path = GELU):
+    """Inductor's CachingAutotuner for a generated kernel module, built as Inductor builds it (the
+    module's `set_driver_to_gpu()` needs a GPU driver: the one line a CPU leaves out; and the kernel
+    is Triton's JITFunction, as on a GPU, not the interpreter's stand-in)."""
+    source = path.read_text().replace("triton_helpers.set_driver_to_gpu()", "")
+    spec = importlib.util.spec_from_loader(path.stem, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        exec(compile(source, str(path), "exec"), module.__dict__)
+    finally:
+        os.environ["TRITON_INTERPRET"] = saved if saved is not None else ""
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+    return getattr(module, path.stem)
+
+
+def lookup_key(path: Path = GELU) -> str:
+    k = load_kernel(path)
+    return inductor.lookup_key(str(k.size_hints), k.fn.src)
+
+
+def shipped_artifact(key: str, config: Config = SHIPPED, dev: DeviceIdentity = H200, kernel="mylib.block"):
+    prov = {"torch": torch.__version__, "inductor": {"name": "triton_poi_fused_gelu_0", "mode": "default"}}
+    return Artifact(kernel, {inductor.AXIS: key}, dev, config, prov)
+
+
+@pytest.fixture
+def bundle_dir(tmp_path, monkeypatch):
+    """An artifact directory holding the gelu kernel's winner for an H200, served as FLYTUNE_ARTIFACT_DIR."""
+    d = tmp_path / "artifacts"
+    shipped_artifact(lookup_key()).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    ft.reset_stats()
+    return d
+
+
+def test_every_private_hook_flytune_uses_is_in_the_installed_torch():
+    """Fails the day PyTorch renames or drops one: flytune then says so and changes nothing."""
+    from flytune_build.runtime.inductor import missing
+
+    assert missing() == []
+
+
+def test_the_lookup_key_is_the_one_inductor_computes_in_the_autotuner_and_in_the_compile_parent():
+    from torch._inductor.async_compile import size_hints_regex
+
+    k = load_kernel()
+    ours = inductor.lookup_key(k.size_hints, k.fn.src)
+    assert ours == heuristics.generate_lookup_hash_from_source_code(str(k.size_hints), k.fn.src)
+    # the compile parent hashes the module's text: the size hints as written, the source after @triton.jit
+    text = GELU.read_text()
+    hints = size_hints_regex.search(text).group(1)
+    assert ours == heuristics.generate_lookup_hash_from_source_code(hints, text.split("@triton.jit\n")[1])
+    assert ours == inductor.lookup_key(hints, text.split("@triton.jit\n")[1])
+
+
+def test_without_serving_inductor_keeps_its_own_candidates():
+    k = load_kernel()
+    assert len(k.configs) > 1  # Inductor would benchmark them: what a served compile avoids
+
+
+def test_a_served_kernel_gets_the_shipped_config_through_inductors_own_lookup(bundle_dir):
+    from flytune_build import inductor as ft_inductor
+
+    with ft_inductor.serve() as serving:
+        k = load_kernel()
+        assert [(c.kwargs, c.num_warps, c.num_stages) for c in k.configs] == [({"XBLOCK": 512}, 8, 1)]
+        serving.before_precompile(k)
+    assert [(c.kwargs, c.num_warps) for c in k.configs] == [({"XBLOCK": 512}, 8)]
+    assert ft.stats()["torch.compile"]["kernels"] == {"offline": 1, "autotune": 0, "single": 0}
+    assert torch._inductor.config.autotune_lookup_table == {}  # closing restores the user's table
+    assert len(load_kernel().configs) > 1  # and a compile after it is Inductor's own again
+
+
+def test_serving_keeps_the_users_own_lookup_entries(bundle_dir):
+    from flytune_build import inductor as ft_inductor
+
+    key = lookup_key()
+    mine = {key: {"XBLOCK": 128, "num_warps": 2, "num_stages": 1}}
+    with torch._inductor.config.patch(autotune_lookup_table=dict(mine)):
+        with ft_inductor.serve():
+            assert torch._inductor.config.autotune_lookup_table == mine
+        assert torch._inductor.config.autotune_lookup_table == mine
+
+
+def test_a_shipped_config_replaces_candidates_compiled_elsewhere(bundle_dir):
+    """A compile worker (or an earlier compile) that made every candidate: only the shipped one stays."""
+    from flytune_build import inductor as ft_inductor
+
+    k = load_kernel()
+    k.configs = list(k.configs)
+    with ft_inductor.serve() as serving:
+        serving.before_precompile(k)
+    assert [(c.kwargs, c.num_warps) for c in k.configs] == [({"XBLOCK": 512}, 8)]
+
+
+def test_strict_fails_naming_a_kernel_the_bundle_does_not_hold(tmp_path, monkeypatch):
+    from flytune_build import inductor as ft_inductor
+
+    d = tmp_path / "empty"
+    d.mkdir()
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    with ft_inductor.serve() as serving:
+        k = load_kernel()
+        with pytest.raises(TierMissError, match="triton_poi_fused_gelu_0.*would be autotuned"):
+            serving.before_precompile(k)
+
+
+def test_a_miss_autotunes_as_inductor_does_and_closing_says_so_once(tmp_path, monkeypatch):
+    from flytune_build import inductor as ft_inductor
+
+    d = tmp_path / "other"
+    shipped_artifact("ab" * 32).save(d)  # another kernel's winner: this compile's kernel misses
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    events = []
+    ft.on_decision(events.append)
+    serving = ft_inductor.serve().open()
+    k = load_kernel()
+    serving.before_precompile(k)
+    assert len(k.configs) > 1  # Inductor autotunes it, as without flytune
+    with pytest.warns(FlytuneWarning, match=r"0 generated kernel\(s\) served from the bundle, 1 autotuned by "
+                                            r"Inductor \(not in the bundle: triton_poi_fused_gelu_0\)"):
+        serving.close()
+    assert [(e["kernel"], e["tier"], e["key"]["name"]) for e in events] == [
+        ("torch.compile", "autotune", "triton_poi_fused_gelu_0")]
+
+
+def test_another_device_is_served_nothing_and_told_what_differs(bundle_dir, monkeypatch):
+    from flytune_build import inductor as ft_inductor
+
+    monkeypatch.setenv("FLYTUNE_DEVICE", A100.spec())
+    ft.reset_stats()
+    serving = ft_inductor.serve().open()
+    k = load_kernel()
+    assert len(k.configs) > 1
+    serving.before_precompile(k)
+    with pytest.warns(FlytuneWarning, match="holds Inductor winners for cuda:sm_90.*not for cuda:sm_80"):
+        serving.close()
+    assert ft.stats()["torch.compile"]["kernels"]["autotune"] == 1
+
+
+def test_a_torch_without_the_hooks_changes_nothing_and_says_so_once(bundle_dir, monkeypatch):
+    from flytune_build.runtime import inductor as rt
+
+    monkeypatch.setattr(rt, "HOOKS", rt.HOOKS + (("torch._inductor.config", "no_such_lookup_table"),))
+    with pytest.warns(FlytuneWarning, match="lacks torch._inductor.config.no_such_lookup_table.*torch 2.9"):
+        with rt.serve():
+            assert torch._inductor.config.autotune_lookup_table == {}
+            assert len(load_kernel().configs) > 1
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    with pytest.raises(TierMissError, match="no_such_lookup_table"):
+        rt.serve()
+
+
+def test_serving_is_only_what_the_user_opened():
+    """Importing flytune (or its runtime) never touches Inductor: no table entry, no patched method."""
+    import flytune_build.runtime.autotuner  # noqa: F401
+
+    assert torch._inductor.config.autotune_lookup_table == {}
+    assert len(load_kernel().configs) > 1
+
+
+@pytest.mark.parametrize("config,key,field", [
+    (Config({"XBLOCK": 512, "NOT_A_BLOCK": 1}), "ab" * 32, "config.kwargs.NOT_A_BLOCK"),
+    (Config({"XBLOCK": 500}), "ab" * 32, "config.kwargs.XBLOCK"),
+    (Config({"XBLOCK": 512}, maxnreg=128), "ab" * 32, "config"),
+    (Config({"XBLOCK": 512}), "not-a-hash", f"key.{inductor.AXIS}"),
+])
+def test_the_build_refuses_an_inductor_artifact_inductor_would_not_serve_as_written(config, key, field):
+    art = shipped_artifact(key, config)
+    found = verification.check([art], lambda a: a.filename)
+    assert [(e.field, type(e).__name__) for e in found.errors] == [(field, "ArtifactError")]
+
+
+def test_an_inductor_artifact_round_trips_and_verifies(tmp_path):
+    from flytune_build.runtime import inductor as rt
+    from flytune_build.runtime.bench import Candidate
+
+    rec = rt.Record("triton_poi_fused_gelu_0", lookup_key(), "{'x': 1048576}", "pointwise",
+                    [Candidate(Config({"XBLOCK": 1024}, num_warps=4), 0.011), Candidate(SHIPPED, 0.010)],
+                    SHIPPED, {"winner": 1})
+    (art,) = rt.artifacts([rec], "mylib.block", "aoti", H200)
+    path = art.save(tmp_path)
+    back = Artifact.load(path, canonical=True)
+    assert back.config == SHIPPED and back.key == {inductor.AXIS: lookup_key()}
+    assert back.provenance["inductor"]["mode"] == "aoti" and back.provenance["ranking"] == "measured"
+    assert [c["time_ms"] for c in back.provenance["candidates"]] == [0.011, 0.010]
+    src = ft.verify(str(tmp_path))
+    assert not src.errors, src.errors
