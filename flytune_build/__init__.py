@@ -54,6 +54,7 @@ __all__ = [
     "stats",
     "warmup",
     "tune",
+    "harvest",
     "verify",
     "inspect",
     "diff",
@@ -81,6 +82,9 @@ def __getattr__(name):  # loaded on first use: `import flytune_build` (and the b
     if name == "tune":
         from .tuning import tune
         return tune
+    if name == "harvest":
+        from .tuning.harvest import harvest
+        return harvest
     if name in ("verify", "inspect", "diff"):
         from . import audit
         return getattr(audit, name)

@@ -226,3 +226,27 @@ def test_an_inductor_artifact_round_trips_and_verifies(tmp_path):
     assert [c["time_ms"] for c in back.provenance["candidates"]] == [0.011, 0.010]
     src = ft.verify(str(tmp_path))
     assert not src.errors, src.errors
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("mylib.block", "must be `module:function`"),
+    ("no_such_module_xyz:block", "cannot be imported.*install the package"),
+    ("os:no_such_function", "module os has no no_such_function"),
+    ("os:getcwd", "must return \\(model, example_inputs\\)"),
+])
+def test_harvest_refuses_an_entry_it_cannot_compile_before_compiling(entry, message):
+    with pytest.raises(ft.UsageError, match=message):
+        ft.harvest(entry)
+
+
+def test_harvest_is_refused_where_ci_is_set(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(ft.UsageError, match="refusing to harvest where CI is set"):
+        ft.harvest("os:getcwd")
+
+
+def test_flytune_harvest_usage_errors_exit_2(capsys):
+    from flytune_build.cli.main import main
+
+    assert main(["harvest", "mylib.block"]) == 2
+    assert "module:function" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..core.errors import FlytuneError, printable
+from ..core.errors import FlytuneError, UsageError, printable
 from ..core.version import VERSION
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 0, 1, 2, 120, 130
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, epilog=f"exit codes: {codes}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    from . import merge, report, tune, upgrade, warmup
+    from . import harvest, merge, report, tune, upgrade, warmup
 
     tune.add_command(command)
     v = command("verify", "verify wheels, sdists, artifact directories or installed distributions",
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     warmup.add_command(command)
     report.add_command(command)
     upgrade.add_command(command)
+    harvest.add_command(command)
     return parser
 
 
@@ -116,6 +117,9 @@ def main(argv=None) -> int:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
         return code
+    except UsageError as e:  # the run cannot start as asked: nothing was done
+        print(f"flytune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except FlytuneError as e:
         print(f"flytune: error: {e}", file=sys.stderr)
         return EXIT_VIOLATIONS
@@ -293,6 +297,12 @@ def _upgrade(args) -> int:
     return upgrade.command(args)
 
 
+def _harvest(args) -> int:
+    from . import harvest
+
+    return harvest.command(args)
+
+
 def _warmup(args) -> int:
     from . import warmup
 
@@ -301,7 +311,7 @@ def _warmup(args) -> int:
 
 COMMANDS = {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt, "export": _export,
             "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup,
-            "report": _report, "upgrade": _upgrade}
+            "report": _report, "upgrade": _upgrade, "harvest": _harvest}
 
 
 if __name__ == "__main__":

@@ -468,6 +468,29 @@ def artifacts(records, kernel: str, mode: str, dev: DeviceIdentity | None = None
     return out
 
 
+def compile_once(model, inputs: tuple, mode: str, dynamic: bool = False) -> None:
+    """Compile `model` for `inputs` as `mode` asks (a torch.compile mode, or "aoti"), with Inductor's
+    caches off, so every kernel is autotuned here and none is read from an earlier compile."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import torch._dynamo as dynamo
+    import torch._inductor.config as inductor_config
+    from torch._inductor import aoti_compile_and_package
+
+    with inductor_config.patch(force_disable_caches=True):
+        if mode == "aoti":
+            exported = torch.export.export(model, tuple(inputs))
+            with tempfile.TemporaryDirectory() as d:
+                aoti_compile_and_package(exported, package_path=str(Path(d) / "model.pt2"))
+        else:
+            dynamo.reset()
+            torch.compile(model, mode=mode, dynamic=dynamic)(*inputs)  # Inductor autotunes on the first call
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+
+
 @contextlib.contextmanager
 def recording(rule=None):
     """`with recording() as r:` compiles made inside are autotuned by flytune's selection and recorded."""

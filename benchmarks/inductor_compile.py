@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Inductor compiles with and without shipped winners, on one GPU: autotune seconds, configs, bytes.
+
+    python benchmarks/inductor_compile.py --out OUT [--phases tc,aoti,ma] [--small]
+
+Per phase (tc: torch.compile mode=default; aoti: AOTInductor; ma: max-autotune-no-cudagraphs, with
+GEMM templates) the model of `examples/compiled_model` is compiled, each step in a fresh process whose
+Inductor and Triton caches are empty and at the same paths:
+
+  A, B   cold compiles without flytune (what a user gets today; how many kernels B chose differently)
+  H      `flytune_build.harvest(...)`: every autotuned kernel recorded, chosen by flytune's selection
+  S1, S2 cold compiles under `flytune_build.inductor.serve()` with H's artifacts (FLYTUNE_ARTIFACT_DIR)
+
+Per step: autotune seconds (the time inside CachingAutotuner.benchmark_all_configs and
+coordinate_descent_tuning; GEMM template selection separately), each generated kernel's chosen
+config by lookup hash, the flytune serving counts, and for aoti the .pt2 file's sha256. Then: kernels
+B chose differently from A, kernels of S1/S2 whose config differs from the shipped one, autotune
+seconds of S against A, and whether S1 and S2 (and A and B) gave byte-identical .pt2 files.
+Writes OUT/summary.json and OUT/table.txt. Needs a GPU (CPU Inductor does no autotuning).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = "compiled_model:block"
+MODES = {"tc": "default", "aoti": "aoti", "ma": "max-autotune-no-cudagraphs"}
+
+
+def step(args) -> dict:
+    """One compile in this (fresh) process; returns its record."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "compiled_model")]
+    import torch
+    from torch._inductor.runtime import triton_heuristics as th
+
+    timers = {"autotune_s": 0.0, "gemm_s": 0.0}
+    seen = []
+
+    def timed(owner, name, slot):
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        def wrapper(self, *a, **k):
+            t = time.perf_counter()
+            try:
+                return original(self, *a, **k)
+            finally:
+                timers[slot] += time.perf_counter() - t
+        setattr(owner, name, wrapper)
+
+    timed(th.CachingAutotuner, "benchmark_all_configs", "autotune_s")
+    timed(th.CachingAutotuner, "coordinate_descent_tuning", "autotune_s")
+    try:
+        from torch._inductor.select_algorithm import AlgorithmSelectorCache
+        timed(AlgorithmSelectorCache, "__call__", "gemm_s")
+    except ImportError:
+        pass
+    original_precompile = th.CachingAutotuner.precompile
+
+    def precompile(self, *a, **k):  # parent side, for every kernel (a worker's autotuner is unpickled here)
+        seen.append(self)
+        return original_precompile(self, *a, **k)
+    th.CachingAutotuner.precompile = precompile
+
+    mode = MODES[args.phase]
+    out: dict = {"step": args.step, "phase": args.phase, "torch": torch.__version__}
+    start = time.perf_counter()
+    if args.step == "H":
+        import flytune_build as ft
+        got = ft.harvest(ENTRY, mode=mode, output=args.artifacts, allow_ci=True)
+        out["harvested"] = len(got.artifacts)
+    else:
+        import contextlib
+        serving = contextlib.nullcontext()
+        if args.step.startswith("S"):
+            import flytune_build.inductor as fti
+            serving = fti.serve()
+        from compiled_model import block
+        model, inputs = block()
+        with serving:
+            if mode == "aoti":
+                exported = torch.export.export(model, inputs)
+                pt2 = Path(args.live) / "model.pt2"
+                torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2))
+                out["pt2_sha256"] = hashlib.sha256(pt2.read_bytes()).hexdigest()
+            else:
+                torch.compile(model, mode=mode)(*inputs)
+                torch.cuda.synchronize()
+        if args.step.startswith("S"):
+            import flytune_build as ft
+            out["served"] = ft.stats().get("torch.compile")
+    out["compile_s"] = round(time.perf_counter() - start, 3)
+    out.update({k: round(v, 4) for k, v in timers.items()})
+    chosen = {}
+    for at in seen:
+        launchers = getattr(at, "launchers", None) or []
+        if len(launchers) == 1 and getattr(at.fn, "src", None):
+            key = th.generate_lookup_hash_from_source_code(str(at.size_hints), at.fn.src)
+            c = launchers[0].config
+            chosen[key] = {"name": str(at.inductor_meta.get("kernel_name")), "kwargs": dict(c.kwargs),
+                           "num_warps": c.num_warps, "num_stages": c.num_stages}
+    out["kernels"] = chosen
+    return out
+
+
+def run_step(name: str, phase: str, work: Path, artifacts: Path, timeout: float) -> dict:
+    live = work / "live"
+    shutil.rmtree(live, ignore_errors=True)
+    (live / "inductor").mkdir(parents=True)
+    (live / "triton").mkdir()
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(live / "inductor"), TRITON_CACHE_DIR=str(live / "triton"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples" / "compiled_model"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("FLYTUNE_ARTIFACT_DIR", None)
+    if name.startswith("S"):
+        env["FLYTUNE_ARTIFACT_DIR"] = str(artifacts)
+    record = work / f"{phase}_{name}.json"
+    cmd = [sys.executable, __file__, "--_step", name, "--_phase", phase, "--_live", str(live),
+           "--_artifacts", str(artifacts), "--_record", str(record)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"step": name, "phase": phase, "error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"step": name, "phase": phase, "error": proc.stderr[-3000:]}
+    return json.loads(record.read_text())
+
+
+def compare(phase: str, steps: dict) -> dict:
+    a, b = steps.get("A", {}), steps.get("B", {})
+    out: dict = {"phase": phase}
+    if "kernels" in a and "kernels" in b:
+        common = set(a["kernels"]) & set(b["kernels"])
+        out["cold_kernels"] = len(common)
+        out["cold_differ"] = sorted(a["kernels"][k]["name"] for k in common if a["kernels"][k] != b["kernels"][k])
+        out["cold_autotune_s"] = [a.get("autotune_s"), b.get("autotune_s")]
+    shipped = {}
+    art_dir = steps.get("_artifacts")
+    if art_dir:
+        for p in Path(art_dir).glob("*.json"):
+            doc = json.loads(p.read_text())
+            shipped[doc["key"].get("inductor_source")] = doc["config"]
+    for s in ("S1", "S2"):
+        got = steps.get(s, {})
+        if "kernels" not in got:
+            continue
+        differ = []
+        for key, c in got["kernels"].items():
+            want = shipped.get(key)
+            if want is not None and (want["kwargs"] != c["kwargs"] or want.get("num_warps", 4) != c["num_warps"]
+                                     or want.get("num_stages", 3) != c["num_stages"]):
+                differ.append(c["name"])
+        out[f"{s}_autotune_s"] = got.get("autotune_s")
+        out[f"{s}_gemm_s"] = got.get("gemm_s")
+        out[f"{s}_differs_from_shipped"] = differ
+        out[f"{s}_served"] = got.get("served")
+        if a.get("autotune_s"):
+            out[f"{s}_autotune_share_of_cold"] = round(got.get("autotune_s", 0) / a["autotune_s"], 4)
+    for x, y in (("A", "B"), ("S1", "S2")):
+        hx, hy = steps.get(x, {}).get("pt2_sha256"), steps.get(y, {}).get("pt2_sha256")
+        if hx and hy:
+            out[f"{x}_{y}_pt2_identical"] = hx == hy
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="inductor-out")
+    p.add_argument("--phases", default="tc,aoti,ma")
+    p.add_argument("--timeout", type=float, default=300)
+    for hidden in ("--_step", "--_phase", "--_live", "--_artifacts", "--_record"):
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._step:
+        ns = argparse.Namespace(step=args._step, phase=args._phase, live=args._live, artifacts=args._artifacts)
+        Path(args._record).write_text(json.dumps(step(ns), indent=1, sort_keys=True))
+        return 0
+    out = Path(args.out).resolve()
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    summary = {"phases": []}
+    lines = []
+    for phase in args.phases.split(","):
+        artifacts = work / f"artifacts-{phase}"
+        shutil.rmtree(artifacts, ignore_errors=True)
+        steps: dict = {"_artifacts": str(artifacts)}
+        for name in ("A", "B", "H", "S1", "S2"):
+            t = time.perf_counter()
+            steps[name] = run_step(name, phase, work, artifacts, args.timeout)
+            lines.append(f"{phase} {name}: {time.perf_counter() - t:.1f} s, autotune "
+                         f"{steps[name].get('autotune_s')} s, gemm {steps[name].get('gemm_s')} s, "
+                         f"{len(steps[name].get('kernels', {}))} kernels"
+                         + (f", ERROR {steps[name]['error'][-300:]}" if "error" in steps[name] else ""))
+            print(lines[-1], flush=True)
+        result = compare(phase, steps)
+        summary["phases"].append({"compare": result, "steps": steps})
+        lines.append(json.dumps(result, sort_keys=True))
+        print(lines[-1], flush=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    (out / "table.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

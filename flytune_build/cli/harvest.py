@@ -1,0 +1,37 @@
+"""`flytune harvest ENTRY`: the arguments of `tuning.harvest.harvest`, and its account."""
+from __future__ import annotations
+
+import json
+
+from ..core import inductor
+from ..core.errors import printable
+
+
+def add_command(command) -> None:
+    h = command("harvest", "record a model's Inductor autotune winners (torch.compile, AOTInductor) on this GPU",
+                "0 harvested, 1 the compile failed, 2 usage error (a bad entry, or refused where CI is set)")
+    h.add_argument("entry", metavar="ENTRY",
+                   help="module:function returning (model, example_inputs), e.g. mylib.models:block")
+    h.add_argument("--mode", default="default", choices=inductor.MODES,
+                   help="a torch.compile mode, or aoti for AOTInductor (default: default)")
+    h.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True)")
+    h.add_argument("--output", default="artifacts/{arch}",
+                   help="artifact directory template: {arch}, {backend}, {device} (default: artifacts/{arch})")
+    h.add_argument("--allow-ci", action="store_true", help="harvest even where CI is set")
+    h.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def command(args) -> int:
+    from ..tuning.harvest import harvest
+
+    got = harvest(args.entry, output=args.output, mode=args.mode, dynamic=args.dynamic, allow_ci=args.allow_ci)
+    if args.json:
+        print(json.dumps({"format": 1, **got.to_json()}, indent=2, sort_keys=True))
+        return 0
+    for art in got.artifacts:
+        print(printable(f"  {art.provenance['inductor']['name']}: {art.config}"))
+    for note in got.notes:
+        print(printable(f"flytune: note: {note}"))
+    print(printable(f"flytune: harvested {len(got.artifacts)} autotuned Inductor kernel(s) of {got.entry} "
+                    f"({got.mode}) on {got.device} in {got.seconds:.1f} s into {got.output}"))
+    return 0

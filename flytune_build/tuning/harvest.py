@@ -1,0 +1,95 @@
+"""`flytune harvest`: a model's Inductor autotune winners, recorded on the target GPU as flytune artifacts.
+
+A compile entry is `module:function`, a function of the user's package that returns `(model,
+example_inputs)`; the artifacts' kernel is `module.function` (so the package that holds the entry
+owns them). The model is compiled once as asked (`torch.compile` with a mode and dynamic shapes or
+not, or AOTInductor), with Inductor's caches off (every kernel autotuned, none read from an earlier
+compile), while runtime.inductor records each autotuned kernel: its lookup hash, every candidate's
+time, and the winner chosen by flytune's selection (the sequential test and its tie rule), which
+Inductor then uses. A kernel Inductor did not autotune (one candidate) is not an artifact: there is
+nothing to ship for it.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core import inductor, settings
+from ..core.artifact import Artifact
+from ..core.errors import UsageError
+from .layout import expand
+
+ENTRY = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<function>[A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass
+class Harvest:
+    """What one harvest compiled and wrote."""
+    entry: str
+    kernel: str
+    mode: str
+    device: str
+    seconds: float
+    artifacts: list[Artifact] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)
+    output: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"entry": self.entry, "kernel": self.kernel, "mode": self.mode, "device": self.device,
+                "seconds": round(self.seconds, 3), "output": str(self.output) if self.output else None,
+                "kernels": [{"name": a.provenance["inductor"]["name"], "lookup": a.key[inductor.AXIS],
+                             "config": a.config.to_json(), "file": a.filename} for a in self.artifacts],
+                "notes": list(self.notes)}
+
+
+def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = "default", dynamic: bool = False,
+            allow_ci: bool = False) -> Harvest:
+    """Compile `entry` (`module:function` returning `(model, example_inputs)`) on this GPU as `mode`
+    asks (a torch.compile mode, or "aoti") and write each autotuned kernel's winner under `output`
+    (a template: {arch}, {backend}, {device}). Prints nothing. Raises UsageError for an entry that
+    cannot be used, and where CI is set unless `allow_ci` (shared runners do not choose winners)."""
+    match = ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
+    if match is None:
+        raise UsageError(f"the compile entry must be `module:function` (a function returning (model, "
+                         f"example_inputs)), not {entry!r}")
+    if mode not in inductor.MODES:
+        raise UsageError(f"mode must be one of {', '.join(inductor.MODES)}, not {mode!r}")
+    if settings.current().ci and not allow_ci:
+        raise UsageError("refusing to harvest where CI is set: shared runners do not choose winners (harvest on "
+                         "the intended GPU; allow_ci=True or --allow-ci overrides)")
+    model, inputs = _setup(match["module"], match["function"], entry)
+    from ..runtime import device, inductor as rt
+
+    dev = device.current()
+    kernel = f"{match['module']}.{match['function']}"
+    start = time.perf_counter()
+    with rt.recording() as rec:
+        rt.compile_once(model, inputs, mode, dynamic)
+    seconds = time.perf_counter() - start
+    arts = rt.artifacts(rec.records.values(), kernel, mode, dev)
+    out = Harvest(entry, kernel, mode, dev.spec(), seconds, arts, output=expand(output, dev))
+    out.written = [a.save(out.output) for a in arts]
+    if not arts:
+        out.notes.append("Inductor autotuned no kernel of this compile, so nothing was written: a CPU compile "
+                         "(Inductor emits C++ there) or a model whose kernels each have one config; harvest on "
+                         "the target GPU")
+    return out
+
+
+def _setup(module: str, function: str, entry: str):
+    try:
+        fn = getattr(importlib.import_module(module), function)
+    except ImportError as e:
+        raise UsageError(f"compile entry {entry}: module {module} cannot be imported ({e}); install the package "
+                         f"(pip install -e .) or run from its directory") from None
+    except AttributeError:
+        raise UsageError(f"compile entry {entry}: module {module} has no {function}") from None
+    got = fn()
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], (tuple, list))):
+        raise UsageError(f"compile entry {entry} must return (model, example_inputs), example_inputs a tuple of "
+                         f"tensors; it returned {type(got).__name__}")
+    return got[0], tuple(got[1])
