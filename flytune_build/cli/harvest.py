@@ -1,10 +1,10 @@
 """`flytune harvest ENTRY`: the arguments of `tuning.harvest.harvest`, and its account."""
 from __future__ import annotations
 
-import json
 
 from ..core import inductor
 from ..core.errors import printable
+from .output import EXIT_OK, dump
 
 
 def add_command(command) -> None:
@@ -26,12 +26,12 @@ def command(args) -> int:
 
     got = harvest(args.entry, output=args.output, mode=args.mode, dynamic=args.dynamic, allow_ci=args.allow_ci)
     if args.json:
-        print(json.dumps({"format": 1, **got.to_json()}, indent=2, sort_keys=True))
-        return 0
+        print(dump(got.to_json()))
+        return EXIT_OK
     for art in got.artifacts:
         print(printable(f"  {art.provenance['inductor']['name']}: {art.config}"))
     for note in got.notes:
         print(printable(f"flytune: note: {note}"))
     print(printable(f"flytune: harvested {len(got.artifacts)} autotuned Inductor kernel(s) of {got.entry} "
                     f"({got.mode}) on {got.device} in {got.seconds:.1f} s into {got.output}"))
-    return 0
+    return EXIT_OK

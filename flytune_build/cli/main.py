@@ -6,7 +6,6 @@ interrupted. Errors are one line `flytune: error: ...` on stderr, never a traceb
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,14 +13,8 @@ from pathlib import Path
 from ..core.errors import FlytuneError, UsageError, printable
 from ..core.version import VERSION
 
-EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 0, 1, 2, 120, 130
-JSON_FORMAT = 1  # "format" of every --json document (verify, inspect, diff); bumped on incompatible change
-EXIT_CODES = """exit codes:
-  0    success: everything checked is clean
-  1    violations found, or the command failed (one line `flytune: error: ...` on stderr)
-  2    usage error: bad arguments, a missing [tool.flytune] table, `tune` refused where CI is set
-  120  stdout was closed before the output was written (`flytune ... | head`); nothing more is printed, as pip does
-  130  interrupted"""
+from .output import (EXIT_BROKEN_PIPE, EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS,
+                     JSON_FORMAT, dump)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,11 +136,6 @@ def broken_pipe() -> int:
     except (OSError, ValueError):
         pass
     return EXIT_BROKEN_PIPE
-
-
-def dump(doc: dict) -> str:
-    """A --json document: the report with its format version at the top level."""
-    return json.dumps({"format": JSON_FORMAT, **doc}, indent=2, sort_keys=True)
 
 
 def _tune(args) -> int:

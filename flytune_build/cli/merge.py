@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..store.merge import PREFER
+from .output import EXIT_OK, EXIT_VIOLATIONS
 
 
 def add_command(command) -> None:
@@ -28,9 +29,9 @@ def command(args) -> int:
     if report.conflicts:
         print(f"flytune: error: {len(report.conflicts)} identity(ies) with different winners; nothing written "
               f"(decide with --prefer {'|'.join(PREFER)})", file=sys.stderr)
-        return 1
+        return EXIT_VIOLATIONS
     for keep, found, why in report.decided:
         print(f"kept {keep.path} over {', '.join(str(f.path) for f in found if f is not keep)} ({why})")
     print(f"flytune: merged {len(report.chosen)} artifact(s) from {len(args.dirs)} directory(ies) into "
           f"{args.output} ({report.duplicates} duplicate(s), {len(report.decided)} conflict(s) decided by --prefer)")
-    return 0
+    return EXIT_OK

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from ..core.errors import UsageError, printable
+from .output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS
 
-EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 
 
 def add_command(command) -> None:

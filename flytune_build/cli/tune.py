@@ -1,15 +1,14 @@
 """`flytune tune`: the arguments of `tuning.tune`, its progress on stderr, its report on stdout."""
 from __future__ import annotations
 
-import json
 import math
 import sys
 
 from ..core import table
 from ..core.errors import UsageError, printable
 from .progress import Progress
+from .output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, dump
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def add_command(command) -> None:
@@ -60,7 +59,7 @@ def command(args) -> int:
         print(f"flytune: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        print(json.dumps({"format": 1, **report.to_json()}, indent=2, sort_keys=True))
+        print(dump(report.to_json()))
         return EXIT_OK if report.ok else EXIT_FAILED
     print(summary(report))
     workers = sum(s.state != "retired" for s in report.slots)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..core.errors import printable
+from .output import EXIT_OK, EXIT_VIOLATIONS
 
 
 def add_command(command) -> None:
@@ -21,6 +22,6 @@ def command(args) -> int:
     for e in report.errors:
         print(f"flytune: error: {printable(str(e))}", file=sys.stderr)
     if not report.ok:
-        return 1
+        return EXIT_VIOLATIONS
     print(f"flytune: upgraded {len(report.actions)} of {report.files} artifact(s) in {printable(str(args.dir))}")
-    return 0
+    return EXIT_OK

@@ -5,7 +5,7 @@ so that a first call in any later process finds its kernel compiled. See `runtim
 """
 from __future__ import annotations
 
-import json
+from .output import EXIT_OK, EXIT_VIOLATIONS, dump
 
 
 def add_command(command) -> None:
@@ -25,5 +25,5 @@ def command(args) -> int:
     from ..runtime.warmup import warmup
 
     report = warmup(*args.distributions, workers=args.workers, processes=False if args.threads else None)
-    print(json.dumps({"format": 1, **report.to_json()}, indent=2, sort_keys=True) if args.json else report.render())
-    return 0 if report.ok else 1
+    print(dump(report.to_json()) if args.json else report.render())
+    return EXIT_OK if report.ok else EXIT_VIOLATIONS

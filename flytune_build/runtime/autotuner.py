@@ -29,6 +29,7 @@ from .decision import TIERS, Decision, Stats
 from .kernel import Kernel, first_candidate, launch_error
 from .offline import TIER
 from .scratch import ScratchCache
+from .wrapping import chain
 
 __all__ = ["TIERS", "Autotuned", "Decision", "autotune", "kernel", "kernels", "reset_stats", "stats"]
 
@@ -404,9 +405,11 @@ def _raw_key(k: Autotuned, args: tuple, kwargs: dict) -> tuple | None:
 
 def _unwrap(fn):
     """The Python function under Triton's wrappers (JITFunction, Heuristics, ...)."""
-    while not inspect.isfunction(fn):
-        fn = fn.fn
-    return fn
+    found = next((o for o in chain(fn) if inspect.isfunction(o)), None)
+    if found is None:
+        raise DeclarationError(f"{fn!r} is not a @triton.jit function (nor a wrapper of one): put @autotune "
+                               f"above @triton.jit", field="fn")
+    return found
 
 
 def _parameters(names, arg_names, kernel: str, what: str) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from ..core.config import COMPILER_OPTIONS, Config
 from ..core.errors import ArtifactError
 from ..core.options import BACKEND_KWARGS
 from . import warning
+from .wrapping import chain
 
 _RUNTIME_OPTIONS = ("instrumentation_mode",)  # JITFunction.run sets it itself, whatever the caller passed
 
@@ -45,11 +46,7 @@ def resolve(path: str, module_object) -> Any:
     obj = module_object
     for part in spec_format.IMPORT_PATH.fullmatch(path)["qualname"].split("."):
         obj = getattr(obj, part, None)
-    jit = obj
-    for _ in range(8):
-        if is_jit(jit) or jit is None:
-            break
-        jit = getattr(jit, "fn", None)
+    jit = next((o for o in chain(obj) if is_jit(o)), None)
     if not is_jit(jit) or import_path(jit) != path:
         raise Mismatch(f"{path} is not a @triton.jit function (or one under @autotune)")
     return jit
@@ -107,16 +104,15 @@ def launched(fn, args: tuple, kwargs: dict, config: Config) -> tuple[Any, tuple,
     wrappers (each `.fn` the next), adding each one's values as `Heuristics.run` does, in order, each
     seeing the config and the ones before it; the launch's own `grid` and `warmup` left out."""
     launch = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
-    for _ in range(8):
-        if is_jit(fn) or fn is None:
-            break
-        values = getattr(fn, "values", None)
+    for o in chain(fn):
+        if is_jit(o):
+            return o, args, launch
+        values = getattr(o, "values", None)
         if isinstance(values, dict):
-            named = {**dict(zip(fn.arg_names, args)), **launch, **config.launch_kwargs()}
+            named = {**dict(zip(o.arg_names, args)), **launch, **config.launch_kwargs()}
             for name, heuristic in values.items():
                 named[name] = launch[name] = heuristic(named)
-        fn = getattr(fn, "fn", None)
-    return fn, args, launch
+    return None, args, launch
 
 
 def compile_inputs(doc: dict, jit, config: Config) -> tuple[dict, dict, dict, dict]:

@@ -50,6 +50,7 @@ from ..core.config import Config
 from ..core.device import DeviceIdentity
 from ..core.errors import BundleError, FlytuneError, foreign_failure
 from . import binder, device, warning
+from .wrapping import chain
 
 STATUSES = ("compiled", "cached", "interpreter", "skipped", "failed")
 CHILD_TIMEOUT = 60.0  # seconds (and 2 s a unit) for the forked compiles; past it the rest compile on threads here
@@ -403,12 +404,11 @@ def _tuned(unit: Unit, path: str, module_object):
     obj = module_object
     for part in spec_format.IMPORT_PATH.fullmatch(path)["qualname"].split("."):
         obj = getattr(obj, part, None)
-    for _ in range(8):
-        if obj is None or binder.is_jit(obj):
+    for o in chain(obj):
+        if binder.is_jit(o):
             return None
-        if getattr(obj, "name", None) == unit.kernel and callable(getattr(obj, "prime", None)):
-            return obj
-        obj = getattr(obj, "fn", None)
+        if getattr(o, "name", None) == unit.kernel and callable(getattr(o, "prime", None)):
+            return o
     return None
 
 
@@ -463,13 +463,12 @@ def _prime(unit: Unit, notes: list[str]) -> None:
 def _heuristic_names(fn) -> set[str]:
     """The parameters `@triton.heuristics` wrappers around `fn` set (the caller never passes them)."""
     out = set()
-    for _ in range(8):
-        values = getattr(fn, "values", None)
+    for o in chain(fn):
+        if o is not fn and binder.is_jit(o):
+            break
+        values = getattr(o, "values", None)
         if isinstance(values, dict):
             out |= set(values)
-        fn = getattr(fn, "fn", None)
-        if fn is None or binder.is_jit(fn):
-            break
     return out
 
 

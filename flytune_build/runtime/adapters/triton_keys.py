@@ -8,18 +8,15 @@ import inspect
 from typing import Any
 
 from ...core.errors import DeclarationError
+from ..wrapping import chain
 from ...core.key import dtype_name
 
 
 def autotuner_of(kernel: Any) -> Any:
     """The Autotuner under `kernel`: itself, or what `@triton.heuristics` (or another wrapper) holds as `.fn`."""
-    k = kernel
-    for _ in range(16):
+    for k in chain(kernel):
         if all(hasattr(k, a) for a in ("cache", "keys", "arg_names", "configs", "fn")):
             return k
-        k = getattr(k, "fn", None)
-        if k is None:
-            break
     raise DeclarationError("must be a kernel decorated with @triton.autotune (a triton Autotuner), or a "
                            "@triton.heuristics wrapper of one", field="kernel")
 
