@@ -455,3 +455,37 @@ def test_a_distribution_name_with_escape_sequences_reaches_no_warning_raw(tmp_pa
         served(100)
     text = " ".join(str(w.message) for w in got)
     assert "\x1b" not in text and "\\x1b[31mRED" in text
+
+
+def test_a_copy_of_the_package_shadowed_on_sys_path_owns_nothing(tmp_path, site, monkeypatch):
+    """Ownership follows the package the interpreter imports: a second distribution whose own `ownpkg/`
+    (with a bundle) lies later on sys.path, never imported, serves nothing as owner, and
+    `inspect --installed` names one owner, the imported one's."""
+    from flytune_build.audit import source
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    later = tmp_path / "later-site"
+    later.mkdir()
+    shadow = project(tmp_path / "shadow", "shadowdist", PKG, [artifact(100, 64, kernel=KERNEL_NAME)], "",
+                     KERNEL.replace("fixpkg.add", KERNEL_NAME))
+    install(later, shadow, "shadowdist")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(later)])  # after site: site's ownpkg is the one imported
+    with pytest.warns(FlytuneWarning, match="shadowdist bundle.*does not own"):
+        assert served(100) == ("offline", 32, None)
+    info = source.installed()
+    (k,) = [k for k in info["kernels"] if k["kernel"] == KERNEL_NAME]
+    assert [(s["dist"], s["role"]) for s in k["sources"]] == [("ownpkg", "owner"),
+                                                               ("shadowdist", "pack, not accepted")]
+
+
+def test_ownership_is_decided_alike_before_and_after_the_package_is_imported(tmp_path, site):
+    """What the import system would import decides, whether or not the package is imported yet: the
+    owner found before the first kernel call is the owner found after it."""
+    from flytune_build.core import installed as inst
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    before = [(s.dist, s.package) for s in inst.bundles()]
+    importlib.import_module(PKG)
+    after = [(s.dist, s.package) for s in inst.bundles()]
+    assert before == after == [("ownpkg", PKG)]
+    assert inst.import_location(PKG) == [site / PKG]

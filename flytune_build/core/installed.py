@@ -268,21 +268,73 @@ def locate(ep, dist_name: str | None = None, warn: Warn = ignore) -> Source | No
 
 
 def owned_package(value: str, manifest: bundle.Manifest, record: set[str] | None, dist=None) -> str | None:
-    """The package whose kernels a bundle owns: the manifest's, when the entry point names that
-    package's bundle and the distribution owns the package (core.serving.owns, against its RECORD and
-    the files beside it), or when the entry point is an editable wheel's and the install's source tree
-    (its direct_url.json) holds the package; None otherwise. A distribution without a RECORD (laid out
-    by hand, not by an installer) is taken at its manifest's word."""
+    """The package whose kernels a bundle owns, or None. The manifest's package P, where the bundle
+    sits in the very package directory the interpreter imports P from (`import_location`: a copy of
+    P elsewhere on sys.path, never imported, owns nothing) and:
+    - for an editable wheel's entry point, the install's source tree (direct_url.json) holds that
+      directory;
+    - otherwise the entry point names P's bundle and the distribution owns P (core.serving.owns,
+      against its RECORD and the files beside it); a distribution without a RECORD (laid out by hand,
+      not by an installer) is taken at its manifest's word."""
     package = manifest.package
+    if dist is None:
+        return None
+    places = import_location(package)
+    root = Path(dist.locate_file("/".join(serving.bundle_parts(value) or ())))
     if serving.is_editable_value(value):
         tree = _editable_tree(dist)
-        return package if tree is not None and _tree_holds(tree, package) else None
-    if serving.bundle_package(value) != package:
+        return package if tree is not None and places and _inside(places, tree) else None
+    if serving.bundle_package(value) != package or not places or not _inside([root.parent], *places):
         return None
-    if record is not None and (dist is None or not serving.owns(
-            record, package, lambda rel: os.path.lexists(dist.locate_file(rel)))):
+    if record is not None and not serving.owns(record, package, lambda rel: os.path.lexists(dist.locate_file(rel))):
         return None
     return package
+
+
+def import_location(package: str) -> list[Path]:
+    """The directories the interpreter imports `package` from (one, or a namespace package's
+    portions): its own, where it is imported; else as the import system's finders would find it,
+    parents included, without importing anything. [] where it cannot be found."""
+    parts = package.split(".")
+    path = None
+    spec = None
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None) if module is not None else _find(name, path)
+        if spec is None:
+            if module is not None and getattr(module, "__file__", None):
+                return [Path(module.__file__).parent]
+            return []
+        path = spec.submodule_search_locations
+        if path is None:
+            return []
+    return [Path(p) for p in path]
+
+
+def _find(name: str, path):
+    """`name`'s spec from the finders on sys.meta_path (an editable install's too), as `import` would
+    ask them, executing no module."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = find(name, path)
+        except Exception:  # noqa: BLE001 - a finder's own failure finds nothing, as for import
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+def _inside(paths, *roots: Path) -> bool:
+    """Whether every one of `paths` is one of `roots` or lies under one (resolved: links followed)."""
+    try:
+        resolved = [r.resolve() for r in roots]
+        return all(any(p.resolve() == r or p.resolve().is_relative_to(r) for r in resolved) for p in paths)
+    except (OSError, ValueError):
+        return False
 
 
 def _editable_tree(dist) -> Path | None:
@@ -303,25 +355,6 @@ def _editable_tree(dist) -> Path | None:
     if url.scheme != "file" or url.netloc not in ("", "localhost"):
         return None
     return Path(urllib.request.url2pathname(url.path))
-
-
-def _tree_holds(tree: Path, package: str) -> bool:
-    """Whether `package` is imported from inside `tree`: where it is already imported, its own
-    locations; otherwise `tree/<package>` or `tree/src/<package>` with an `__init__.py` (nothing is
-    imported to find out)."""
-    module = sys.modules.get(package)
-    spec = getattr(module, "__spec__", None)
-    places = [Path(p) for p in (getattr(spec, "submodule_search_locations", None) or ())]
-    if module is not None and not places and getattr(module, "__file__", None):
-        places = [Path(module.__file__).parent]
-    if module is None:
-        rel = package.replace(".", "/")
-        places = [d for d in (tree / rel, tree / "src" / rel) if (d / "__init__.py").is_file()]
-    try:
-        root = tree.resolve()
-        return any(p.resolve().is_relative_to(root) for p in places)
-    except (OSError, ValueError):
-        return False
 
 
 def record_of(dist, warn: Warn = ignore) -> set[str] | None:
