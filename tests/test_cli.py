@@ -350,7 +350,7 @@ def test_closed_stdout_ends_quietly(wheel):
 
 
 def test_unexpected_error_is_one_line_without_traceback(monkeypatch, capsys, tmp_path):
-    from flytune_build.audit import source as audit
+    from flytune_build.audit import inspection as audit
     from flytune_build.cli.main import main
 
     def boom(*args):

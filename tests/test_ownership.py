@@ -286,28 +286,29 @@ def test_flytune_packs_must_name_distributions():
 
 
 def test_inspect_installed_says_which_bundle_serves_each_kernel(tmp_path, site):
-    from flytune_build.audit import source
+    from flytune_build.audit import inspection
+    from flytune_build.cli import render
 
     install(site, owner_project(tmp_path), "ownpkg")
     install(site, pack_project(tmp_path), "Vendor_Configs")
     with pytest.warns(FlytuneWarning):
-        info = source.installed()
+        info = inspection.installed()
     (k,) = [k for k in info["kernels"] if k["kernel"] == KERNEL_NAME]
     assert k["owner"] == PKG and k["keys"] == 1
     assert [(s["dist"], s["role"], s["keys_served"]) for s in k["sources"]] == [
         ("ownpkg", "owner", 1), ("Vendor_Configs", "pack, not accepted", 0)]
-    text = source.render_installed(info)
+    text = render.render_installed(info)
     assert "pack, not accepted" in text and "\\n" not in text  # one table row per line, never an escaped newline
     assert any(line.lstrip().startswith(KERNEL_NAME) for line in text.splitlines())
 
 
 def test_inspect_installed_leaves_the_process_offline_tier_as_it_is(tmp_path, site):
     """An API caller's index survives `inspect --installed`: the audit reads through a tier of its own."""
-    from flytune_build.audit import source
+    from flytune_build.audit import inspection
 
     install(site, owner_project(tmp_path), "ownpkg")
     before = offline.TIER.sources()
-    info = source.installed()
+    info = inspection.installed()
     assert offline.TIER.sources() is before
     assert [k["owner"] for k in info["kernels"] if k["kernel"] == KERNEL_NAME] == [PKG]
 
@@ -461,7 +462,7 @@ def test_a_copy_of_the_package_shadowed_on_sys_path_owns_nothing(tmp_path, site,
     """Ownership follows the package the interpreter imports: a second distribution whose own `ownpkg/`
     (with a bundle) lies later on sys.path, never imported, serves nothing as owner, and
     `inspect --installed` names one owner, the imported one's."""
-    from flytune_build.audit import source
+    from flytune_build.audit import inspection
 
     install(site, owner_project(tmp_path), "ownpkg")
     later = tmp_path / "later-site"
@@ -472,7 +473,7 @@ def test_a_copy_of_the_package_shadowed_on_sys_path_owns_nothing(tmp_path, site,
     monkeypatch.setattr(sys, "path", [*sys.path, str(later)])  # after site: site's ownpkg is the one imported
     with pytest.warns(FlytuneWarning, match="shadowdist bundle.*does not own"):
         assert served(100) == ("offline", 32, None)
-    info = source.installed()
+    info = inspection.installed()
     (k,) = [k for k in info["kernels"] if k["kernel"] == KERNEL_NAME]
     assert [(s["dist"], s["role"]) for s in k["sources"]] == [("ownpkg", "owner"),
                                                                ("shadowdist", "pack, not accepted")]

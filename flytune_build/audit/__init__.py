@@ -20,13 +20,13 @@ def verify(path, *, strict: bool = False, deep: bool = False, execute: bool = Fa
 def inspect(path) -> dict:
     """Coverage (kernels x targets), key axes, toolchain and sizes of the bundle at `path`, as data
     (the document `flytune inspect --json` prints, less its "format")."""
-    from . import source
+    from . import inspection, source
 
-    return source.inspect(source.open_source(str(path)))
+    return inspection.inspect(source.open_source(str(path)))
 
 
 def diff(old, new) -> dict:
     """Identities added, removed and with a changed winner (by how much) between two bundles."""
-    from . import source
+    from . import inspection, source
 
-    return source.diff(source.open_source(str(old)), source.open_source(str(new)))
+    return inspection.diff(source.open_source(str(old)), source.open_source(str(new)))

@@ -158,27 +158,29 @@ def _verify(args) -> int:
 
 
 def _inspect(args) -> int:
-    from ..audit import source
+    from ..audit import inspection, source
+    from . import render
 
     if args.installed == (args.path is not None):
         print("flytune: error: inspect takes PATH or --installed (one of them)", file=sys.stderr)
         return EXIT_USAGE
     if args.installed:
-        info = source.installed()
-        print(dump(info) if args.json else source.render_installed(info))
+        info = inspection.installed()
+        print(dump(info) if args.json else render.render_installed(info))
         return EXIT_OK
     view = source.open_source(args.path)
-    info = source.inspect(view)
-    print(dump(info) if args.json else source.render_inspect(info))
+    info = inspection.inspect(view)
+    print(dump(info) if args.json else render.render_inspect(info))
     return EXIT_OK if not view.errors else EXIT_VIOLATIONS
 
 
 def _diff(args) -> int:
-    from ..audit import source
+    from ..audit import inspection, source
+    from . import render
 
     old, new = source.open_source(args.old), source.open_source(args.new)
-    changes = source.diff(old, new)
-    print(dump(changes) if args.json else source.render_diff(changes))
+    changes = inspection.diff(old, new)
+    print(dump(changes) if args.json else render.render_diff(changes))
     return EXIT_OK if old.ok and new.ok else EXIT_VIOLATIONS
 
 

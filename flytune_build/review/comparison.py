@@ -1,4 +1,4 @@
-"""Two sources side by side: the winners that changed and by how much (audit.source.diff), and the
+"""Two sources side by side: the winners that changed and by how much (audit.inspection.diff), and the
 shapes added or removed.
 
 "By how much" is read two ways. The margin is the old winner's time over the new winner's in the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..audit import source as audit
+from ..audit import inspection as audit
 from ..core import codec
 from ..core.artifact import Artifact
 from . import shape
@@ -25,7 +25,7 @@ class Change:
     device: str
     old: str
     new: str
-    margin: float | None       # old winner / new winner - 1, in the new run (audit.source.diff)
+    margin: float | None       # old winner / new winner - 1, in the new run (audit.inspection.diff)
     cross_run: float | None    # the new winner's time in its run / the old winner's in its own, - 1
     address: str
 
