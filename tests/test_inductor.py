@@ -250,3 +250,52 @@ def test_flytune_harvest_usage_errors_exit_2(capsys):
 
     assert main(["harvest", "mylib.block"]) == 2
     assert "module:function" in capsys.readouterr().err
+
+
+class _Launcher:
+    """What Inductor's benchmark hands flytune per candidate: its triton.Config (a CPU compiles none)."""
+
+    def __init__(self, config):
+        self.config = config
+
+
+def _recorded(times_ms: dict, shipped=None):
+    """Run Recording.benchmark over the gelu kernel's real candidates, each timed `times_ms[XBLOCK]`
+    (a deterministic synthetic ranking: every re-timing gives the same figure)."""
+    from flytune_build.runtime import inductor as rt
+    from flytune_build.runtime import selection
+
+    k = load_kernel()
+    launchers = [_Launcher(c) for c in k.configs]
+    k.bench = lambda launcher, *a, **kw: times_ms[launcher.config.kwargs["XBLOCK"]]
+    k.reset_to_zero_args = lambda *a, **kw: None
+
+    def inductor_benchmark(autotuner, *a, **kw):
+        return {lc: autotuner.bench(lc) for lc in launchers}
+
+    rec = rt.Recording(selection.CPU_TIME, shipped)
+    timings = rec.benchmark(inductor_benchmark, k)
+    chosen = min(timings, key=timings.get).config  # what Inductor then keeps
+    (record,) = rec.records.values()
+    return chosen, record
+
+
+def test_harvest_chooses_by_flytunes_tie_rule_and_inductor_keeps_that_winner():
+    """Two candidates within the tie band: flytune's rule (the first declared) wins, not whichever was
+    faster by noise, so two harvests agree; Inductor is told that winner."""
+    chosen, record = _recorded({1024: 0.0101, 512: 0.0100})
+    assert chosen.kwargs == {"XBLOCK": 1024} and record.winner == Config({"XBLOCK": 1024}, num_warps=4, num_stages=1)
+    assert [c.time_ms for c in record.candidates] == [0.0101, 0.0100]
+    assert record.key == lookup_key() and record.heuristic == "pointwise"
+    chosen, record = _recorded({1024: 0.0200, 512: 0.0100})  # clearly apart: the faster wins
+    assert chosen.kwargs == {"XBLOCK": 512} and record.winner.kwargs == {"XBLOCK": 512}
+
+
+def test_a_harvest_keeps_the_shipped_winner_unless_beaten_by_the_margin():
+    from flytune_build.runtime.selection import Shipped
+
+    held = {lookup_key(): Shipped(Config({"XBLOCK": 512}, num_warps=8, num_stages=1), 0.03)}
+    chosen, record = _recorded({1024: 0.0099, 512: 0.0100}, held)  # 1% faster: within the margin
+    assert chosen.kwargs == {"XBLOCK": 512} and record.outcome == "kept"
+    chosen, record = _recorded({1024: 0.0050, 512: 0.0100}, held)  # twice as fast: replaced
+    assert chosen.kwargs == {"XBLOCK": 1024} and record.outcome == "replaced"

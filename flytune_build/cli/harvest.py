@@ -17,6 +17,8 @@ def add_command(command) -> None:
     h.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True)")
     h.add_argument("--output", default="artifacts/{arch}",
                    help="artifact directory template: {arch}, {backend}, {device} (default: artifacts/{arch})")
+    h.add_argument("--min-improvement", type=float, default=None, metavar="PCT",
+                   help="a winner OUTPUT already holds stays unless beaten by more than PCT percent (default 3)")
     h.add_argument("--allow-ci", action="store_true", help="harvest even where CI is set")
     h.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -24,12 +26,15 @@ def add_command(command) -> None:
 def command(args) -> int:
     from ..tuning.harvest import harvest
 
-    got = harvest(args.entry, output=args.output, mode=args.mode, dynamic=args.dynamic, allow_ci=args.allow_ci)
+    extra = {} if args.min_improvement is None else {"min_improvement": args.min_improvement}
+    got = harvest(args.entry, output=args.output, mode=args.mode, dynamic=args.dynamic, allow_ci=args.allow_ci,
+                  **extra)
     if args.json:
         print(dump(got.to_json()))
         return EXIT_OK
     for art in got.artifacts:
-        print(printable(f"  {art.provenance['inductor']['name']}: {art.config}"))
+        name = art.provenance["inductor"]["name"]
+        print(printable(f"  {name}: {art.config} ({got.outcomes.get(name, 'new')})"))
     for note in got.notes:
         print(printable(f"flytune: note: {note}"))
     print(printable(f"flytune: harvested {len(got.artifacts)} autotuned Inductor kernel(s) of {got.entry} "

@@ -382,15 +382,18 @@ class Record:
     winner: Config | None = None
     selection: dict | None = None
     coordesc: bool = False
+    outcome: str | None = None                       # kept | replaced against a shipped winner
 
 
 class Recording:
     """While open, every kernel Inductor autotunes in this process is chosen by flytune's selection and
-    recorded (`records`, by lookup hash)."""
+    recorded (`records`, by lookup hash). `shipped` maps a lookup hash to the winner an output already
+    holds (runtime.selection.Shipped): it stays unless beaten by more than its margin (hysteresis)."""
 
-    def __init__(self, rule=None):
+    def __init__(self, rule=None, shipped: dict | None = None):
         self.records: dict[str, Record] = {}
         self.rule = rule
+        self.shipped = shipped or {}
         self._open = False
 
     def __enter__(self) -> Recording:
@@ -427,10 +430,11 @@ class Recording:
         def retime(candidate, fraction):
             return float(autotuner.bench(by_candidate[id(candidate)], *args, **kwargs))
 
-        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED)
-        autotuner.reset_to_zero_args(*args, **kwargs)
         rec = self._record(autotuner)
+        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED, self.shipped.get(rec.key))
+        autotuner.reset_to_zero_args(*args, **kwargs)
         rec.candidates, rec.winner, rec.selection = candidates, chosen.winner.config, chosen.record
+        rec.outcome = chosen.outcome
         winner = by_candidate[id(chosen.winner)]
         # Inductor keeps the least time: the selection's winner is given it, every other its own median
         out = {lc: c.time_ms for c, lc in zip(candidates, launchers)}
@@ -492,7 +496,7 @@ def compile_once(model, inputs: tuple, mode: str, dynamic: bool = False) -> None
 
 
 @contextlib.contextmanager
-def recording(rule=None):
+def recording(rule=None, shipped: dict | None = None):
     """`with recording() as r:` compiles made inside are autotuned by flytune's selection and recorded."""
-    with Recording(rule) as r:
+    with Recording(rule, shipped) as r:
         yield r

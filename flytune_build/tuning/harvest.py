@@ -17,9 +17,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import inductor, settings
+from ..core import artifactdir, inductor, settings
 from ..core.artifact import Artifact
-from ..core.errors import UsageError
+from ..core.config import Config
+from ..core.errors import FlytuneError, UsageError
+from ..runtime.selection import Shipped
+from .incumbent import MIN_IMPROVEMENT_PCT
 from .layout import expand
 
 ENTRY = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<function>[A-Za-z_][A-Za-z0-9_]*)")
@@ -37,25 +40,32 @@ class Harvest:
     written: list[Path] = field(default_factory=list)
     output: Path | None = None
     notes: list[str] = field(default_factory=list)
+    outcomes: dict[str, str] = field(default_factory=dict)  # Inductor kernel name -> new | kept | replaced
 
     def to_json(self) -> dict:
         return {"entry": self.entry, "kernel": self.kernel, "mode": self.mode, "device": self.device,
                 "seconds": round(self.seconds, 3), "output": str(self.output) if self.output else None,
                 "kernels": [{"name": a.provenance["inductor"]["name"], "lookup": a.key[inductor.AXIS],
-                             "config": a.config.to_json(), "file": a.filename} for a in self.artifacts],
+                             "config": a.config.to_json(), "file": a.filename,
+                             "outcome": self.outcomes.get(a.provenance["inductor"]["name"], "new")}
+                            for a in self.artifacts],
                 "notes": list(self.notes)}
 
 
 def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = "default", dynamic: bool = False,
-            allow_ci: bool = False) -> Harvest:
+            min_improvement: float = MIN_IMPROVEMENT_PCT, allow_ci: bool = False) -> Harvest:
     """Compile `entry` (`module:function` returning `(model, example_inputs)`) on this GPU as `mode`
     asks (a torch.compile mode, or "aoti") and write each autotuned kernel's winner under `output`
-    (a template: {arch}, {backend}, {device}). Prints nothing. Raises UsageError for an entry that
-    cannot be used, and where CI is set unless `allow_ci` (shared runners do not choose winners)."""
+    (a template: {arch}, {backend}, {device}). A winner `output` already holds for a kernel stays
+    unless this run's is faster by more than `min_improvement` percent (as `flytune tune`). Prints
+    nothing. Raises UsageError for an entry that cannot be used, and where CI is set unless `allow_ci`
+    (shared runners do not choose winners)."""
     match = ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
     if match is None:
         raise UsageError(f"the compile entry must be `module:function` (a function returning (model, "
                          f"example_inputs)), not {entry!r}")
+    if not 0 <= min_improvement < 1000:  # nan too
+        raise UsageError(f"min_improvement must be a percentage >= 0, not {min_improvement}")
     if mode not in inductor.MODES:
         raise UsageError(f"mode must be one of {', '.join(inductor.MODES)}, not {mode!r}")
     if settings.current().ci and not allow_ci:
@@ -66,17 +76,38 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
 
     dev = device.current()
     kernel = f"{match['module']}.{match['function']}"
+    directory = expand(output, dev)
+    held = {key: Shipped(config, min_improvement / 100) for key, config in _shipped(directory, kernel, dev).items()}
     start = time.perf_counter()
-    with rt.recording() as rec:
+    with rt.recording(shipped=held) as rec:
         rt.compile_once(model, inputs, mode, dynamic)
     seconds = time.perf_counter() - start
     arts = rt.artifacts(rec.records.values(), kernel, mode, dev)
-    out = Harvest(entry, kernel, mode, dev.spec(), seconds, arts, output=expand(output, dev))
+    out = Harvest(entry, kernel, mode, dev.spec(), seconds, arts, output=directory)
+    out.outcomes = {r.name: r.outcome or "new" for r in rec.records.values() if r.winner is not None}
     out.written = [a.save(out.output) for a in arts]
     if not arts:
         out.notes.append("Inductor autotuned no kernel of this compile, so nothing was written: a CPU compile "
                          "(Inductor emits C++ there) or a model whose kernels each have one config; harvest on "
                          "the target GPU")
+    return out
+
+
+def _shipped(directory: Path, kernel: str, dev) -> dict[str, Config]:
+    """The winners `directory` already holds for `kernel` on `dev`, by lookup hash (unreadable files are
+    the build's and `flytune verify`'s to report)."""
+    out = {}
+    if not directory.is_dir():
+        return out
+    for path in artifactdir.listing(directory):
+        if not path.name.startswith(kernel + "-"):
+            continue
+        try:
+            art = Artifact.from_bytes(artifactdir.read(path), file=path)
+        except FlytuneError:
+            continue
+        if art.kernel == kernel and art.device == dev and inductor.is_inductor(art.key):
+            out[art.key[inductor.AXIS]] = art.config
     return out
 
 
