@@ -189,7 +189,8 @@ class Serving:
         table.update(self._saved)  # the user's own entries stay theirs
         inductor_config.autotune_lookup_table = table
         _active.append(self)
-        _serving.append(self)
+        if self not in _serving:
+            _serving.append(self)
         self._open = True
         return self
 

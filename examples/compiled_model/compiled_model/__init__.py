@@ -43,9 +43,10 @@ def compiled(model: nn.Module, **options):
     call compiles with no Inductor autotune benchmarking for every kernel the bundle holds."""
     import flytune_build.inductor as fti
 
+    serving = fti.serve(("compiled_model",))  # read once; opened around each call, where a compile may happen
     inner = torch.compile(model, **options)
 
     def call(*args, **kwargs):
-        with fti.serve(("compiled_model",)):
+        with serving:
             return inner(*args, **kwargs)
     return call
