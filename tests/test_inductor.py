@@ -299,3 +299,16 @@ def test_a_harvest_keeps_the_shipped_winner_unless_beaten_by_the_margin():
     assert chosen.kwargs == {"XBLOCK": 512} and record.outcome == "kept"
     chosen, record = _recorded({1024: 0.0050, 512: 0.0100}, held)  # twice as fast: replaced
     assert chosen.kwargs == {"XBLOCK": 1024} and record.outcome == "replaced"
+
+
+def test_a_directory_artifact_inductor_would_not_serve_as_written_is_refused_with_a_warning(tmp_path, monkeypatch):
+    """FLYTUNE_ARTIFACT_DIR is read by no build: serving applies the build's Inductor rule itself."""
+    from flytune_build import inductor as ft_inductor
+
+    d = tmp_path / "artifacts"
+    shipped_artifact(lookup_key(), Config({"XBLOCK": 512, "EVIL": 1}, num_warps=8, num_stages=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    with pytest.warns(FlytuneWarning, match="config.kwargs.EVIL.*not a block size"):
+        serving = ft_inductor.serve()
+    assert serving.shipped == {}

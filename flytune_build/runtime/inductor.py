@@ -329,6 +329,10 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
             except FlytuneError as e:
                 problems.append(str(e))
                 continue
+            wrong = inductor.problems({inductor.AXIS: key}, config)  # the build's rule, for files no build read
+            if wrong:
+                problems += [str(ArtifactError(rule, file=hit.origin, field=f)) for f, rule in wrong]
+                continue
             if key not in shipped:
                 prov = hit.document().get("provenance")
                 shipped[key] = Shipped(inductor.table_entry(config), name, hit.origin, hit.level, prov)
