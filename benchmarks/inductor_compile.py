@@ -3,6 +3,8 @@
 
     python benchmarks/inductor_compile.py --out OUT [--phases tc,aoti,ma] [--small]
 
+(--small: a tiny block, to check the script itself on a CPU, where Inductor autotunes nothing.)
+
 Per phase (tc: torch.compile mode=default; aoti: AOTInductor; ma: max-autotune-no-cudagraphs, with
 GEMM templates) the model of `examples/compiled_model` is compiled, each step in a fresh process whose
 Inductor and Triton caches are empty and at the same paths:
@@ -94,7 +96,8 @@ def step(args) -> dict:
                 out["pt2_sha256"] = hashlib.sha256(pt2.read_bytes()).hexdigest()
             else:
                 torch.compile(model, mode=mode)(*inputs)
-                torch.cuda.synchronize()
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
         if args.step.startswith("S"):
             import flytune_build as ft
             out["served"] = ft.stats().get("torch.compile")
@@ -177,6 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="inductor-out")
     p.add_argument("--phases", default="tc,aoti,ma")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--small", action="store_true", help="a tiny block (COMPILED_MODEL_SMALL=1)")
     for hidden in ("--_step", "--_phase", "--_live", "--_artifacts", "--_record"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -184,6 +188,8 @@ def main(argv=None) -> int:
         ns = argparse.Namespace(step=args._step, phase=args._phase, live=args._live, artifacts=args._artifacts)
         Path(args._record).write_text(json.dumps(step(ns), indent=1, sort_keys=True))
         return 0
+    if args.small:
+        os.environ["COMPILED_MODEL_SMALL"] = "1"
     out = Path(args.out).resolve()
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)

@@ -312,3 +312,25 @@ def test_a_directory_artifact_inductor_would_not_serve_as_written_is_refused_wit
     with pytest.warns(FlytuneWarning, match="config.kwargs.EVIL.*not a block size"):
         serving = ft_inductor.serve()
     assert serving.shipped == {}
+
+
+SUM = DATA / "triton_red_fused_sum_1.py"
+
+
+@pytest.mark.parametrize("path,shipped", [
+    (GELU, Config({"XBLOCK": 512}, num_warps=8, num_stages=1)),
+    (SUM, Config({"XBLOCK": 8, "R0_BLOCK": 512}, num_warps=16, num_stages=1)),  # a reduction: R0_BLOCK too
+])
+def test_pointwise_and_reduction_kernels_are_served_their_shipped_config(path, shipped, tmp_path, monkeypatch):
+    from flytune_build import inductor as ft_inductor
+
+    d = tmp_path / "artifacts"
+    shipped_artifact(lookup_key(path), shipped).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    assert len(load_kernel(path).configs) > 1
+    with ft_inductor.serve() as serving:
+        k = load_kernel(path)
+        serving.before_precompile(k)
+    assert [(c.kwargs, c.num_warps, c.num_stages) for c in k.configs] == [
+        (shipped.kwargs, shipped.num_warps, shipped.num_stages)]
