@@ -667,3 +667,16 @@ def _scale_alpha_f(x, out, n, alpha, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     tl.store(out + offs, tl.load(x + offs, mask=m) * alpha, mask=m)
+
+
+def test_stats_tell_the_default_callback_from_the_first_config():
+    """Both serve as the heuristic tier; `first_config` counts the calls no `default` chose."""
+    with_default = make_add("t.firstcfg.default", default=lambda a: Config({"BLOCK": 16}))
+    without = make_add("t.firstcfg.first")
+    add(with_default)
+    with pytest.warns(FlytuneWarning, match="first config"):
+        add(without)
+        add(without, n=50)
+    s = ft.stats()
+    assert s["t.firstcfg.default"]["calls"]["heuristic"] == 1 and s["t.firstcfg.default"]["first_config"] == 0
+    assert s["t.firstcfg.first"]["calls"]["heuristic"] == 2 and s["t.firstcfg.first"]["first_config"] == 2

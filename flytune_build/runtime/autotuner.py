@@ -247,7 +247,7 @@ class Autotuned(Kernel):
     def _first_config(self, bound, kwargs, key) -> Decision:
         pruned, made = search.prune(self, bound, kwargs)
         first = first_candidate(pruned, self.configs)
-        return Decision(first, "heuristic", key, hook=self.hooks.bind(first, made.get(first)))
+        return Decision(first, "heuristic", key, hook=self.hooks.bind(first, made.get(first)), first=True)
 
     def toolchain(self) -> dict:
         """Versions, this kernel's source hash and the compiler environment (part of the scratch key)."""

@@ -39,6 +39,7 @@ class Decision:
     artifact: Artifact | None = None    # the searched winner as an artifact, with provenance
     hook: Callable[[tuple, dict], None] | None = None  # the config's pre_hook (`hooks.ConfigHooks.bind`)
     pack: str | None = None             # offline: the config pack (distribution) it came from; None: the owner's
+    first: bool = False                 # heuristic tier: the first config (no `default` callback chose it)
     launch: dict = field(init=False)
     run: Callable | None = field(init=False, default=None)  # a ported kernel's launcher, its pre_hook first
 
@@ -64,16 +65,20 @@ class Stats:
         self.search_seconds += seconds
 
     def render(self) -> dict:
-        """Calls per tier, offline calls per match level, searches, seconds searching, fallback reasons."""
+        """Calls per tier, offline calls per match level, the heuristic tier's calls the first config served
+        (no `default` callback: `first_config`), searches, seconds searching, fallback reasons."""
         calls = dict(self.served)
         levels: dict[str, int] = {}
+        first = 0
         for d in self.decisions:
             if d.calls:
                 calls[d.first_tier] += 1
                 calls[d.tier] += d.calls - 1
                 if d.tier == "offline":
                     levels[d.level] = levels.get(d.level, 0) + d.calls
-        return {"calls": calls, "offline_levels": levels, "searches": self.searches,
+                if d.first:
+                    first += d.calls
+        return {"calls": calls, "offline_levels": levels, "first_config": first, "searches": self.searches,
                 "search_seconds": self.search_seconds, "fallbacks": dict(self.fallbacks)}
 
 

@@ -174,7 +174,7 @@ class Adopted(Kernel):
         """The "first" tier: the first config after pruning, as Triton launches a single config."""
         obj = copy.copy(first_candidate(pruned, self.configs))  # its own id: this decision's
         chosen.append(obj)
-        d = Decision(Config.coerce(obj), "heuristic", key)
+        d = Decision(Config.coerce(obj), "heuristic", key, first=True)
         self.remember(obj, d)
         return d
 
