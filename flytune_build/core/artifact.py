@@ -39,6 +39,7 @@ FILE_NAME = re.compile(r"(?P<kernel>.+)-(?P<address>[0-9a-f]{16})\.json")
 PROVENANCE_FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "created", "space_hash", "ranking",
                      "candidates", "host", "worker", "specialization",  # specialization: core.specialization
                      "measurement", "selection",  # how the winner was timed and chosen: core.choice
+                     "outputs",  # what the candidates' outputs were checked against: core.choice
                      "source")  # where an imported config came from (file and entry)
 RANKINGS = ("measured", "synthetic", "imported")
 
@@ -210,6 +211,8 @@ def _check_provenance(p: Any, f: Fields) -> None:
         choice.check_measurement(p["measurement"], f)
     if p.get("selection") is not None:
         choice.check_selection(p["selection"], f)
+    if p.get("outputs") is not None:
+        choice.check_outputs(p["outputs"], f)
 
     def candidate(v, path):
         if _plain_candidate(v):

@@ -22,6 +22,7 @@ from .schema.rules import (
     Either,
     Integer,
     Key,
+    Number,
     Object,
     Parsed,
     Scalar,
@@ -75,6 +76,11 @@ ENTRY = Table({
     "shapes": Key(Array(Object(Scalar()), 1, "must list at least one shape"), required=True),
     "autotuner": Key(Text(SETUP.pattern, "`module:attribute` (or `module:attribute.fn`)",
                           description="A @triton.autotune kernel to capture, if not a flytune one.")),
+    "rtol": Key(Number(0.0, 1e6, description="Relative tolerance of the output check (default: by dtype).")),
+    "atol": Key(Number(0.0, 1e6, description="Absolute tolerance of the output check (default: by dtype).")),
+    "check": Key(Boolean(description="false: candidates' outputs are not compared with the reference "
+                                     "config's (a kernel whose outputs legitimately depend on its config)."),
+                 default=True),
 })
 TUNE = Table({
     "plan": Key(replace(PATH, description="A TOML file of `[[entries]]`.")),
@@ -111,10 +117,14 @@ class TuneEntry:
     setup: str               # "module:function"; function(**shape) returns a zero-argument callable
     shapes: tuple[dict, ...]
     autotuner: str | None = None  # "module:attr" of a @triton.autotune kernel to capture, if not ours
+    rtol: float | None = None     # the output check's tolerances (None: by dtype, runtime.outputs)
+    atol: float | None = None
+    check: bool = True            # False: candidates' outputs are not compared with the reference's
 
     @classmethod
     def from_checked(cls, entry: dict) -> TuneEntry:
-        return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"])
+        return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"], entry["rtol"],
+                   entry["atol"], entry["check"])
 
 
 @dataclass(frozen=True)
