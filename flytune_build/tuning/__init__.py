@@ -47,7 +47,7 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
                          "intended GPU; allow_ci=True or --allow-ci overrides)")
     options = Options(executor or "inprocess", workers, address, job_timeout, resume, ranking,
                       str(Path(output).resolve()) if output else None, repeat, margin)
-    fingerprints = fingerprint.of_plan(proj.root, entries)  # a plan kernel no setup registers: a UsageError now
+    fingerprints = fingerprint.of_plan(proj.root, entries)
     return _run(proj, entries, options, reporter, fingerprints)
 
 

@@ -35,8 +35,9 @@ def entry_name(entry: TuneEntry) -> tuple:
 
 
 def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | None]:
-    """`entry_name` -> fingerprint (None where the setup cannot be imported here). A plan kernel that is
-    no registered kernel while the setups registered others is a UsageError naming them (`job.unknown_kernels`)."""
+    """`entry_name` -> fingerprint (None where the setup cannot be imported here, or its kernel is not
+    registered once it is: a kernel may register when the setup runs; if it still is not, the job fails,
+    naming the kernels that are: `job.unknown_kernels`)."""
     from ..runtime import identity, registry
 
     saved = list(sys.path)
@@ -45,10 +46,6 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
         setups = {e.setup: _load(e.setup) for e in entries}
         adopted = {e.autotuner: _load(e.autotuner) for e in entries if e.autotuner}
         registered = registry.kernels()
-        missing = sorted({e.kernel for e in entries if not e.autotuner and setups[e.setup] is not None
-                          and e.kernel not in registered})
-        if missing and registered:
-            raise job.unknown_kernels(missing, registered, "a kernel the plan's setups register", "registered kernels")
         out = {}
         for e in entries:
             setup = setups[e.setup]
