@@ -543,9 +543,16 @@ def test_a_changed_config_space_is_re_tuned_on_resume_and_the_summary_says_why(t
     report = json.loads(flytune(proj, "--no-progress", "--json", env=env).stdout)  # the new space holds now
     assert [o["status"] for o in report["outcomes"]] == ["resumed", "resumed"]
     setup = proj / "fleetpkg" / "kernels.py"
-    setup.write_text(setup.read_text().replace('_log("add", n=n)', '_log("add", n=n)  # logged'))
+    setup.write_text(setup.read_text().replace('_log("add", n=n)', '_log("add", n=n)  # a comment: no change'))
+    assert "0 tuned, 2 resumed" in flytune(proj, "--no-progress", env=env).stdout
+    setup.write_text(setup.read_text().replace("x, y = torch.ones(n), torch.ones(n)", "x, y = torch.ones(n), torch.zeros(n)"))
     r = flytune(proj, "--no-progress", env=env)
     assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: setup changed" in r.stdout
+    setup.write_text(setup.read_text().replace("tl.load(y + offs, mask=m), mask=m)", "tl.load(y + offs, mask=m) * 1, mask=m)"))
+    r = flytune(proj, "--no-progress", env=env)
+    assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: kernel source changed" in r.stdout
+    r = flytune(proj, "--no-progress", env={**env, "TRITON_DEFAULT_FP_FUSION": "0"})  # compiles other code
+    assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: toolchain changed" in r.stdout
 
 
 def test_a_resume_state_an_earlier_release_wrote_loads_and_its_jobs_are_re_tuned_saying_why(tmp_path):

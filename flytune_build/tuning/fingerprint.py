@@ -12,9 +12,11 @@ be imported here has no fingerprint: its jobs run again (and fail there with the
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import sys
+import textwrap
 from pathlib import Path
 
 from ..core import codec
@@ -64,8 +66,8 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
             tools = identity.toolchain(_function(fn))
             out[entry_name(e)] = {
                 "space": space_hash(configs)[:16],
-                "source": tools["source"][:16],
-                "setup": _digest(_source(setup)),
+                "source": _digest(_code(fn)),
+                "setup": _digest(_code(setup)),
                 "check": _digest(codec.canonical(list(job.check_options(e).values())).decode()),
                 "toolchain": _digest(codec.canonical({k: v for k, v in tools.items()
                                                       if k not in ("flytune", "source")}).decode()),
@@ -113,11 +115,21 @@ def _function(fn):
     return fn
 
 
-def _source(obj) -> str:
+def _code(obj) -> str:
+    """A function's code as its syntax tree, decorators left out: an edited comment or layout is no
+    change, and a kernel's configs (in its decorator) are the config space's part, not the source's."""
     try:
-        return inspect.getsource(_function(obj))
+        src = inspect.getsource(_function(obj))
     except (OSError, TypeError):
         return getattr(obj, "__qualname__", repr(obj))
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return src
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.decorator_list = []
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
 
 
 def _digest(text: str) -> str:
