@@ -585,7 +585,7 @@ def test_a_misspelled_plan_kernel_fails_its_jobs_naming_the_real_kernels(tmp_pat
 
 
 def test_a_tune_output_the_build_would_not_ship_is_warned_at_tune_time(tmp_path):
-    from flytune_build.tuning.layout import shipped
+    from flytune_build.core.project import ships as shipped
 
     proj = make_project(tmp_path / "p", add_entry(100), output="tuned/{arch}")
     r = flytune(proj, "--no-progress", env=env_for(tmp_path))
@@ -603,6 +603,29 @@ def test_a_tune_output_the_build_would_not_ship_is_warned_at_tune_time(tmp_path)
     assert not shipped(root, ["artifacts"], root / "tuned" / "sm_90")
     assert not shipped(root, ["artifacts"], root / "artifacts-old")
     assert not shipped(root, ["artifacts"], tmp_path / "elsewhere")
+
+
+
+def test_a_strict_build_refuses_a_tune_output_its_sources_do_not_reach(tmp_path):
+    import io
+
+    from flytune_build import pipeline
+    from flytune_build.core.errors import BuildFailure
+
+    proj = make_project(tmp_path / "p", add_entry(100), output="tuned/{arch}")
+    (proj / "artifacts").mkdir()
+    text = (proj / "pyproject.toml").read_text().replace('targets = ["interpreter"]',
+                                                         'targets = ["interpreter"]\ncoverage = "none"')
+    (proj / "pyproject.toml").write_text(text)
+    with pytest.raises(BuildFailure) as e:
+        pipeline.run(proj, out=io.StringIO())
+    assert ("1 problem(s)" in str(e.value) and "Field `tool.flytune.tune.output` is 'tuned/{arch}', which writes "
+            "tuned/interpreter: outside the sources (artifacts)") in str(e.value)
+    (proj / "pyproject.toml").write_text(text.replace('targets = ["interpreter"]', 'targets = ["interpreter"]\nstrict = false'))
+    out = io.StringIO()
+    assert pipeline.run(proj, out=out) is not None and "warning: dropped:" in out.getvalue()
+    (proj / "pyproject.toml").write_text(text.replace('output = "tuned/{arch}"', 'output = "artifacts/{arch}"'))
+    pipeline.run(proj, out=io.StringIO())  # reached: no error
 
 
 def test_the_resume_state_is_never_written_past_the_cap_it_is_read_with(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ from ..core import fsutil
 from ..core.artifact import Artifact
 from ..core.device import DeviceIdentity, parse_spec
 from ..core.errors import DeviceError, FlytuneError, TuneError, UsageError
-from ..core.project import Project, TuneEntry
+from ..core.project import Project, TuneEntry, ships
 from . import fingerprint, layout
 from .incumbent import MIN_IMPROVEMENT_PCT, read_output
 from .job import Job, check_options, no_search_note
@@ -263,7 +263,7 @@ class Driver:
         for dev, directory in directories.items():
             spec = dev.spec()
             fsutil.output_directory(directory)
-            if not layout.shipped(self.project.root, self.project.sources, directory):
+            if not ships(self.project.root, self.project.sources, directory):
                 self._note(f"flytune: warning: {directory} is outside [tool.flytune] sources "
                            f"({', '.join(self.project.sources)}): the build does not ship what this run writes there")
             self.directories[spec] = directory

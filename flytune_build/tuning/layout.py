@@ -6,8 +6,6 @@ workers report several identities runs only when the template gives each identit
 """
 from __future__ import annotations
 
-import fnmatch
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,29 +44,3 @@ def check_separates(template: str | Path, devices: Iterable[DeviceIdentity]) -> 
         out[dev] = path
     return out
 
-
-def shipped(root: str | Path, sources: Iterable[str], directory: str | Path) -> bool:
-    """Whether the build would collect what is written into `directory`: it is one of `sources`
-    (`[tool.flytune] sources`, relative to `root`), lies below one, or one of its folders matches a
-    source glob (`*`, `?`, `[...]`, `**`), as `core.fsutil.find` reads them."""
-    try:
-        rel = Path(os.path.realpath(directory)).relative_to(os.path.realpath(root))
-    except ValueError:
-        return False  # outside the project: never collected
-    parts = [p for p in rel.parts if p not in ("", ".")]
-    for source in sources:
-        segs = [s for s in source.replace("\\", "/").split("/") if s not in ("", ".")]
-        while segs and segs[-1] == "**":  # `dir/**` reaches what walking `dir` reaches
-            segs.pop()
-        if any(_matches(segs, parts[:n]) for n in range(len(parts) + 1)) or \
-                _matches(segs, parts + ["kernel-0000000000000000.json"]):  # a glob of artifact files
-            return True
-    return False
-
-
-def _matches(segs: list[str], parts: list[str]) -> bool:
-    if not segs:
-        return not parts
-    if segs[0] == "**":
-        return any(_matches(segs[1:], parts[i:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], segs[0]) and _matches(segs[1:], parts[1:])
