@@ -177,7 +177,7 @@ class Driver:
     def __init__(self, project: Project, entries: tuple[TuneEntry, ...], options: Options, executor,
                  reporter: Reporter | None = None, fingerprints: dict | None = None):
         self.project, self.entries, self.options, self.executor = project, entries, options, executor
-        self.fingerprints = fingerprints   # fingerprint.of_plan (read in `_plan` when not given)
+        self.fingerprints = fingerprint.of_plan(project.root, entries) if fingerprints is None else fingerprints
         self.retuned: dict[str, str] = {}  # job id -> why a finished job runs again
         self.reporter = reporter or Reporter()
         self.notes: list[str] = []
@@ -257,28 +257,19 @@ class Driver:
             directories = layout.check_separates(template, devices)
         except FlytuneError as e:
             raise Refused(e.rule) from None
-        if self.fingerprints is None:
-            self.fingerprints = fingerprint.of_plan(self.project.root, self.entries)
         finished, found = 0, {}
         for dev, directory in directories.items():
             spec = dev.spec()
             fsutil.output_directory(directory)
             if not ships(self.project.root, self.project.sources, directory):
-                self._note(f"flytune: warning: {directory} is outside [tool.flytune] sources "
-                           f"({', '.join(self.project.sources)}): the build does not ship what this run writes there")
-            self.directories[spec] = directory
-            self.done[spec] = read_state(directory) if self.options.resume else {}
-            found[directory] = dict(self.done[spec]) if self.options.resume else snapshot(directory)
-            self.incumbents[spec] = read_output(directory)
+                self._note(unshipped_note(self.project, directory))
+            self.directories[spec], self.incumbents[spec] = directory, read_output(directory)
+            self.done[spec], found[directory] = finished_in(directory, self.options.resume)
             jobs, self.queues[spec], resumed, retuned = lay_out(self.entries, spec, self.done[spec], self.fingerprints)
-            for jid in retuned:  # its record goes: the state never names a job whose inputs moved
-                self.done[spec].pop(jid, None)
             self.retuned.update(retuned)
             self.jobs += jobs
             self.outcomes.update(resumed)
             finished += len(resumed)
-        for why, n in _counted(self.retuned.values()).items():
-            self._note(f"flytune: {n} finished job(s) re-tuned: {why}")
         self.progress = self.reporter
         self.progress.start(len(self.jobs), finished)
         self.publisher = Publisher({self.directories[spec]: dict(done) for spec, done in self.done.items()}, found)
@@ -384,8 +375,6 @@ class Driver:
         except FlytuneError as e:
             self._fail(job, slot, f"returned an invalid artifact: {e}")
             return
-        for o in outcomes:
-            o.retuned = self.retuned.get(job.id)
         self.outcomes[job.id] = outcomes
         statuses = ", ".join(sorted({o.status for o in outcomes}))
         self.progress.finished(f"{statuses} {job.label()} on {slot.name}@{slot.host}")
@@ -424,7 +413,7 @@ class Driver:
         """Hand the job's artifacts to the publisher, which writes them, then records the job done."""
         directory, outcomes, files = self.directories[job.device], [], []
         for outcome, art, data in received(job, slot, results):
-            path = directory / art.filename
+            path, outcome.retuned = directory / art.filename, self.retuned.get(job.id)
             first = self.published.setdefault(path, job)
             if first is not job:  # a key another job of this run tuned: the first one's artifact stays
                 outcome.status, outcome.reason, outcome.change = "duplicate", f"same artifact as {first.label()}", "-"
@@ -435,19 +424,36 @@ class Driver:
         if not outcomes:
             self._note(f"flytune: warning: {no_search_note(job.entry, job.shape)}")
             return [Outcome(job, "no-search", slot.name, slot.host)]
-        last = outcomes[-1]
-        record = {"winner": last.winner, "time_ms": last.time_ms, "margin": last.margin}
-        if last.ranking is not None:
-            record["ranking"] = last.ranking
-        depends = (self.fingerprints or {}).get(fingerprint.entry_name(job.entry))
-        if depends is not None:
-            record["depends"] = depends
-        self.publisher.publish(job, directory, files, record)
+        self.publisher.publish(job, directory, files, record_of(outcomes[-1], self.fingerprints))
         return outcomes
 
     def _note(self, text: str) -> None:
         self.notes.append(text)
         self.reporter.note(text)
+
+
+def finished_in(directory: Path, resume: bool) -> tuple[dict, dict]:
+    """(the jobs a run resumes from `directory`'s state, the state as the run finds it: `write_state`'s base)."""
+    if not resume:
+        return {}, snapshot(directory)
+    done = read_state(directory)
+    return done, dict(done)
+
+
+def unshipped_note(project: Project, directory: Path) -> str:
+    return (f"flytune: warning: {directory} is outside [tool.flytune] sources ({', '.join(project.sources)}): "
+            f"the build does not ship what this run writes there")
+
+
+def record_of(last: Outcome, fingerprints: dict | None) -> dict:
+    """The job's record in `.flytune-tune-state` (`ledger`): its last winner, and what it depended on."""
+    record = {"winner": last.winner, "time_ms": last.time_ms, "margin": last.margin}
+    if last.ranking is not None:
+        record["ranking"] = last.ranking
+    depends = (fingerprints or {}).get(fingerprint.entry_name(last.job.entry))
+    if depends is not None:
+        record["depends"] = depends
+    return record
 
 
 def job_options(options: Options, incumbents: dict, job: Job) -> dict:
@@ -481,8 +487,9 @@ def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, byt
 
 def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict, fingerprints: dict | None = None):
     """The plan's jobs for one device: (all of them, those to run, {job id: outcome} of those done and
-    still holding, {job id: why} of those done whose inputs moved since, which run again). Without
-    `fingerprints` every finished job holds."""
+    still holding, {job id: why} of those done whose inputs moved since, which run again: their records
+    leave `done`, so the state never names a job whose inputs moved). Without `fingerprints` every
+    finished job holds."""
     jobs, pending, resumed, retuned = [], deque(), {}, {}
     for entry in entries:
         for shape in entry.shapes:
@@ -496,6 +503,7 @@ def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict, fingerprints:
                 pending.append(job)
                 if why is not None:
                     retuned[job.id] = why
+                    del done[job.id]
             else:
                 resumed[job.id] = [Outcome(job, "resumed", winner=record["winner"], time_ms=record["time_ms"],
                                            margin=record.get("margin"), ranking=record.get("ranking"))]
