@@ -520,3 +520,18 @@ def test_outputs_compare_integers_exactly_and_floats_within_their_dtypes_toleran
     assert "(exactly)" in differs(ints + (ints == 3), ints, Policy(rtol=1.0, atol=1.0))  # integers: exact
     flags = torch.tensor([True, False])
     assert "(exactly)" in differs(~flags, flags, Policy())
+
+
+def test_a_shipped_winner_whose_outputs_are_wrong_is_replaced_not_kept(tmp_path):
+    out = tmp_path / "out"
+    proj = checked_project(tmp_path / "p")
+    tune(proj, out, tmp_path, "--ranking", "synthetic")
+    right = only(out)
+    wrong = Artifact(right.kernel, right.key, right.device, WRONG, right.provenance)
+    wrong.save(out)  # as if an earlier, unchecked run had shipped it
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic", "--no-resume")
+    assert "0 new, 0 kept, 1 replaced" in r.stdout, r.stdout
+    art = only(out)
+    assert art.config == right.config
+    assert "the shipped winner Config(BLOCK=64" in art.provenance["selection"]["why"]
+    assert "WrongOutput" in art.provenance["selection"]["why"]

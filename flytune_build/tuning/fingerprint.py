@@ -32,8 +32,9 @@ UNKNOWN = "tuned by a release that recorded no fingerprint"
 
 
 def entry_name(entry: TuneEntry) -> tuple:
-    """The fingerprint's key: what the job id holds of its entry (kernel, setup) and the adopted Autotuner."""
-    return entry.kernel, entry.setup, entry.autotuner
+    """The fingerprint's key: what the job id holds of its entry (kernel, setup), the adopted Autotuner
+    and the output check (two entries of one kernel and setup may check alike or not)."""
+    return entry.kernel, entry.setup, entry.autotuner, *job.check_options(entry).values()
 
 
 def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | None]:
@@ -59,7 +60,8 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
             else:
                 kernel = registered.get(e.kernel)
                 configs = None if kernel is None else kernel.configs
-                fn = None if kernel is None else getattr(kernel, "base_fn", None) or getattr(kernel, "fn", None)
+                fn = None if kernel is None else getattr(kernel, "base_fn", None) or getattr(kernel, "fn", None) \
+                    or getattr(getattr(kernel, "tuner", None), "fn", None)  # an adopted Autotuner's kernel
             if setup is None or configs is None or fn is None:
                 out[entry_name(e)] = None
                 continue
