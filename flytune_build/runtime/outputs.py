@@ -1,5 +1,7 @@
-"""Checked outputs: during a search, each candidate's outputs are compared with a reference config's,
-computed on the same inputs, so that a fast config that computes the wrong thing never wins.
+"""Checked outputs: during a tuning search (`flytune tune`: inside `checking`), each candidate's outputs
+are compared with a reference config's, computed on the same inputs, so that a fast config that
+computes the wrong thing never wins. A search a process runs on its own (FLYTUNE_AUTOTUNE=1, a first
+call with no other tier) launches and calls hooks exactly as Triton's Autotuner would, unchecked.
 
 Invariants (pinned by tests/test_selection.py):
 - the reference is the kernel's `default` config for the call, else the first candidate in declared
@@ -60,8 +62,9 @@ def checking(check: bool = True, rtol: float | None = None, atol: float | None =
         _policies.remove(p)
 
 
-def policy() -> Policy:
-    return _policies[-1] if _policies else Policy()
+def policy() -> Policy | None:
+    """The innermost `checking` context's policy; None outside every one (no check)."""
+    return _policies[-1] if _policies else None
 
 
 def tolerance(dtype: Any, p: Policy) -> tuple[float, float]:
@@ -143,6 +146,8 @@ class Check:
 def start(kernel, bound: dict, configs: Sequence[Config], launch: Callable[[Config], None]) -> tuple[Check | None, dict | None]:
     """The check for this search (None when none is made) and, when none is, `provenance.outputs` saying why."""
     p = policy()
+    if p is None:
+        return None, None
     if not p.check:
         return None, {"note": "not checked: the plan entry says check = false"}
     tensors = {n: v for n, v in bound.items() if _is_tensor(v)}

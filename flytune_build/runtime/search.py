@@ -9,8 +9,9 @@ Invariants (pinned by tests/test_runtime.py):
 - on a GPU every candidate compiles concurrently before any is timed;
 - with FLYTUNE_RANKING=synthetic each candidate still runs once (one that cannot launch never wins),
   but the ranking is a deterministic hash, never a measurement;
-- each candidate's outputs are checked against a reference config's on the same inputs (`outputs`):
-  one that differs times as infinity and never wins, its error saying where it differed;
+- inside `outputs.checking` (`flytune tune`), each candidate's outputs are checked against a reference
+  config's on the same inputs: one that differs times as infinity and never wins, its error saying
+  where it differed;
 - candidates are timed in declared order (the tie rule's order, `selection`), with one `bench.Measurement`
   chosen before any is timed; inside `selection.keeping` the shipped winner is a finalist;
 - on a GPU the passes and rounds rotate over `placement` copies of the inputs: the caller's tensors are
