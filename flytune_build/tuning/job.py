@@ -85,7 +85,8 @@ def tuning(root: Path, ranking: str | None = None):
 
 def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     """Build `entry`'s call at `shape`, run it, and return the winners its kernel's searches chose
-    (none: the key was already tuned in this process, or the setup does not call the kernel)."""
+    (none: the key was already tuned in this process, or the setup does not call the kernel). A kernel
+    that is still not registered once the call ran is a UsageError naming those that are."""
     from ..runtime import outputs, registry
     from ..runtime.events import on_decision
 
@@ -93,7 +94,7 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     call = load_setup(entry.setup, pyproject)(**shape)
     events: list[dict] = []
     with on_decision(lambda ev: "artifact" in ev and events.append(ev)), \
-            outputs.checking(**check_options(entry)):  # searches only
+            outputs.checking(**check_options(entry)):  # the events of searches only; outputs checked
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
             from ..runtime.adapters.triton_autotune import recording
 
