@@ -425,8 +425,14 @@ def test_tune_state_and_table_values_are_read_safely(tmp_path):
     entry = load(proj).tune_entries[0]
     out = tmp_path / "out"
     out.mkdir()
-    state = {"format": 1, "done": {job_id(entry, {"n": 8}, INTERPRETER.spec()):
-                                   {"winner": "\x1b[2JOWNED\u202e", "time_ms": None}}}
+    init = proj / "fixpkg" / "__init__.py"
+    init.write_text(init.read_text() + "\n\ndef setup(n):\n    return lambda: None\n")
+    depends = subprocess.run([sys.executable, "-c", "import json, sys; from flytune_build.core.project import load; "
+                              "from flytune_build.tuning import fingerprint; p = load(sys.argv[1]); "
+                              "print(json.dumps(list(fingerprint.of_plan(p.root, p.tune_entries).values())[0]))",
+                              str(proj)], capture_output=True, text=True, env=python_env(), check=True).stdout
+    state = {"format": 1, "done": {job_id(entry, {"n": 8}, INTERPRETER.spec()):  # this plan's, resumed as it is
+                                   {"winner": "\x1b[2JOWNED\u202e", "time_ms": None, "depends": json.loads(depends)}}}
     (out / ".flytune-tune-state").write_text(json.dumps(state))
     r = flytune("tune", "--project", proj, "--allow-ci", "--ranking", "synthetic", "--no-progress", "--output", out)
     assert r.returncode == 0 and "\x1b" not in r.stdout and "\\x1b[2JOWNED\\u202e" in r.stdout, r.stdout + r.stderr
