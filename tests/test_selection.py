@@ -535,3 +535,11 @@ def test_a_shipped_winner_whose_outputs_are_wrong_is_replaced_not_kept(tmp_path)
     assert art.config == right.config
     assert "the shipped winner Config(BLOCK=64" in art.provenance["selection"]["why"]
     assert "WrongOutput" in art.provenance["selection"]["why"]
+
+
+def test_a_plan_entrys_tolerances_travel_with_its_jobs_to_local_workers(tmp_path):
+    out = tmp_path / "out"
+    tune(checked_project(tmp_path / "p", ", rtol = 0.5, atol = 200.0"), out, tmp_path, "--ranking", "synthetic",
+         "--executor", "local", "--workers", "1")
+    art = only(out)
+    assert art.config == WRONG and art.provenance["outputs"]["rtol"] == 0.5 and art.provenance["worker"] == "local:0"
