@@ -425,11 +425,51 @@ def test_tune_state_and_table_values_are_read_safely(tmp_path):
     entry = load(proj).tune_entries[0]
     out = tmp_path / "out"
     out.mkdir()
-    state = {"format": 1, "done": {job_id(entry, {"n": 8}, INTERPRETER.spec()):
-                                   {"winner": "\x1b[2JOWNED\u202e", "time_ms": None}}}
+    init = proj / "fixpkg" / "__init__.py"
+    init.write_text(init.read_text() + "\n\ndef setup(n):\n    return lambda: None\n")
+    depends = subprocess.run([sys.executable, "-c", "import json, sys; from flytune_build.core.project import load; "
+                              "from flytune_build.tuning import fingerprint; p = load(sys.argv[1]); "
+                              "print(json.dumps(list(fingerprint.of_plan(p.root, p.tune_entries).values())[0]))",
+                              str(proj)], capture_output=True, text=True, env=python_env(), check=True).stdout
+    state = {"format": 1, "done": {job_id(entry, {"n": 8}, INTERPRETER.spec()):  # this plan's, resumed as it is
+                                   {"winner": "\x1b[2JOWNED\u202e", "time_ms": None, "depends": json.loads(depends)}}}
     (out / ".flytune-tune-state").write_text(json.dumps(state))
     r = flytune("tune", "--project", proj, "--allow-ci", "--ranking", "synthetic", "--no-progress", "--output", out)
     assert r.returncode == 0 and "\x1b" not in r.stdout and "\\x1b[2JOWNED\\u202e" in r.stdout, r.stdout + r.stderr
     (tmp_path / "afile").write_text("mine")
     r = flytune("tune", "--project", proj, "--allow-ci", "--output", tmp_path / "afile")
     assert r.returncode == 1 and "cannot be an output directory" in r.stderr and "Error:" not in r.stderr
+
+
+def test_deep_refuses_a_hand_edited_config_unless_its_provenance_says_it_was_chosen_by_hand(tmp_path):
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.config import Config
+
+    proj = tmp_path / "proj"
+    shutil.copytree(ROOT / "sample_pkg", proj, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
+    path = sorted((proj / "artifacts" / "interpreter").glob("sample_pkg.rmsnorm-*.json"))[0]
+    tuned = Artifact.load(path)
+    env = {"PYTHONPATH": f"{proj}{os.pathsep}{ROOT}", "TRITON_INTERPRET": 1}
+
+    def deep(art):
+        art.save(path.parent)
+        return flytune("verify", "--deep", proj, **env)
+
+    assert deep(tuned).returncode == 0
+    edited = Artifact(tuned.kernel, tuned.key, tuned.device, Config({"BLOCK": 8192}, num_warps=8), tuned.provenance)
+    r = deep(edited)
+    assert r.returncode == 1 and (f"{path.name}: Field `config` is Config(BLOCK=8192, num_warps=8, num_stages=3, "
+                                  f"num_ctas=1), none of kernel sample_pkg.rmsnorm's declared configs") in r.stdout
+    declared = Config({"BLOCK": 256}, num_warps=2)  # declared, and candidate #0: not the winner its selection names
+    cands = tuned.provenance["candidates"]
+    last = len(cands) - 1
+    assert cands[0]["config"] == declared.to_json()
+    swapped = Artifact(tuned.kernel, tuned.key, tuned.device, declared,
+                       {**tuned.provenance, "selection": {"winner": last}})
+    r = deep(swapped)
+    assert r.returncode == 1 and f"but its provenance's selection chose candidate #{last}" in r.stdout
+    by_hand = edited.with_provenance({**tuned.provenance, "by_hand": "BLOCK=8192 covers N=8192 in one program"})
+    r = deep(by_hand)
+    assert r.returncode == 0, r.stdout
+    assert (f"{path.name}: config Config(BLOCK=8192, num_warps=8, num_stages=3, num_ctas=1) chosen by hand: "
+            f"BLOCK=8192 covers N=8192 in one program") in r.stdout + r.stderr

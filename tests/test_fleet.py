@@ -524,3 +524,156 @@ def test_an_incumbent_in_an_earlier_releases_key_form_is_kept_or_replaced_in_tha
     assert written.config == other.config
     fresh = Artifact("fleetpkg.cumsum", {"T": 128, "scale": None}, INTERPRETER, old.config)
     assert held.change(fresh) == ("new", fresh)
+
+
+# -- no silent stale bundle ---------------------------------------------------------------------------------
+def test_a_changed_config_space_is_re_tuned_on_resume_and_the_summary_says_why(tmp_path):
+    proj = make_project(tmp_path / "p", add_entry(100, 200))
+    env = env_for(tmp_path)
+    r = flytune(proj, "--no-progress", env=env)
+    assert r.returncode == 0 and "2 tuned, 0 resumed" in r.stdout, r.stderr[-3000:]
+    r = flytune(proj, "--no-progress", env=env)
+    assert "0 tuned, 2 resumed" in r.stdout and "re-tuned" not in r.stdout
+    kernels = proj / "fleetpkg" / "kernels.py"
+    kernels.write_text(kernels.read_text().replace("for b in (16, 32, 64)", "for b in (16, 32, 64, 128)"))
+    r = flytune(proj, "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: config space changed" in r.stdout
+    report = json.loads(flytune(proj, "--no-progress", "--json", env=env).stdout)  # the new space holds now
+    assert [o["status"] for o in report["outcomes"]] == ["resumed", "resumed"]
+    setup = proj / "fleetpkg" / "kernels.py"
+    setup.write_text(setup.read_text().replace('_log("add", n=n)', '_log("add", n=n)  # a comment: no change'))
+    assert "0 tuned, 2 resumed" in flytune(proj, "--no-progress", env=env).stdout
+    setup.write_text(setup.read_text().replace("x, y = torch.ones(n), torch.ones(n)", "x, y = torch.ones(n), torch.zeros(n)"))
+    r = flytune(proj, "--no-progress", env=env)
+    assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: setup changed" in r.stdout
+    setup.write_text(setup.read_text().replace("tl.load(y + offs, mask=m), mask=m)", "tl.load(y + offs, mask=m) * 1, mask=m)"))
+    r = flytune(proj, "--no-progress", env=env)
+    assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: kernel source changed" in r.stdout
+    r = flytune(proj, "--no-progress", env={**env, "TRITON_DEFAULT_FP_FUSION": "0"})  # compiles other code
+    assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: toolchain changed" in r.stdout
+
+
+def test_a_resume_state_an_earlier_release_wrote_loads_and_its_jobs_are_re_tuned_saying_why(tmp_path):
+    proj = make_project(tmp_path / "p", add_entry(100, 200))
+    env, state = env_for(tmp_path), tmp_path / "p" / "out" / "interpreter" / ".flytune-tune-state"
+    assert flytune(proj, "--no-progress", env=env).returncode == 0
+    doc = json.loads(state.read_bytes())
+    for record in doc["done"].values():  # as the first releases wrote it: winner, time, margin
+        record.pop("depends")
+        record.pop("ranking")
+    state.write_text(json.dumps(doc))
+    assert read_state(state.parent) == doc["done"]
+    r = flytune(proj, "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 tuned, 0 resumed" in r.stdout and "2 re-tuned: tuned by a release that recorded no fingerprint" in r.stdout
+    assert all("depends" in rec for rec in read_state(state.parent).values())
+
+
+def test_a_misspelled_plan_kernel_fails_its_jobs_naming_the_real_kernels(tmp_path):
+    entry = add_entry(100).replace('"fleetpkg.add"', '"fleetpkg.addd"')
+    proj = make_project(tmp_path / "p", entry)
+    r = flytune(proj, "--no-progress", env=env_for(tmp_path))
+    assert r.returncode == 1 and not list((tmp_path / "p" / "out").rglob("*.json")), r.stdout
+    assert ("flytune: error: fleetpkg.addd n=100,pause=0.0: UsageError: kernel fleetpkg.addd: not a kernel its "
+            "setup registers (registered kernels: fleetpkg.add) (did you mean `fleetpkg.add`?)") in r.stderr
+    assert "0 tuned, 0 resumed, 1 failed" in r.stdout and "no search ran" not in r.stderr
+    r = flytune(make_project(tmp_path / "q", add_entry(100)), "--kernel", "fleetpkg.addd", env=env_for(tmp_path))
+    assert r.returncode == 2 and r.stderr.strip() == ("flytune: error: kernel fleetpkg.addd: not in the tuning plan "
+                                                      "(its kernels: fleetpkg.add) (did you mean `fleetpkg.add`?)")
+
+
+def test_a_tune_output_the_build_would_not_ship_is_warned_at_tune_time(tmp_path):
+    from flytune_build.core.project import ships as shipped
+
+    proj = make_project(tmp_path / "p", add_entry(100), output="tuned/{arch}")
+    r = flytune(proj, "--no-progress", env=env_for(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"flytune: warning: {proj / 'tuned' / 'interpreter'} is outside [tool.flytune] sources (artifacts): "
+            f"the build does not ship what this run writes there") in r.stderr
+    r = flytune(proj, "--no-progress", "--output", proj / "artifacts" / "sm_90", env=env_for(tmp_path))
+    assert r.returncode == 0 and "outside [tool.flytune] sources" not in r.stderr
+    root = tmp_path / "p"
+    assert shipped(root, ["artifacts"], root / "artifacts")
+    assert shipped(root, ["artifacts"], root / "artifacts" / "sm_90")
+    assert shipped(root, ["vendor/*/tuned"], root / "vendor" / "h200" / "tuned" / "sm_90")
+    assert shipped(root, ["**/tuned"], root / "a" / "b" / "tuned")
+    assert shipped(root, ["artifacts/*.json"], root / "artifacts")
+    assert not shipped(root, ["artifacts"], root / "tuned" / "sm_90")
+    assert not shipped(root, ["artifacts"], root / "artifacts-old")
+    assert not shipped(root, ["artifacts"], tmp_path / "elsewhere")
+
+
+
+def test_a_strict_build_refuses_a_tune_output_its_sources_do_not_reach(tmp_path):
+    import io
+
+    from flytune_build import pipeline
+    from flytune_build.core.errors import BuildFailure
+
+    proj = make_project(tmp_path / "p", add_entry(100), output="tuned/{arch}")
+    (proj / "artifacts").mkdir()
+    text = (proj / "pyproject.toml").read_text().replace('targets = ["interpreter"]',
+                                                         'targets = ["interpreter"]\ncoverage = "none"')
+    (proj / "pyproject.toml").write_text(text)
+    with pytest.raises(BuildFailure) as e:
+        pipeline.run(proj, out=io.StringIO())
+    assert ("1 problem(s)" in str(e.value) and "Field `tool.flytune.tune.output` is 'tuned/{arch}', which writes "
+            "tuned/interpreter: outside the sources (artifacts)") in str(e.value)
+    (proj / "pyproject.toml").write_text(text.replace('targets = ["interpreter"]', 'targets = ["interpreter"]\nstrict = false'))
+    out = io.StringIO()
+    assert pipeline.run(proj, out=out) is not None and "warning: dropped:" in out.getvalue()
+    (proj / "pyproject.toml").write_text(text.replace('output = "tuned/{arch}"', 'output = "artifacts/{arch}"'))
+    pipeline.run(proj, out=io.StringIO())  # reached: no error
+
+
+def test_the_resume_state_is_never_written_past_the_cap_it_is_read_with(tmp_path, monkeypatch):
+    from flytune_build.core.errors import OutputError
+    from flytune_build.tuning import ledger
+
+    record = {"winner": "w" * 10_000, "time_ms": 1.0}
+    ledger.write_state(tmp_path, {"a": record})
+    assert read_state(tmp_path)["a"]["winner"] == "w" * ledger.WINNER_MAX  # cut to what the reader takes
+    before = (tmp_path / ledger.STATE_FILE).read_bytes()
+    monkeypatch.setattr(ledger, "MAX_STATE_BYTES", len(before) + 100)
+    with pytest.raises(OutputError, match="over the .* this flytune reads back"):
+        ledger.write_state(tmp_path, {f"job{i}": record for i in range(3)})
+    assert (tmp_path / ledger.STATE_FILE).read_bytes() == before  # the state there stays as it was
+    assert read_state(tmp_path) == {"a": {**record, "winner": "w" * ledger.WINNER_MAX}}
+
+
+# -- rankings never mix -------------------------------------------------------------------------------------
+def test_a_measured_re_tune_replaces_every_synthetic_winner_and_the_table_labels_ranks(tmp_path):
+    proj = make_project(tmp_path / "p", add_entry(100, 200))
+    env = env_for(tmp_path)
+    r = flytune(proj, "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("fleetpkg.add")]
+    assert len(rows) == 2 and all(" rank 1." in line for line in rows)  # a synthetic rank, never "ms"
+    out = proj / "out" / "interpreter"
+    seeded = {p.name: Artifact.load(p) for p in out.glob("*.json")}
+    assert {a.provenance["ranking"] for a in seeded.values()} == {"synthetic"}
+    cmd = [sys.executable, "-m", "flytune_build.cli", "tune", "--project", proj, "--allow-ci", "--no-resume",
+           "--ranking", "measured", "--json"]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=TIMEOUT, cwd=proj)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert [o["change"] for o in report["outcomes"]] == ["replaced (synthetic -> measured)"] * 2
+    after = {p.name: Artifact.load(p) for p in out.glob("*.json")}
+    assert set(after) == set(seeded) and {a.provenance["ranking"] for a in after.values()} == {"measured"}
+    assert all("shipped" not in a.provenance["selection"] for a in after.values())  # never a finalist
+
+
+def test_merge_never_ranks_a_synthetic_artifact_against_a_measured_one(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    measured = _artifact(a, 32, 1.5, "2026-12-01T00:00:00Z")
+    synthetic = Artifact.load(_artifact(b, 64, 1.25, "2026-11-01T00:00:00Z"))
+    synthetic = synthetic.with_provenance({**synthetic.provenance, "ranking": "synthetic"})
+    path = synthetic.save(b)
+    r = merge(a, b, "--output", tmp_path / "out", "--prefer", "faster")
+    assert r.returncode == 1 and not (tmp_path / "out").exists()
+    assert "a synthetic rank and a measured time cannot be compared" in r.stdout
+    assert f"{path}: Config(BLOCK=64" in r.stdout and "winner rank 1.2500 (synthetic)" in r.stdout
+    assert f"{measured}: Config(BLOCK=32" in r.stdout and "winner time 1.5000 ms" in r.stdout
+    r = merge(a, b, "--output", tmp_path / "newer", "--prefer", "newer")
+    assert r.returncode == 0 and (tmp_path / "newer" / measured.name).read_bytes() == measured.read_bytes()

@@ -414,3 +414,132 @@ def test_the_fastest_is_the_finalist_none_beats_round_for_round_however_many_ste
     d = selection.decide({0: dict(enumerate([1.0] * 5 + [0.5] * 25)), 1: dict(enumerate([0.9, 0.9, 0.9, 1.5, 1.5])),
                           2: dict(enumerate([0.85, 0.85, 0.95, 0.95, 0.95]))}, RULE)
     assert d.fastest == 2 and d.winner == 2 and all(t.gap > 0 for t in d.tests.values())
+
+
+# -- checked outputs: a candidate that computes the wrong thing never wins ----------------------------------------
+CHECKED = '''
+import torch, triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+
+# BLOCK=64 is wrong: its mask stops one element short, so the last element of `out` is never written.
+@ft.autotune([Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], ["x", "n"], name="checkpkg.sum")
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < (n - 1 if BLOCK == 64 else n)
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+def add(n):
+    x, y, out = torch.arange(n, dtype=torch.float32), torch.ones(n), torch.full((n,), -1.0)
+    return lambda: add_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+'''
+WRONG = Config({"BLOCK": 64}, num_warps=1)
+
+
+def checked_project(root: Path, extra: str = "") -> Path:
+    (root / "checkpkg").mkdir(parents=True)
+    (root / "checkpkg" / "__init__.py").write_text(CHECKED)
+    (root / "pyproject.toml").write_text(textwrap.dedent(f'''
+        [project]
+        name = "checkpkg"
+        version = "1.0"
+
+        [tool.flytune]
+        sources = ["artifacts"]
+        targets = ["interpreter"]
+
+        [tool.flytune.tune]
+        output = "artifacts/{{arch}}"
+        entries = [{{ kernel = "checkpkg.sum", setup = "checkpkg:add", shapes = [{{ n = 100 }}]{extra} }}]
+        '''))
+    return root
+
+
+def only(out: Path) -> Artifact:
+    (path,) = out.glob("*.json")
+    return reader.load(str(path))  # the build's reader takes the new record too
+
+
+@pytest.mark.parametrize("ranking", ["synthetic", "measured"])
+def test_a_candidate_whose_outputs_differ_from_the_reference_is_rejected_and_never_wins(tmp_path, ranking):
+    key = {"x": "float32", "n": 100}
+    ranks = {b: bench.synthetic_ms("checkpkg.sum", key, Config({"BLOCK": b}, num_warps=1)) for b in (16, 32, 64)}
+    assert ranks[64] < min(ranks[16], ranks[32])  # the wrong config is the one a synthetic ranking would choose
+    out = tmp_path / "out"
+    r = tune(checked_project(tmp_path / "p"), out, tmp_path, "--ranking", ranking)
+    art = only(out)
+    assert art.config != WRONG and art.config.kwargs["BLOCK"] in (16, 32), r.stdout
+    prov = art.provenance
+    wrong = next(c for c in prov["candidates"] if Config.from_json(c["config"], codec.Fields("t", ArtifactError)) == WRONG)
+    assert wrong["time_ms"] is None
+    assert wrong["error"].startswith("WrongOutput: `out` differs from the reference Config(BLOCK=16, num_warps=1")
+    assert "1 of 100 elements (rtol 0.0001, atol 1e-05); first at [99]: -1 vs 100" in wrong["error"]
+    assert all(c["time_ms"] is not None and "error" not in c for c in prov["candidates"] if c is not wrong)
+    assert prov["outputs"] == {"reference": Config({"BLOCK": 16}, num_warps=1).to_json(), "rtol": None,
+                               "atol": None, "rejected": 1}
+    assert all(f["index"] != 2 for f in prov["selection"]["finalists"])  # never a finalist
+
+
+def test_a_plan_entry_may_turn_the_check_off_or_set_its_tolerances_by_name(tmp_path):
+    out = tmp_path / "off"
+    tune(checked_project(tmp_path / "p", ", check = false"), out, tmp_path, "--ranking", "synthetic")
+    art = only(out)
+    assert art.config == WRONG  # unchecked, the fastest-ranked config wins: the check is what refused it
+    assert art.provenance["outputs"] == {"note": "not checked: the plan entry says check = false"}
+    out = tmp_path / "loose"
+    tune(checked_project(tmp_path / "q", ", rtol = 0.5, atol = 200.0"), out, tmp_path, "--ranking", "synthetic")
+    assert only(out).config == WRONG and only(out).provenance["outputs"]["rejected"] == 0
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0)
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project",
+                        str(checked_project(tmp_path / "r", ", rtoll = 0.5")), "--allow-ci"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode != 0 and "rtoll" in r.stderr and "(did you mean `rtol`?)" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project",
+                        str(checked_project(tmp_path / "s", ", atol = -1.0")), "--allow-ci"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode != 0 and "atol" in r.stderr and "must be between 0 and" in r.stderr, r.stderr
+
+
+def test_outputs_compare_integers_exactly_and_floats_within_their_dtypes_tolerance():
+    import torch
+
+    from flytune_build.runtime.outputs import Policy, differs
+
+    ones = torch.ones(8)
+    assert differs(ones + 5e-6, ones, Policy()) is None                  # fp32: rtol 1e-4, atol 1e-5
+    assert "1 of 8 elements" in differs(torch.cat([ones[:7], ones[7:] + 1e-3]), ones, Policy())
+    assert differs(ones + 1e-3, ones, Policy(rtol=1e-2)) is None        # the plan entry's tolerance
+    half = torch.ones(8, dtype=torch.float16)
+    assert differs(half + 0.004, half, Policy()) is None                 # fp16: about 1e-2
+    nan = torch.full((3,), float("nan"))
+    assert differs(nan, nan.clone(), Policy()) is None                   # NaN where the reference has NaN
+    ints = torch.arange(8)
+    assert differs(ints, ints.clone(), Policy(rtol=1.0, atol=1.0)) is None
+    assert "(exactly)" in differs(ints + (ints == 3), ints, Policy(rtol=1.0, atol=1.0))  # integers: exact
+    flags = torch.tensor([True, False])
+    assert "(exactly)" in differs(~flags, flags, Policy())
+
+
+def test_a_shipped_winner_whose_outputs_are_wrong_is_replaced_not_kept(tmp_path):
+    out = tmp_path / "out"
+    proj = checked_project(tmp_path / "p")
+    tune(proj, out, tmp_path, "--ranking", "synthetic")
+    right = only(out)
+    wrong = Artifact(right.kernel, right.key, right.device, WRONG, right.provenance)
+    wrong.save(out)  # as if an earlier, unchecked run had shipped it
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic", "--no-resume")
+    assert "0 new, 0 kept, 1 replaced" in r.stdout, r.stdout
+    art = only(out)
+    assert art.config == right.config
+    assert "the shipped winner Config(BLOCK=64" in art.provenance["selection"]["why"]
+    assert "WrongOutput" in art.provenance["selection"]["why"]
+
+
+def test_a_plan_entrys_tolerances_travel_with_its_jobs_to_local_workers(tmp_path):
+    out = tmp_path / "out"
+    tune(checked_project(tmp_path / "p", ", rtol = 0.5, atol = 200.0"), out, tmp_path, "--ranking", "synthetic",
+         "--executor", "local", "--workers", "1")
+    art = only(out)
+    assert art.config == WRONG and art.provenance["outputs"]["rtol"] == 0.5 and art.provenance["worker"] == "local:0"

@@ -5,7 +5,14 @@ registered under its name (`runtime.registry`: `flytune_build.autotune` kernels 
 kernels the package adopts alike); --execute also runs each artifact that matches this device once,
 through the kernel's declared `validate(key)` reference check, and records per artifact whether it
 ran and, where not, why (`Source.execution`, in `--json`). An --execute that ran no artifact is a
-violation: a check that checked nothing never passes. The
+violation: a check that checked nothing never passes.
+
+A config is the kernel's to choose: --deep refuses an artifact that records a search (its provenance
+lists candidates) whose config is none of the kernel's declared configs nor of those candidates (a
+pruner may make one up), or is not the winner its provenance's selection names (edited by hand after
+the search). A maintainer who chooses a config by hand says so, and why, in `provenance.by_hand`;
+--deep then accepts it and shows it as a warning. An imported config (`provenance.ranking: imported`)
+names its source, and an artifact that records no search has none to contradict: both are accepted. The
 package imported is only one the project or distribution itself declares (`[tool.flytune].package`,
 or a package the wheel's or installed distribution's own files install): never a name read from
 artifact or manifest data alone.
@@ -24,6 +31,8 @@ from ..core.errors import (
     InputError,
     foreign_failure,
 )
+from ..core.codec import Fields
+from ..core.config import Config
 from ..core.target import match_level
 from ..runtime import device
 
@@ -55,6 +64,9 @@ def check(src, *, execute: bool = False) -> None:
         try:
             k.check_key(art.key, art.filename)
             k.check_binds(art.config, set(k.arg_names) - set(k.tuned_kwargs), "config", file=art.filename)
+            note = check_chosen(k, art)
+            if note:
+                src.warnings.append(note)
         except FlytuneError as e:
             src.errors.append(e)
             _ran(src, art, "refused by --deep")
@@ -82,6 +94,39 @@ def check(src, *, execute: bool = False) -> None:
     if execute and not any(r["executed"] for r in src.execution):
         src.errors.append(FlytuneError(f"--execute ran no artifact on {here}: {_why_none(src.execution)}",
                                        file=src.path))
+
+
+def check_chosen(k, art) -> str | None:
+    """Raise an ArtifactError unless `art`'s config is one kernel `k` could have chosen (see the module
+    docstring); the note `verify` shows for a config chosen by hand."""
+    prov = art.provenance or {}
+    if isinstance(prov.get("by_hand"), str):
+        return f"{art.filename}: config {art.config} chosen by hand: {prov['by_hand']}"
+    if prov.get("ranking") == "imported":
+        return None
+    f = Fields(art.filename, ArtifactError)
+    cands = prov.get("candidates") if isinstance(prov.get("candidates"), list) else []
+    if not cands:
+        return None
+    searched = [_config(c.get("config") if isinstance(c, dict) else None, f) for c in cands]
+    if art.config not in set(k.configs) and art.config not in searched:
+        f.fail("config", f"is {art.config}, none of kernel {k.name}'s declared configs nor of the candidates its "
+                         f"provenance searched (a config chosen by hand says why in provenance.by_hand)")
+    chosen = prov.get("selection") if isinstance(prov.get("selection"), dict) else {}
+    winner = chosen.get("winner")
+    if isinstance(winner, int) and 0 <= winner < len(searched) and searched[winner] is not None \
+            and searched[winner] != art.config:
+        f.fail("config", f"is {art.config}, but its provenance's selection chose candidate #{winner}, "
+                         f"{searched[winner]} (edited after the search? a config chosen by hand says why in "
+                         f"provenance.by_hand)")
+    return None
+
+
+def _config(doc, f) -> Config | None:
+    try:
+        return Config.from_json(doc, f)
+    except FlytuneError:
+        return None
 
 
 def _ran(src, art, skipped: str | None, ok: bool | None = None) -> None:

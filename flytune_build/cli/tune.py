@@ -66,7 +66,7 @@ def command(args) -> int:
     changes = ", ".join(f"{n} {c}" for c, n in report.changes().items())
     print(f"flytune: {report.count('tuned')} tuned, {report.count('resumed')} resumed, {len(report.failed)} failed, "
           f"in {report.elapsed_s:.1f} s on {workers} {report.executor} worker(s); against the output's winners: "
-          f"{changes}")
+          f"{changes}" + "".join(f"; {n} re-tuned: {why}" for why, n in report.retuned().items()))
     if report.logs is not None:
         print(f"flytune: worker logs in {report.logs}", file=sys.stderr)
     for o in report.failed:
@@ -84,6 +84,13 @@ def sure(o) -> str:
     return f"{o.confidence:.3f}" + ("" if o.resolved is not False else "?")
 
 
+def time_text(time_ms: float | None, ranking: str | None) -> str:
+    """A winner's time in milliseconds; a synthetic ranking's number is a rank, and says so."""
+    if time_ms is None or math.isnan(time_ms):
+        return "-"
+    return f"rank {time_ms:.4f}" if ranking == "synthetic" else f"{time_ms:.4f}"
+
+
 def summary(report) -> str:
     """The table of outcomes; with repeat > 1, followed by the stability table; then each failure."""
     from ..tuning import stability
@@ -94,7 +101,7 @@ def summary(report) -> str:
     rows = [("kernel", "shape") + (("device",) if several else ()) +
             ("winner", "time (ms)", "margin", "sure", "status", "change") + (("worker",) if fleet else ())]
     for o in report.outcomes:
-        t = "-" if o.time_ms is None or math.isnan(o.time_ms) else f"{o.time_ms:.4f}"
+        t = time_text(o.time_ms, o.ranking)
         m = "-" if o.margin is None else f"{o.margin:+.1%}"
         where = "-" if o.worker == "-" else f"{o.worker}@{o.host}"
         rows.append((o.job.entry.kernel, shape_text(o.job.shape)) + ((o.job.device,) if several else ()) +

@@ -39,7 +39,9 @@ FILE_NAME = re.compile(r"(?P<kernel>.+)-(?P<address>[0-9a-f]{16})\.json")
 PROVENANCE_FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "created", "space_hash", "ranking",
                      "candidates", "host", "worker", "specialization",  # specialization: core.specialization
                      "measurement", "selection",  # how the winner was timed and chosen: core.choice
+                     "outputs",  # what the candidates' outputs were checked against: core.choice
                      "source",  # where an imported config came from (file and entry)
+                     "by_hand",  # why a maintainer chose this config by hand (`verify --deep` shows it)
                      "inductor")  # an Inductor kernel's name, size hints and compile mode: core.inductor
 RANKINGS = ("measured", "synthetic", "imported")
 
@@ -201,6 +203,8 @@ def _check_provenance(p: Any, f: Fields) -> None:
             f.string(p[name], f"provenance.{name}", max_len=128)
     if p.get("source") is not None:
         f.string(p["source"], "provenance.source", max_len=1024)
+    if p.get("by_hand") is not None:
+        f.string(p["by_hand"], "provenance.by_hand", max_len=1024)
     if p.get("space_hash") is not None:
         f.string(p["space_hash"], "provenance.space_hash", re.compile(r"[0-9a-f]{64}"), "a sha256 hex digest")
     if p.get("ranking") is not None and p["ranking"] not in RANKINGS:
@@ -211,6 +215,8 @@ def _check_provenance(p: Any, f: Fields) -> None:
         choice.check_measurement(p["measurement"], f)
     if p.get("selection") is not None:
         choice.check_selection(p["selection"], f)
+    if p.get("outputs") is not None:
+        choice.check_outputs(p["outputs"], f)
     if p.get("inductor") is not None:
         inductor.check_provenance(p["inductor"], f)
 

@@ -24,12 +24,17 @@ have neither). Data only; indices name entries of `provenance.candidates`:
                     "noise": 0.011,               the run's pooled relative dispersion of paired rounds
                     "shipped": {"index": 2, "margin": 0.03, "gain": 0.004, "outcome": "kept"},
                     "stability": {"runs": 3, "agreed": 3}}     `flytune tune --repeat`
+    "outputs":     {"reference": {"kwargs": {...}, ...},   the config every candidate's outputs were compared with
+                    "rtol": null, "atol": null,  the plan entry's tolerances (null: by dtype, runtime.outputs)
+                    "rejected": 1}               candidates whose outputs differed (each one's `error` says where)
+                   or {"note": "not checked: ..."}
 """
 from __future__ import annotations
 
 from typing import Any
 
 from .codec import Fields
+from .config import check_json
 
 TIMERS = ("cuda-graph", "cuda-events", "cpu-time", "user", "synthetic")
 OUTCOMES = ("kept", "replaced")
@@ -113,3 +118,18 @@ def _shipped(v: Any, f: Fields, path: str) -> None:
     for name in ("margin", "gain"):
         if name in v:
             f.number(v[name], f"{path}.{name}")
+
+
+def check_outputs(value: Any, f: Fields, path: str = "provenance.outputs") -> dict:
+    """Raise unless `value` is an output-check record of the form above; returns it."""
+    f.table(value, path, (), ("reference", "rtol", "atol", "rejected", "note"))
+    if "reference" in value:
+        check_json(value["reference"], f, f"{path}.reference")
+    for name in ("rtol", "atol"):
+        if name in value:
+            f.number(value[name], f"{path}.{name}", nullable=True)
+    if "rejected" in value:
+        f.integer(value["rejected"], f"{path}.rejected", 0, MAX_INDEX + 1)
+    if "note" in value:
+        f.string(value["note"], f"{path}.note", max_len=512)
+    return value

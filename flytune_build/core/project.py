@@ -3,6 +3,7 @@ both the parser here and the JSON Schema validate-pyproject reads (`flytune_buil
 Errors name the dotted key."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import sys
@@ -12,7 +13,7 @@ from typing import Any
 
 from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
 from .codec import Fields
-from .device import ARCH, NAME
+from .device import ARCH, NAME, backend_of
 from .errors import ProjectError
 from .fsutil import read_regular
 from .schema.rules import (
@@ -22,6 +23,7 @@ from .schema.rules import (
     Either,
     Integer,
     Key,
+    Number,
     Object,
     Parsed,
     Scalar,
@@ -75,6 +77,11 @@ ENTRY = Table({
     "shapes": Key(Array(Object(Scalar()), 1, "must list at least one shape"), required=True),
     "autotuner": Key(Text(SETUP.pattern, "`module:attribute` (or `module:attribute.fn`)",
                           description="A @triton.autotune kernel to capture, if not a flytune one.")),
+    "rtol": Key(Number(0.0, 1e6, description="Relative tolerance of the output check (default: by dtype).")),
+    "atol": Key(Number(0.0, 1e6, description="Absolute tolerance of the output check (default: by dtype).")),
+    "check": Key(Boolean(description="false: candidates' outputs are not compared with the reference "
+                                     "config's (a kernel whose outputs legitimately depend on its config)."),
+                 default=True),
 })
 TUNE = Table({
     "plan": Key(replace(PATH, description="A TOML file of `[[entries]]`.")),
@@ -111,10 +118,14 @@ class TuneEntry:
     setup: str               # "module:function"; function(**shape) returns a zero-argument callable
     shapes: tuple[dict, ...]
     autotuner: str | None = None  # "module:attr" of a @triton.autotune kernel to capture, if not ours
+    rtol: float | None = None     # the output check's tolerances (None: by dtype, runtime.outputs)
+    atol: float | None = None
+    check: bool = True            # False: candidates' outputs are not compared with the reference's
 
     @classmethod
     def from_checked(cls, entry: dict) -> TuneEntry:
-        return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"])
+        return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"], entry["rtol"],
+                   entry["atol"], entry["check"])
 
 
 @dataclass(frozen=True)
@@ -263,3 +274,45 @@ def package_bases(root: Path, doc: dict, top: str) -> list[str]:
 def _inside(real: str, root: str) -> bool:
     top = os.path.realpath(root)
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def ships(root: str | Path, sources, directory: str | Path) -> bool:
+    """Whether the build would collect what is written into `directory`: it is one of `sources`
+    (`[tool.flytune] sources`, relative to `root`), lies below one, or one of its folders matches a
+    source glob (`*`, `?`, `[...]`, `**`), as `core.fsutil.find` reads them."""
+    try:
+        rel = Path(os.path.realpath(directory)).relative_to(os.path.realpath(root))
+    except ValueError:
+        return False  # outside the project: never collected
+    parts = [p for p in rel.parts if p not in ("", ".")]
+    for source in sources:
+        segs = [s for s in source.replace("\\", "/").split("/") if s not in ("", ".")]
+        while segs and segs[-1] == "**":  # `dir/**` reaches what walking `dir` reaches
+            segs.pop()
+        if any(_matches(segs, parts[:n]) for n in range(len(parts) + 1)) or \
+                _matches(segs, parts + ["kernel-0000000000000000.json"]):  # a glob of artifact files
+            return True
+    return False
+
+
+def _matches(segs: list[str], parts: list[str]) -> bool:
+    if not segs:
+        return not parts
+    if segs[0] == "**":
+        return any(_matches(segs[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], segs[0]) and _matches(segs[1:], parts[1:])
+
+
+def unshipped_tune_output(proj: Project) -> str | None:
+    """The `tune.output` directory (expanded for each target's arch) that `sources` does not reach, if any:
+    `flytune tune` would write there and the build would keep shipping what the sources hold."""
+    if not proj.tune_output:
+        return None
+    for target in proj.targets:
+        text = proj.tune_output
+        for placeholder, value in (("{arch}", target.arch), ("{backend}", backend_of(target.arch)),
+                                   ("{device}", "device")):
+            text = text.replace(placeholder, value)
+        if not ships(proj.root, proj.sources, proj.root / text):
+            return text
+    return None

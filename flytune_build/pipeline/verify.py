@@ -1,7 +1,8 @@
 """Verify at package time, with no GPU: key axes, conflicts, toolchain drift, coverage.
 
 The rules are core.verification's, shared with `flytune verify`; schema, canonical form and content
-address are checked as each file is collected. Coverage knows the kernels the project plans to tune
+address are checked as each file is collected. A `tune.output` the sources do not reach is an
+error (a warning where `strict = false`): re-tuning there would never change the bundle. Coverage knows the kernels the project plans to tune
 (`[tool.flytune.tune]` entries or its plan file), so a planned kernel with no artifact is a gap.
 """
 from __future__ import annotations
@@ -19,6 +20,12 @@ def verify(state: BuildState) -> BuildState:
     state.rejected += found.errors
     state.warnings += found.warnings
     state.artifacts = found.bundled(state.artifacts)  # an earlier release's keys under the kernel's one axis set
+    unshipped = project_mod.unshipped_tune_output(state.project)
+    if unshipped is not None:  # strict: an error; otherwise dropped to a warning, as every rejection is
+        state.reject(ProjectError(f"is {state.project.tune_output!r}, which writes {unshipped}: outside the sources "
+                                  f"({', '.join(state.project.sources)}), so the build never ships what "
+                                  f"`flytune tune` writes there", file=state.project.root / "pyproject.toml",
+                                  field="tool.flytune.tune.output"))
     return state
 
 

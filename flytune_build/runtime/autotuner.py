@@ -322,7 +322,8 @@ def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit:
     spec = binder.record(k.name, k.fn, args, kwargs, winner.config)  # for `flytune warmup`
     artifact = Artifact(k.name, key, device.current(), winner.config,
                         identity.provenance(found.candidates, k.space_hash, found.ranking, spec,
-                                            measurement=found.measurement, selection=found.selection))
+                                            measurement=found.measurement, selection=found.selection,
+                                            outputs=found.outputs))
     out_dir = settings.current().emit_dir
     if emit and out_dir:
         artifact.save(out_dir)

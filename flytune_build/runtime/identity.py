@@ -59,10 +59,11 @@ def scratch_key(kernel: str, key: dict, bound: dict, arg_names: Sequence[str], d
 
 
 def provenance(candidates: Sequence[Any], space_hash: str, ranking: str, specialization: dict | None = None, *,
-               measurement: dict | None = None, selection: dict | None = None) -> dict:
+               measurement: dict | None = None, selection: dict | None = None, outputs: dict | None = None) -> dict:
     """How a winner was found: versions, when, over which config space, and every `bench.Candidate` timed;
     with how Triton specialised the winner's launch when known (`runtime.binder`), how the times
-    were taken (`bench.Measurement`) and why the winner won (`selection`)."""
+    were taken (`bench.Measurement`), why the winner won (`selection`) and what its outputs were checked
+    against (`outputs`)."""
     out = {**versions(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "space_hash": space_hash, "ranking": ranking, "candidates": [c.to_json() for c in candidates]}
     if specialization is not None:
@@ -71,4 +72,6 @@ def provenance(candidates: Sequence[Any], space_hash: str, ranking: str, special
         out["measurement"] = measurement
     if selection is not None:
         out["selection"] = selection
+    if outputs is not None:
+        out["outputs"] = outputs
     return out

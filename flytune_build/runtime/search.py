@@ -9,6 +9,9 @@ Invariants (pinned by tests/test_runtime.py):
 - on a GPU every candidate compiles concurrently before any is timed;
 - with FLYTUNE_RANKING=synthetic each candidate still runs once (one that cannot launch never wins),
   but the ranking is a deterministic hash, never a measurement;
+- inside `outputs.checking` (`flytune tune`), each candidate's outputs are checked against a reference
+  config's on the same inputs: one that differs times as infinity and never wins, its error saying
+  where it differed;
 - candidates are timed in declared order (the tie rule's order, `selection`), with one `bench.Measurement`
   chosen before any is timed; inside `selection.keeping` the shipped winner is a finalist;
 - on a GPU the passes and rounds rotate over `placement` copies of the inputs: the caller's tensors are
@@ -30,7 +33,7 @@ from typing import Any
 from ..core import settings
 from ..core.config import Config
 from ..core.errors import DeclarationError
-from . import bench, callbacks, placement, selection, warning
+from . import bench, callbacks, outputs, placement, selection, warning
 from .bench import Candidate
 
 
@@ -44,6 +47,7 @@ class SearchResult:
     measurement: dict | None = None   # provenance.measurement: how the times were taken
     selection: dict | None = None     # provenance.selection: the band, the finalists, why the winner won
     hook_source: Any = None           # the config `early_config_prune` made for the winner, with its pre_hook
+    outputs: dict | None = None       # provenance.outputs: the reference the candidates' outputs were checked against
 
 
 def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> SearchResult:
@@ -63,17 +67,24 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
                                           _hooks(kernel, configs, sources))
         launch = callbacks.Launcher(kernel, grid, fresh_inputs, placements.sites, sources)  # Triton's hooks around each
         try:
+            if not kernel.interpreted and rank != "synthetic":
+                _precompile(kernel, args, kwargs, grid, configs, sources)
+            check, checked = outputs.start(kernel, placements.sites[0].bound, configs, launch)
             if rank == "synthetic":
-                candidates, chosen, measure = _synthetic(kernel, key, configs, launch, shipped)
+                candidates, chosen, measure = _synthetic(kernel, key, configs, check or launch, shipped)
+                if check is not None:
+                    check.restore()
             else:
-                if not kernel.interpreted:
-                    _precompile(kernel, args, kwargs, grid, configs, sources)
-                candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements)
+                wrong = check.screen(configs) if check is not None else {}
+                candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements, wrong)
+            if check is not None:
+                checked = check.record(candidates)
         finally:  # the copies go now, even when a traceback keeps this frame alive (`launch` shares the list)
             del placements.sites[1:]
+            check = None  # the copies of the inputs the check held
     launch.settle(chosen.winner.config)
     result = SearchResult(chosen.winner, candidates, time.perf_counter() - start, rank, measure.to_json(),
-                          chosen.record, sources.get(chosen.winner.config))
+                          chosen.record, sources.get(chosen.winner.config), checked)
     if settings.current().print_autotuning:
         for c in candidates:
             t = f"{c.time_ms:.4f} ms" if math.isfinite(c.time_ms) else f"failed ({c.error})"
@@ -155,12 +166,19 @@ def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Confi
     return candidates, chosen, bench.Measurement("synthetic", kernel.num_warmups, kernel.num_reps)
 
 
-def _measured(kernel, configs: list[Config], launch: callbacks.Launcher, shipped, placements: placement.Placements):
-    """Screening passes and finalist rounds each time a config on its next placement (`placement`)."""
+def _measured(kernel, configs: list[Config], launch: callbacks.Launcher, shipped, placements: placement.Placements,
+              wrong: dict[Config, str]):
+    """Screening passes and finalist rounds each time a config on its next placement (`placement`);
+    a config whose outputs were wrong (`wrong`: config -> why) is not timed."""
     measure = dataclasses.replace(_measurement(kernel, configs, launch), placements=len(placements),
                                   placement_note=placements.note)
     screen = measure.bench(bench.SCREEN_FRACTION * measure.screen_passes)
-    candidates = _timed(configs, lambda cfg: screen(launch.at(cfg)))
+
+    def screened(cfg: Config) -> float:
+        if cfg in wrong:
+            raise outputs.WrongOutput(wrong[cfg])
+        return screen(launch.at(cfg))
+    candidates = _timed(configs, screened)
     for _ in range(measure.screen_passes - 1):  # interleaved passes, the least kept: a burst of load hits one
         _again(candidates, lambda c: screen(launch.at(c.config)))
     chosen = selection.pick(candidates, lambda c, fraction: measure.bench(fraction)(launch.at(c.config)),

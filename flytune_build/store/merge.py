@@ -9,7 +9,10 @@ is written (exit 1), unless `--prefer` names the rule that decides:
     faster   the lower time of the winner, as its own provenance measured it (its candidate entry)
     newer    the later `provenance.created`
 
-A rule that cannot decide (a time or timestamp missing, a tie) leaves the conflict. The union is
+A rule that cannot decide (a time or timestamp missing, a tie) leaves the conflict. Rankings never mix:
+a synthetic artifact's "time" is a rank, so `faster` never compares it with a measured (or imported)
+one; such an identity stays a conflict, listed with each file's ranking, and `newer` (or removing one
+side) decides it. The union is
 written into a new directory beside OUT and renamed into place, so OUT holds what it held before or
 the whole union, never part of it. OUT must not exist, be empty, or be one of the DIRs (merge into it:
 everything else it holds, files, folders and links, stays as it was).
@@ -56,8 +59,18 @@ class Found:
             return None
         return value
 
+    def ranking(self) -> str | None:
+        value = (self.artifact.provenance or {}).get("ranking")
+        return value if isinstance(value, str) else None
+
+    def synthetic(self) -> bool:
+        return self.ranking() == "synthetic"
+
     def describe(self) -> str:
         t = self.winner_ms()
+        if self.synthetic():
+            return (f"{self.path}: {self.artifact.config}, winner rank {'-' if t is None else f'{t:.4f}'} "
+                    f"(synthetic), created {self.created() or '-'}")
         return (f"{self.path}: {self.artifact.config}, winner time "
                 f"{'-' if t is None else f'{t:.4f} ms'}, created {self.created() or '-'}")
 
@@ -82,6 +95,9 @@ def choose(found: list[Found], prefer: str | None) -> tuple[Found | None, str | 
         return found[0], None
     if prefer is None:
         return None, "different winners"
+    if prefer == "faster" and len({f.synthetic() for f in found}) > 1:
+        return None, ("--prefer faster: a synthetic rank and a measured time cannot be compared "
+                      "(rankings never mix; --prefer newer, or remove one side)")
     values = [(f.winner_ms() if prefer == "faster" else f.created(), f) for f in found]
     if any(v is None for v, _ in values):
         return (found[0], None) if len(configs) == 1 else (None, f"--prefer {prefer}: a {_what(prefer)} is missing")
@@ -89,7 +105,9 @@ def choose(found: list[Found], prefer: str | None) -> tuple[Found | None, str | 
     top = [f for v, f in values if v == best]
     if len({codec.canonical(f.artifact.config.to_json()) for f in top}) > 1:
         return None, f"--prefer {prefer}: a tie"
-    return top[0], (f"{prefer}: {best:.4f} ms" if prefer == "faster" else f"{prefer}: {best}")
+    if prefer == "faster":
+        return top[0], (f"{prefer}: rank {best:.4f} (synthetic)" if top[0].synthetic() else f"{prefer}: {best:.4f} ms")
+    return top[0], f"{prefer}: {best}"
 
 
 def _what(prefer: str) -> str:

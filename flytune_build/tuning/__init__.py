@@ -14,7 +14,9 @@ from pathlib import Path
 from ..core import project as project_mod
 from ..core import settings
 from ..core.errors import ProjectError, UsageError
+from . import fingerprint
 from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
+from .job import unknown_kernels
 
 __all__ = ["MIN_IMPROVEMENT_PCT", "Outcome", "Report", "Reporter", "tune"]
 
@@ -45,7 +47,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
                          "intended GPU; allow_ci=True or --allow-ci overrides)")
     options = Options(executor or "inprocess", workers, address, job_timeout, resume, ranking,
                       str(Path(output).resolve()) if output else None, repeat, margin)
-    return _run(proj, entries, options, reporter)
+    fingerprints = fingerprint.of_plan(proj.root, entries)
+    return _run(proj, entries, options, reporter, fingerprints)
 
 
 def _load(root: Path) -> project_mod.Project:
@@ -62,15 +65,14 @@ def _entries(proj: project_mod.Project, plan, kernels) -> tuple:
         kernels = [kernels] if isinstance(kernels, str) else list(kernels)
         unknown = sorted(set(kernels) - {e.kernel for e in entries})
         if unknown:
-            known = ", ".join(sorted({e.kernel for e in entries})) or "none"
-            raise UsageError(f"kernel {', '.join(unknown)}: not in the tuning plan (its kernels: {known})")
+            raise unknown_kernels(unknown, {e.kernel for e in entries}, "in the tuning plan")
         entries = tuple(e for e in entries if e.kernel in kernels)
     if not entries:
         raise UsageError("the tuning plan is empty (declare [tool.flytune.tune] or pass a plan)")
     return entries
 
 
-def _run(proj, entries, options: Options, reporter) -> Report:
+def _run(proj, entries, options: Options, reporter, fingerprints: dict | None = None) -> Report:
     from . import executors
     from .driver import Driver
 
@@ -80,7 +82,7 @@ def _run(proj, entries, options: Options, reporter) -> Report:
         executor = executors.open_executor(options.executor, proj, options.ranking, workers=options.workers,
                                            address=options.address, job_timeout=options.job_timeout,
                                            jobs=sum(len(e.shapes) for e in entries), log_dir=log_dir)
-        report = Driver(proj, entries, options, executor, reporter).run()
+        report = Driver(proj, entries, options, executor, reporter, fingerprints).run()
         return report
     finally:  # a local worker's log says why it died: kept when a job failed
         if report is not None and report.failed and any(log_dir.iterdir()):

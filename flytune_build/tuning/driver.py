@@ -12,6 +12,11 @@ fails alone: its worker is replaced and the job retried once, then reported fail
 or call raises fails at once (it would raise again). Either way the rest of the plan completes and
 the run exits 1, the summary naming each failed job and why.
 
+A job an earlier run finished is resumed only while what it depended on holds (`fingerprint`: the
+kernel's config space and source, the setup, the output check, the toolchain); otherwise it runs
+again, and its outcome and the report say why (`retuned`). A state an earlier release wrote holds no
+fingerprint: its jobs run again, saying so.
+
 Every job carries the run's options and the output's incumbents for its kernel (`incumbent`): repeat,
 min_improvement and the keep-or-replace rule run where the job runs, so whether an output keeps its
 winners never depends on the executor. The driver prints nothing: what it has to tell goes to the
@@ -29,10 +34,10 @@ from ..core import fsutil
 from ..core.artifact import Artifact
 from ..core.device import DeviceIdentity, parse_spec
 from ..core.errors import DeviceError, FlytuneError, TuneError, UsageError
-from ..core.project import Project, TuneEntry
-from . import layout
+from ..core.project import Project, TuneEntry, ships
+from . import fingerprint, layout
 from .incumbent import MIN_IMPROVEMENT_PCT, read_output
-from .job import Job, no_search_note
+from .job import Job, check_options, no_search_note
 from .ledger import read_state, snapshot
 from .publisher import Publisher
 from .stability import Stability
@@ -99,6 +104,8 @@ class Outcome:
     stable: Stability | None = None  # with repeat > 1: how many searches agreed
     confidence: float | None = None  # provenance.selection.confidence: how sure the choice is (0.5-1)
     resolved: bool | None = None     # provenance.selection.resolved: every deciding test settled
+    ranking: str | None = None       # provenance.ranking: `synthetic` times are ranks, not milliseconds
+    retuned: str | None = None       # why a job an earlier run finished ran again (`fingerprint.changed`)
 
     def to_json(self) -> dict:
         j = self.job
@@ -106,7 +113,7 @@ class Outcome:
                 "key": self.key, "winner": self.winner, "time_ms": _number(self.time_ms), "margin": self.margin,
                 "change": self.change, "stability": None if self.stable is None else self.stable.to_json(),
                 "confidence": self.confidence, "resolved": self.resolved, "worker": self.worker, "host": self.host,
-                "reason": self.reason}
+                "reason": self.reason, "ranking": self.ranking, "retuned": self.retuned}
 
 
 def _number(x: float | None) -> float | None:
@@ -154,6 +161,10 @@ class Report:
                 "changes": self.changes(), "directories": {k: str(v) for k, v in self.directories.items()},
                 "elapsed_s": self.elapsed_s, "notes": list(self.notes)}
 
+    def retuned(self) -> dict[str, int]:
+        """Jobs an earlier run finished that ran again, by why (`fingerprint.changed`)."""
+        return _counted(o.retuned for o in {id(o.job): o for o in self.outcomes if o.retuned}.values())
+
     def changes(self) -> dict[str, int]:
         """How many tuned outcomes were new, kept and replaced against the output's incumbents."""
         tuned = [o for o in self.outcomes if o.status == "tuned"]
@@ -164,8 +175,10 @@ class Driver:
     """One run of a plan over an executor's workers; `run()` returns the report."""
 
     def __init__(self, project: Project, entries: tuple[TuneEntry, ...], options: Options, executor,
-                 reporter: Reporter | None = None):
+                 reporter: Reporter | None = None, fingerprints: dict | None = None):
         self.project, self.entries, self.options, self.executor = project, entries, options, executor
+        self.fingerprints = fingerprint.of_plan(project.root, entries) if fingerprints is None else fingerprints
+        self.retuned: dict[str, str] = {}  # job id -> why a finished job runs again
         self.reporter = reporter or Reporter()
         self.notes: list[str] = []
         self.slots = [Slot(i, executor.name(i)) for i in range(executor.slots)]
@@ -244,22 +257,22 @@ class Driver:
             directories = layout.check_separates(template, devices)
         except FlytuneError as e:
             raise Refused(e.rule) from None
-        finished = 0
+        finished, found = 0, {}
         for dev, directory in directories.items():
             spec = dev.spec()
             fsutil.output_directory(directory)
-            self.directories[spec] = directory
-            self.done[spec] = read_state(directory) if self.options.resume else {}
-            self.incumbents[spec] = read_output(directory)
-            jobs, self.queues[spec], resumed = lay_out(self.entries, spec, self.done[spec])
+            if not ships(self.project.root, self.project.sources, directory):
+                self._note(unshipped_note(self.project, directory))
+            self.directories[spec], self.incumbents[spec] = directory, read_output(directory)
+            self.done[spec], found[directory] = finished_in(directory, self.options.resume)
+            jobs, self.queues[spec], resumed, retuned = lay_out(self.entries, spec, self.done[spec], self.fingerprints)
+            self.retuned.update(retuned)
             self.jobs += jobs
             self.outcomes.update(resumed)
             finished += len(resumed)
         self.progress = self.reporter
         self.progress.start(len(self.jobs), finished)
-        self.publisher = Publisher({self.directories[spec]: dict(done) for spec, done in self.done.items()},
-                                   {d: dict(self.done[spec]) if self.options.resume else snapshot(d)
-                                    for spec, d in self.directories.items()})
+        self.publisher = Publisher({self.directories[spec]: dict(done) for spec, done in self.done.items()}, found)
 
     def _drive(self) -> None:
         while True:
@@ -400,7 +413,7 @@ class Driver:
         """Hand the job's artifacts to the publisher, which writes them, then records the job done."""
         directory, outcomes, files = self.directories[job.device], [], []
         for outcome, art, data in received(job, slot, results):
-            path = directory / art.filename
+            path, outcome.retuned = directory / art.filename, self.retuned.get(job.id)
             first = self.published.setdefault(path, job)
             if first is not job:  # a key another job of this run tuned: the first one's artifact stays
                 outcome.status, outcome.reason, outcome.change = "duplicate", f"same artifact as {first.label()}", "-"
@@ -411,9 +424,7 @@ class Driver:
         if not outcomes:
             self._note(f"flytune: warning: {no_search_note(job.entry, job.shape)}")
             return [Outcome(job, "no-search", slot.name, slot.host)]
-        last = outcomes[-1]
-        self.publisher.publish(job, directory, files, {"winner": last.winner, "time_ms": last.time_ms,
-                                                       "margin": last.margin})
+        self.publisher.publish(job, directory, files, record_of(outcomes[-1], self.fingerprints))
         return outcomes
 
     def _note(self, text: str) -> None:
@@ -421,11 +432,35 @@ class Driver:
         self.reporter.note(text)
 
 
+def finished_in(directory: Path, resume: bool) -> tuple[dict, dict]:
+    """(the jobs a run resumes from `directory`'s state, the state as the run finds it: `write_state`'s base)."""
+    if not resume:
+        return {}, snapshot(directory)
+    done = read_state(directory)
+    return done, dict(done)
+
+
+def unshipped_note(project: Project, directory: Path) -> str:
+    return (f"flytune: warning: {directory} is outside [tool.flytune] sources ({', '.join(project.sources)}): "
+            f"the build does not ship what this run writes there")
+
+
+def record_of(last: Outcome, fingerprints: dict | None) -> dict:
+    """The job's record in `.flytune-tune-state` (`ledger`): its last winner, and what it depended on."""
+    record = {"winner": last.winner, "time_ms": last.time_ms, "margin": last.margin}
+    if last.ranking is not None:
+        record["ranking"] = last.ranking
+    depends = (fingerprints or {}).get(fingerprint.entry_name(last.job.entry))
+    if depends is not None:
+        record["depends"] = depends
+    return record
+
+
 def job_options(options: Options, incumbents: dict, job: Job) -> dict:
     """What travels with a job: the run's options and the output's incumbents of its kernel."""
     files = incumbents[job.device].get(job.entry.kernel, {})
     return {"repeat": options.repeat, "min_improvement": options.min_improvement,
-            "winners": {name: data.decode() for name, data in files.items()}}
+            "winners": {name: data.decode() for name, data in files.items()}, **check_options(job.entry)}
 
 
 def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, bytes | None]]:
@@ -440,25 +475,43 @@ def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, byt
         stable = None if r.get("stability") is None else Stability.from_json(r["stability"])
         chosen = (art.provenance or {}).get("selection") or {}
         confidence = chosen.get("confidence")
+        ranking = (art.provenance or {}).get("ranking")
         out.append((Outcome(job, "tuned", slot.name, slot.host, dict(art.key), r["winner"], r["time_ms"], r["margin"],
                             change=r["change"], stable=stable,
                             confidence=float(confidence) if isinstance(confidence, (int, float)) else None,
-                            resolved=chosen.get("resolved") if isinstance(chosen.get("resolved"), bool) else None),
+                            resolved=chosen.get("resolved") if isinstance(chosen.get("resolved"), bool) else None,
+                            ranking=ranking if isinstance(ranking, str) else None),
                     art, data if r["write"] else None))
     return out
 
 
-def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict):
-    """The plan's jobs for one device: (all of them, those to run, {job id: outcome} of those done)."""
-    jobs, pending, resumed = [], deque(), {}
+def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict, fingerprints: dict | None = None):
+    """The plan's jobs for one device: (all of them, those to run, {job id: outcome} of those done and
+    still holding, {job id: why} of those done whose inputs moved since, which run again: their records
+    leave `done`, so the state never names a job whose inputs moved). Without `fingerprints` every
+    finished job holds."""
+    jobs, pending, resumed, retuned = [], deque(), {}, {}
     for entry in entries:
         for shape in entry.shapes:
             job = Job(entry, shape, spec)
             jobs.append(job)
             record = done.get(job.id)
-            if record is None:
+            why = None
+            if record is not None and fingerprints is not None:
+                why = fingerprint.changed(record.get("depends"), fingerprints.get(fingerprint.entry_name(entry)))
+            if record is None or why is not None:
                 pending.append(job)
+                if why is not None:
+                    retuned[job.id] = why
+                    del done[job.id]
             else:
                 resumed[job.id] = [Outcome(job, "resumed", winner=record["winner"], time_ms=record["time_ms"],
-                                           margin=record.get("margin"))]
-    return jobs, pending, resumed
+                                           margin=record.get("margin"), ranking=record.get("ranking"))]
+    return jobs, pending, resumed, retuned
+
+
+def _counted(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out

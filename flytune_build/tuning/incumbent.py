@@ -10,6 +10,10 @@ is faster by more than `min_improvement` (`runtime.selection`). Each result is t
                          toolchain or the config space changed, so its provenance says what it was last
                          measured with)
     replaced (+4.2%)     another config was faster by more than the margin: written
+    replaced (synthetic -> measured)
+                         the incumbent was ranked the other way (a synthetic rank against a measured
+                         time, or back): rankings never mix, so it is never a finalist and always
+                         replaced
 
 The rule runs where the job runs, on every executor alike: the driver reads the output once and sends
 each job the incumbents of its kernel as file name -> bytes (a Ray node shares no disk with the driver);
@@ -24,7 +28,7 @@ from ..core import artifactdir
 from ..core.artifact import Artifact
 from ..core.config import Config
 from ..core.errors import FlytuneError
-from ..runtime import device, selection
+from ..runtime import bench, device, selection
 
 MIN_IMPROVEMENT_PCT = 3.0
 TOOLCHAIN = ("triton", "torch", "cuda", "hip", "space_hash")  # what re-writes a kept artifact's provenance
@@ -61,9 +65,12 @@ class Incumbents:
         return None, None
 
     def lookup(self, kernel: str, key: dict) -> selection.Shipped | None:
-        """The winner the output holds for `kernel` at `key` on this device, for `selection.keeping`."""
+        """The winner the output holds for `kernel` at `key` on this device, for `selection.keeping`; none
+        where it was ranked another way than this search ranks (`mixes`)."""
         _, old = self._held(kernel, key)
-        return None if old is None else selection.Shipped(old.config, self.margin)
+        if old is None or mixes(ranking_of(old), bench.ranking()):
+            return None
+        return selection.Shipped(old.config, self.margin)
 
     def change(self, art: Artifact) -> tuple[str, Artifact | None]:
         """(new | kept | replaced (+gain%), the artifact to write or None) for a search's artifact. An
@@ -75,6 +82,9 @@ class Incumbents:
         if name != art.filename:
             art = Artifact(art.kernel, dict(old.key), art.device, art.config, art.provenance)
         prov = art.provenance or {}
+        was, now = ranking_of(old), ranking_of(art)
+        if mixes(was, now):
+            return f"replaced ({was} -> {now})", art
         gain = ((prov.get("selection") or {}).get("shipped") or {}).get("gain")
         if art.config == old.config:
             was = old.provenance or {}
@@ -85,6 +95,18 @@ class Incumbents:
     def saved(self, art: Artifact) -> None:
         """`art` is now the output's artifact for its identity (a later search of it compares to it)."""
         self.found[art.filename] = art
+
+
+def ranking_of(art: Artifact) -> str | None:
+    """`provenance.ranking` (measured, synthetic, imported), or None where it records none."""
+    value = (art.provenance or {}).get("ranking")
+    return value if isinstance(value, str) else None
+
+
+def mixes(a: str | None, b: str | None) -> bool:
+    """Whether two rankings cannot be compared: a synthetic rank against anything else (a measured time,
+    an imported one). One whose ranking is not recorded is taken as measured."""
+    return (a == "synthetic") != (b == "synthetic")
 
 
 def read_output(directory: Path) -> dict[str, dict[str, bytes]]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..core import codec, settings
 from ..core.artifact import Artifact
-from ..core.codec import Fields
-from ..core.errors import FlytuneError, ProjectError
+from ..core.codec import Fields, did_you_mean
+from ..core.errors import FlytuneError, ProjectError, UsageError
 from ..core.project import TuneEntry
 
 
@@ -49,6 +49,20 @@ def job_id(entry: TuneEntry, shape: dict, device: str) -> str:
     return hashlib.sha256(codec.canonical([entry.kernel, entry.setup, shape, device])).hexdigest()[:24]
 
 
+def unknown_kernels(names, known, where: str, listing: str = "its kernels") -> UsageError:
+    """The one rule for a kernel a plan or `--kernel` names that is not there: `kernel X: not <where>
+    (<listing>: every known kernel)`, and the closest known name."""
+    known = sorted(known)
+    names = sorted(names)
+    hint = next((h for h in (did_you_mean(n, known) for n in names) if h), "")
+    return UsageError(f"kernel {', '.join(names)}: not {where} ({listing}: {', '.join(known) or 'none'}){hint}")
+
+
+def check_options(entry: TuneEntry) -> dict:
+    """How a search of `entry` checks its candidates' outputs (`runtime.outputs.checking`)."""
+    return {"check": entry.check, "rtol": entry.rtol, "atol": entry.atol}
+
+
 def shape_text(shape: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
 
@@ -71,13 +85,16 @@ def tuning(root: Path, ranking: str | None = None):
 
 def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     """Build `entry`'s call at `shape`, run it, and return the winners its kernel's searches chose
-    (none: the key was already tuned in this process, or the setup does not call the kernel)."""
+    (none: the key was already tuned in this process, or the setup does not call the kernel). A kernel
+    that is still not registered once the call ran is a UsageError naming those that are."""
+    from ..runtime import outputs, registry
     from ..runtime.events import on_decision
 
     pyproject = Path(root) / "pyproject.toml"
     call = load_setup(entry.setup, pyproject)(**shape)
     events: list[dict] = []
-    with on_decision(lambda ev: "artifact" in ev and events.append(ev)):  # searches only
+    with on_decision(lambda ev: "artifact" in ev and events.append(ev)), \
+            outputs.checking(**check_options(entry)):  # the events of searches only; outputs checked
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
             from ..runtime.adapters.triton_autotune import recording
 
@@ -88,6 +105,9 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
         else:
             call()
             sync()
+    if not entry.autotuner and registry.kernel(entry.kernel) is None:
+        raise unknown_kernels([entry.kernel], registry.kernels(), "a kernel its setup registers",
+                              "registered kernels")
     return [Tuned(ev["artifact"], str(ev["winner"].config), ev["winner"].time_ms,
                   _margin(ev["candidates"], ev["winner"]))
             for ev in events if ev["kernel"] == entry.kernel]

@@ -43,3 +43,4 @@ def check_separates(template: str | Path, devices: Iterable[DeviceIdentity]) -> 
                                f"(or {{arch}}, where the archs differ) in --output or tool.flytune.tune.output")
         out[dev] = path
     return out
+

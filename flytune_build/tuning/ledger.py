@@ -1,8 +1,14 @@
 """`<output>/.flytune-tune-state`: the jobs an output directory has finished, so a run resumes.
 
-`{"format": 1, "done": {job id: {"winner", "time_ms", "margin"}}}`, rewritten atomically after each
-job whose artifacts are already in place: a job the state names is never redone, and a run killed at
-any moment redoes at most the jobs it had not recorded.
+`{"format": 1, "done": {job id: {"winner", "time_ms", "margin", "ranking", "depends"}}}`, rewritten
+atomically after each job whose artifacts are already in place: a run killed at any moment redoes at
+most the jobs it had not recorded. `depends` is what the job depended on (`fingerprint`): a job is
+resumed only while it holds. `ranking` and `depends` are optional: a state an earlier release wrote
+has neither, and loads (its jobs run again, `fingerprint.UNKNOWN`).
+
+What is written is bounded by what is read: one cap, MAX_STATE_BYTES, for both; a record's winner is
+cut to WINNER_MAX characters, and a state that would still be over the cap is not written (the one
+there stays), an OutputError saying so.
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ from ..core.errors import OutputError, ProjectError
 from ..core.fsutil import atomic_write, read_regular
 
 STATE_FILE = ".flytune-tune-state"
-MAX_STATE_BYTES = 64 << 20
+MAX_STATE_BYTES = 64 << 20   # the most a state file may hold, read or written
+WINNER_MAX = 4096            # characters of a record's winner (its config, as text)
 
 
 def read_state(directory: Path) -> dict:
@@ -34,10 +41,15 @@ def read_state(directory: Path) -> dict:
         if doc["format"] != 1 or isinstance(doc["format"], bool):
             f.fail("format", f"is {doc['format']!r}; this flytune reads tune state format 1")
         for job, record in f.mapping(doc["done"], "done").items():
-            f.table(record, f"done.{job}", ("winner", "time_ms"), ("margin",))
-            f.string(record["winner"], f"done.{job}.winner", max_len=4096)
+            f.table(record, f"done.{job}", ("winner", "time_ms"), ("margin", "ranking", "depends"))
+            f.string(record["winner"], f"done.{job}.winner", max_len=WINNER_MAX)
             f.number(record["time_ms"], f"done.{job}.time_ms", nullable=True)
             f.number(record.get("margin"), f"done.{job}.margin", nullable=True)
+            if record.get("ranking") is not None:
+                f.string(record["ranking"], f"done.{job}.ranking", max_len=64)
+            if record.get("depends") is not None:
+                for part, value in f.mapping(record["depends"], f"done.{job}.depends").items():
+                    f.string(value, f"done.{job}.depends.{part}", max_len=64)
     except ProjectError as e:
         raise ProjectError(f"{e.rule} (a malformed tune state: delete it, or pass --no-resume)", file=path,
                            field=e.field) from None
@@ -63,7 +75,13 @@ def write_state(directory: Path, done: dict, base: dict | None = None) -> None:
         if base is not None:
             now = snapshot(directory)
             merged = {**{job: r for job, r in now.items() if base.get(job) != r}, **done}
-        atomic_write(Path(directory) / STATE_FILE, codec.canonical({"format": 1, "done": merged}) + b"\n")
+        merged = {job: {**r, "winner": str(r["winner"])[:WINNER_MAX]} for job, r in merged.items()}
+        data = codec.canonical({"format": 1, "done": merged}) + b"\n"
+        if len(data) > MAX_STATE_BYTES:
+            raise OutputError(f"would hold {len(data)} bytes, over the {MAX_STATE_BYTES} this flytune reads back; "
+                              f"the state there is left as it was (tune the plan in parts, each into its own output)",
+                              file=Path(directory) / STATE_FILE)
+        atomic_write(Path(directory) / STATE_FILE, data)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import queue
 import threading
 from pathlib import Path
 
+from ..core.errors import FlytuneError
 from ..core.fsutil import atomic_write
 from .job import Job
 from .ledger import write_state
@@ -53,7 +54,7 @@ class Publisher:
             for directory in touched:
                 try:
                     write_state(directory, self.done[directory], self.bases.get(directory))
-                except OSError as e:
+                except (OSError, FlytuneError) as e:
                     self._failed(None, f"the resume state in {directory} could not be written: {e}")
             if None in batch:
                 return

@@ -5,7 +5,8 @@ stdin and stdout in frames: an 8-byte little-endian length, then a JSON array (d
 worker sends is executed by the driver):
 
     driver -> worker   ["setup", project root, ranking, name], then ["job", job id, kernel, setup,
-                       autotuner, shape, {"repeat", "min_improvement", "winners"}] ...
+                       autotuner, shape, {"repeat", "min_improvement", "winners", "check", "rtol",
+                       "atol"}] ...
     worker -> driver   ["hello", device spec, host, pid] | ["start-failed", reason]
                        ["done", job id, device spec, [{"file", "artifact", "winner", "time_ms", "margin",
                        "change", "write", "stability"}, ...]]
@@ -90,7 +91,8 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     (`incumbent.Incumbents.change`) and whether it is to be written."""
     from ..runtime import device, selection
 
-    entry = TuneEntry(kernel, setup, (shape,), autotuner)
+    entry = TuneEntry(kernel, setup, (shape,), autotuner, options.get("rtol"), options.get("atol"),
+                      options.get("check", True))
     held = Incumbents({n: text.encode() for n, text in (options.get("winners") or {}).items()},
                       options.get("min_improvement", MIN_IMPROVEMENT_PCT))
     try:

@@ -101,6 +101,24 @@ class Integer(Rule):
 
 
 @dataclass(frozen=True)
+class Number(Rule):
+    """A finite number within [minimum, maximum]."""
+
+    minimum: float = -MAX_FLOAT
+    maximum: float = MAX_FLOAT
+    description: str = ""
+
+    def check(self, value: Any, path: str, f: Fields) -> float:
+        f.number(value, path)
+        if not self.minimum <= value <= self.maximum:
+            f.fail(path, f"must be between {self.minimum:g} and {self.maximum:g}, not {value!r}")
+        return float(value)
+
+    def schema(self) -> dict:
+        return {"type": "number", "minimum": self.minimum, "maximum": self.maximum}
+
+
+@dataclass(frozen=True)
 class Boolean(Rule):
     description: str = ""
 

@@ -1,0 +1,209 @@
+"""Checked outputs: during a tuning search (`flytune tune`: inside `checking`), each candidate's outputs
+are compared with a reference config's, computed on the same inputs, so that a fast config that
+computes the wrong thing never wins. A search a process runs on its own (FLYTUNE_AUTOTUNE=1, a first
+call with no other tier) launches and calls hooks exactly as Triton's Autotuner would, unchecked.
+
+Invariants (pinned by tests/test_selection.py):
+- the reference is the kernel's `default` config for the call, else the first candidate in declared
+  order; where it fails to launch, the next candidate that launches;
+- every candidate (and the reference) launches on the caller's tensors as the search found them:
+  each tensor argument is restored from a copy taken before the first launch, so a config that leaves
+  part of an output unwritten leaves the found bytes there, not another candidate's result;
+- every tensor argument is compared after the launch: integer and bool tensors exactly, floating ones
+  within the tolerance of their dtype (`TOLERANCES`) or the plan entry's `rtol`/`atol`; NaN equals NaN;
+- a candidate that differs raises `WrongOutput` where it is timed: it times as infinity, can never win,
+  and `provenance.candidates[i].error` says where it differed; `provenance.outputs` records the
+  reference and the tolerances (or, in `note`, why nothing was checked);
+- the caller's tensors are as the search found them once the check pass ends.
+
+Outputs are not checked when the plan entry says `check = false`, when no tensor is passed, or when
+the tensors passed exceed MAX_BYTES (the two copies the check holds would double them).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.config import Config
+
+# (rtol, atol) by dtype name; a dtype not listed and not floating compares exactly
+TOLERANCES = {"float64": (1e-7, 1e-9), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3),
+              "bfloat16": (1.6e-2, 1e-2)}
+LOW_PRECISION = (1.25e-1, 1.25e-1)   # the float8 kinds and any other narrow float
+MAX_BYTES = 2 << 30                  # tensor bytes a call may pass and still be checked
+
+
+class WrongOutput(Exception):
+    """A candidate's outputs differ from the reference config's on the same inputs."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    check: bool = True
+    rtol: float | None = None     # None: by dtype
+    atol: float | None = None
+
+
+_policies: list[Policy] = []
+
+
+@contextlib.contextmanager
+def checking(check: bool = True, rtol: float | None = None, atol: float | None = None) -> Iterator[None]:
+    """A context in which searches check their candidates' outputs under this policy (a tuning plan
+    entry's `check`, `rtol`, `atol`)."""
+    p = Policy(bool(check), rtol, atol)
+    _policies.append(p)
+    try:
+        yield
+    finally:
+        _policies.remove(p)
+
+
+def policy() -> Policy | None:
+    """The innermost `checking` context's policy; None outside every one (no check)."""
+    return _policies[-1] if _policies else None
+
+
+def tolerance(dtype: Any, p: Policy) -> tuple[float, float]:
+    """(rtol, atol) for a floating tensor of `dtype` under `p`."""
+    name = str(dtype).rpartition(".")[2]
+    rtol, atol = TOLERANCES.get(name, LOW_PRECISION)
+    return (rtol if p.rtol is None else p.rtol), (atol if p.atol is None else p.atol)
+
+
+class Check:
+    """One search's output check: the inputs as found, and the reference config's outputs."""
+
+    def __init__(self, tensors: dict[str, Any], launch: Callable[[Config], None], p: Policy):
+        self.tensors, self.launch, self.policy = tensors, launch, p
+        self.found = {n: t.clone() for n, t in tensors.items()}
+        self.reference: Config | None = None
+        self.expected: dict[str, Any] = {}
+        self.note: str | None = None
+        self.rejected: list[Config] = []
+
+    def restore(self) -> None:
+        """Every tensor argument as the search found it."""
+        for n, t in self.tensors.items():
+            t.copy_(self.found[n])
+
+    def find_reference(self, order: Sequence[Config]) -> None:
+        errors = []
+        for cfg in dict.fromkeys(order):
+            self.restore()
+            try:
+                self.launch(cfg)
+            except Exception as e:  # noqa: BLE001 - the next config is the reference; this one's search fails it
+                errors.append(f"{cfg}: {type(e).__name__}: {e}"[:300])
+                continue
+            self.reference = cfg
+            self.expected = {n: t.clone() for n, t in self.tensors.items()}
+            return
+        self.note = "not checked: no config launched for the reference (" + "; ".join(errors)[:400] + ")"
+
+    def __call__(self, cfg: Config) -> None:
+        """Launch `cfg` on the inputs as found and raise `WrongOutput` unless its outputs are the reference's."""
+        if self.reference is None or cfg == self.reference:
+            if self.reference is None:
+                self.launch(cfg)
+            return
+        self.restore()
+        self.launch(cfg)
+        for n, t in self.tensors.items():
+            why = differs(t, self.expected[n], self.policy)
+            if why is not None:
+                self.rejected.append(cfg)
+                raise WrongOutput(f"`{n}` differs from the reference {self.reference}'s: {why}")
+
+    def screen(self, configs: Sequence[Config]) -> dict[Config, str]:
+        """Each config checked once: {config: why} of those whose outputs differ (a config that fails to
+        launch is left to the timing, which records its own error). The inputs are restored after."""
+        wrong = {}
+        try:
+            for cfg in configs:
+                try:
+                    self(cfg)
+                except WrongOutput as e:
+                    wrong[cfg] = str(e)
+                except Exception:  # noqa: BLE001 - timing fails it with its own error
+                    pass
+        finally:
+            self.restore()
+        return wrong
+
+    def record(self, candidates: Sequence[Any]) -> dict:
+        """`provenance.outputs`."""
+        if self.reference is None:
+            return {"note": (self.note or "not checked")[:500]}
+        out: dict = {"reference": self.reference.to_json(), "rtol": self.policy.rtol, "atol": self.policy.atol,
+                     "rejected": sum(1 for c in candidates if c.config in self.rejected)}
+        return out
+
+
+def start(kernel, bound: dict, configs: Sequence[Config], launch: Callable[[Config], None]) -> tuple[Check | None, dict | None]:
+    """The check for this search (None when none is made) and, when none is, `provenance.outputs` saying why."""
+    p = policy()
+    if p is None:
+        return None, None
+    if not p.check:
+        return None, {"note": "not checked: the plan entry says check = false"}
+    tensors = {n: v for n, v in bound.items() if _is_tensor(v)}
+    if not tensors:
+        return None, {"note": "not checked: the call passes no tensor"}
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    if size > MAX_BYTES:
+        return None, {"note": f"not checked: the call's tensors take {size / 2**30:.1f} GiB, over "
+                              f"{MAX_BYTES / 2**30:.0f} GiB"}
+    try:
+        check = Check(tensors, launch, p)
+        check.find_reference(_reference_order(kernel, bound, configs))
+    except Exception as e:  # noqa: BLE001 - no memory for the copies: the search goes on unchecked, and says so
+        return None, {"note": f"not checked: {type(e).__name__}: {e}"[:500]}
+    return check, None
+
+
+def _reference_order(kernel, bound: dict, configs: Sequence[Config]) -> list[Config]:
+    """The kernel's default config for this call first (where it has one), then the candidates in declared order."""
+    first: list[Config] = []
+    default = getattr(kernel, "default", None)
+    if default is not None:
+        try:
+            first = [Config.coerce(default(bound))]
+        except Exception:  # noqa: BLE001 - a heuristic that fails here: the first candidate is the reference
+            first = []
+    return first + list(configs)
+
+
+def _is_tensor(v: Any) -> bool:
+    return hasattr(v, "dtype") and hasattr(v, "copy_") and hasattr(v, "clone") and hasattr(v, "numel")
+
+
+def differs(got, want, p: Policy) -> str | None:
+    """Where `got` differs from `want` beyond `p`'s tolerance (None: it does not)."""
+    import torch
+
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)}, not {tuple(want.shape)}"
+    if got.dtype.is_floating_point or got.dtype.is_complex:
+        rtol, atol = tolerance(got.dtype, p)
+        wide = (torch.float32, torch.float64, torch.complex64, torch.complex128)
+        g, w = (got, want) if got.dtype in wide else (got.float(), want.float())
+        close = torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+        limits = f" (rtol {rtol:g}, atol {atol:g})"
+    else:
+        g, w, close, limits = got, want, got == want, " (exactly)"
+    if bool(close.all()):
+        return None
+    bad = ~close
+    where = [int(i) for i in bad.nonzero()[0]]
+    at = tuple(where)
+    return (f"{int(bad.sum())} of {got.numel()} elements{limits}; first at {where}: "
+            f"{_item(g[at])} vs {_item(w[at])}")
+
+
+def _item(v) -> str:
+    x = v.item()
+    return f"{x:.6g}" if isinstance(x, float) and math.isfinite(x) else repr(x)

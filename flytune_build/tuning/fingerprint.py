@@ -1,0 +1,138 @@
+"""What a finished job depended on, so that a resumed run re-tunes a job whose inputs changed.
+
+A job's winner holds only while its kernel's declared configs (the config space), the kernel's source,
+the setup that builds its call, the output check's tolerances and the toolchain (Triton, torch,
+CUDA/HIP and the compiler-relevant environment) are what they were. `of_plan` reads them once per
+plan entry, in the driver, by importing each setup's module (the kernels it declares register as it
+imports); `.flytune-tune-state` keeps them with each finished job, and `changed` says which moved.
+
+Each part is a 16-hex-digit digest: enough to see a change, small enough that a state of many
+thousand jobs stays within the reader's cap (`ledger.MAX_STATE_BYTES`). An entry whose setup cannot
+be imported here has no fingerprint: its jobs run again (and fail there with the setup's own error).
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import sys
+import textwrap
+from pathlib import Path
+
+from ..core import codec
+from ..core.config import Config, space_hash
+from ..core.errors import ProjectError
+from ..core.project import TuneEntry
+from . import job
+
+# part -> what the run's summary says when it moved
+PARTS = {"space": "config space changed", "source": "kernel source changed", "setup": "setup changed",
+         "check": "output check changed", "toolchain": "toolchain changed"}
+UNKNOWN = "tuned by a release that recorded no fingerprint"
+
+
+def entry_name(entry: TuneEntry) -> tuple:
+    """The fingerprint's key: what the job id holds of its entry (kernel, setup), the adopted Autotuner
+    and the output check (two entries of one kernel and setup may check alike or not)."""
+    return entry.kernel, entry.setup, entry.autotuner, *job.check_options(entry).values()
+
+
+def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | None]:
+    """`entry_name` -> fingerprint (None where the setup cannot be imported here, or its kernel is not
+    registered once it is: a kernel may register when the setup runs; if it still is not, the job fails,
+    naming the kernels that are: `job.unknown_kernels`)."""
+    from ..runtime import identity, registry
+
+    saved = list(sys.path)
+    sys.path.insert(0, str(root))
+    try:
+        setups = {e.setup: _load(e.setup) for e in entries}
+        adopted = {e.autotuner: _load(e.autotuner) for e in entries if e.autotuner}
+        registered = registry.kernels()
+        out = {}
+        for e in entries:
+            setup = setups[e.setup]
+            if e.autotuner:
+                kernel = adopted[e.autotuner]
+                tuner = None if kernel is None else _autotuner(kernel)
+                configs = None if tuner is None else [Config.coerce(c) for c in tuner.configs]
+                fn = None if tuner is None else tuner.fn
+            else:
+                kernel = registered.get(e.kernel)
+                configs = None if kernel is None else kernel.configs
+                fn = None if kernel is None else getattr(kernel, "base_fn", None) or getattr(kernel, "fn", None) \
+                    or getattr(getattr(kernel, "tuner", None), "fn", None)  # an adopted Autotuner's kernel
+            if setup is None or configs is None or fn is None:
+                out[entry_name(e)] = None
+                continue
+            tools = identity.toolchain(_function(fn))
+            out[entry_name(e)] = {
+                "space": space_hash(configs)[:16],
+                "source": _digest(_code(fn)),
+                "setup": _digest(_code(setup)),
+                "check": _digest(codec.canonical(list(job.check_options(e).values())).decode()),
+                "toolchain": _digest(codec.canonical({k: v for k, v in tools.items()
+                                                      if k not in ("flytune", "source")}).decode()),
+            }
+        return out
+    finally:
+        sys.path[:] = saved
+
+
+def changed(recorded: dict | None, current: dict | None) -> str | None:
+    """Why a finished job must run again (None: it holds): the parts that moved, or that either side
+    has no fingerprint."""
+    if recorded is None:
+        return UNKNOWN
+    if current is None:
+        return "its setup cannot be loaded to check it"
+    moved = [why for part, why in PARTS.items() if recorded.get(part) != current.get(part)]
+    return ", ".join(moved) or None
+
+
+def _load(spec: str):
+    try:
+        return job.load_setup(spec, Path("pyproject.toml"))
+    except ProjectError:
+        return None
+    except Exception:  # noqa: BLE001 - a setup module that raises on import: its jobs fail with the error
+        return None
+
+
+def _autotuner(kernel):
+    from ..runtime.adapters.triton_keys import autotuner_of
+
+    try:
+        return autotuner_of(kernel)
+    except Exception:  # noqa: BLE001 - not an Autotuner: its job says so
+        return None
+
+
+def _function(fn):
+    """The Python function under Triton's wrappers (JITFunction, Heuristics, ...)."""
+    for _ in range(16):
+        if inspect.isfunction(fn):
+            break
+        fn = getattr(fn, "fn", fn)
+    return fn
+
+
+def _code(obj) -> str:
+    """A function's code as its syntax tree, decorators left out: an edited comment or layout is no
+    change, and a kernel's configs (in its decorator) are the config space's part, not the source's."""
+    try:
+        src = inspect.getsource(_function(obj))
+    except (OSError, TypeError):
+        return getattr(obj, "__qualname__", repr(obj))
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return src
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.decorator_list = []
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
