@@ -166,3 +166,20 @@ def test_another_backends_compiler_option_reads_the_same_in_build_directory_and_
     assert [e.file for e in build] == [f"artifacts/{amd.filename}"]
     for where in (proj, proj / "artifacts"):
         assert said(audit.verify(str(where)).errors, "config.kwargs.waves_per_eu") == said(build, "config.kwargs.waves_per_eu")
+
+
+def test_verify_strict_fails_a_bundle_that_serves_nothing(tmp_path):
+    """An empty bundle is a warning in a plain verify and an error under --strict, as a wheel with no
+    bundle is."""
+    from flytune_build.audit import verify
+
+    root = tmp_path / "emptyproj"
+    (root / "emptypkg").mkdir(parents=True)
+    (root / "emptypkg" / "__init__.py").write_text("")
+    (root / "artifacts").mkdir()
+    (root / "pyproject.toml").write_text('[project]\nname = "emptypkg"\nversion = "1.0"\n\n[tool.flytune]\n'
+                                         'package = "emptypkg"\nsources = ["artifacts"]\ntargets = ["interpreter"]\n'
+                                         'coverage = "none"\n')
+    assert verify(root).ok
+    strict = verify(root, strict=True)
+    assert not strict.ok and "serves nothing" in str(strict.errors[-1])

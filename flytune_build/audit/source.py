@@ -391,6 +391,9 @@ def verify(path: str, *, strict: bool = False, deep: bool = False, execute: bool
     src = open_source(path)
     for drift in src.drift:
         (src.errors.append(drift) if strict else src.warnings.append(str(drift)))
+    if strict and src.ok and not src.artifacts:  # a bundle that serves nothing is no pre-tuned package
+        src.errors.append(BundleError("holds a bundle with no artifact: it serves nothing (strict); tune and "
+                                      "build again, or drop [tool.flytune]", file=src.path))
     if (deep or execute) and src.ok:
         from . import execution as deep_mod
 
