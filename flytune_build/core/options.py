@@ -75,6 +75,36 @@ BACKEND_VALUES = {
 }
 
 
+# The compile options a recorded specialization (`provenance.specialization.options`) may carry: the
+# backend options above (which a config may also set: then the two must agree) and the few code-generation
+# switches a caller passes to a launch. A closed set: the config's own options (num_warps, num_stages,
+# num_ctas, maxnreg) come from the config alone, and a path or a command line (ptx_options, ir_override,
+# extern_libs, arch) or any name not here is refused, so an artifact reaches the compiler only through
+# values a launch keyword could take.
+_BOOLEAN = ("true or false", lambda v: type(v) is bool)
+SPECIALIZATION_OPTIONS = {
+    **BACKEND_VALUES,
+    "debug": _BOOLEAN,
+    "sanitize_overflow": _BOOLEAN,
+    "enable_reflect_ftz": _BOOLEAN,
+    "allow_flush_denorm": _BOOLEAN,
+    "default_dot_input_precision": ("one of tf32, tf32x3, ieee, bf16x3, bf16x6",
+                                    lambda v: type(v) is str and v in ("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6")),
+}
+
+
+def specialization_option_problem(name: str, value: Any) -> str | None:
+    """The rule that `name: value` in a recorded specialization's options breaks; None when it may be
+    handed to the compiler (`SPECIALIZATION_OPTIONS`)."""
+    if name in BY_NAME:
+        return f"is the config's compiler option {name}: it comes from the config, never from a specialization"
+    rule = SPECIALIZATION_OPTIONS.get(name)
+    if rule is None:
+        return (f"is not a compile option a specialization may record (one of "
+                f"{', '.join(sorted(SPECIALIZATION_OPTIONS))})")
+    return None if rule[1](value) else f"is {value!r}, but {name} takes {rule[0]}"
+
+
 def bad_backend_value(name: str, value: Any) -> str | None:
     """What `value` of the backend compiler option `name` must be, when it is not that; else None."""
     rule = BACKEND_VALUES.get(name)

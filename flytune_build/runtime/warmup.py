@@ -339,7 +339,7 @@ def _add_units(units: dict, src, info: bundle.ShardInfo, dev: DeviceIdentity) ->
         entry = provenance.get(art.address)
         spec = entry.get("specialization") if isinstance(entry, dict) else None
         if spec is not None:  # checked before it names anything to import (a bundle's bytes are data)
-            spec_format.check(spec, Fields(prov_path, BundleError), f"{art.address}.specialization")
+            spec_format.check(spec, Fields(prov_path, BundleError), f"{art.address}.specialization", art.config.kwargs)
         group = (art.kernel, art.config.canonical(), codec.canonical(spec) if spec is not None else None)
         unit = units.get(group)
         if unit is None:

@@ -1,0 +1,144 @@
+"""Hardening III: what an artifact may reach, nonsense arguments, writers that lose nothing, no hang on
+an error path, typed errors, settings read when a key is first decided. One test per example of each
+class, and per surface its rule covers."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from buildkit import H200
+from conftest import python_env
+
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.errors import ArtifactError
+from flytune_build.runtime import binder
+
+SPEC = {"format": 1, "kernel": "pkg.k:kernel", "signature": {"x": "*fp16", "BLOCK": "constexpr"},
+        "constexprs": {"BLOCK": 16}, "attrs": {}, "options": {}}
+
+
+def with_options(options, config=None):
+    config = config or Config({"BLOCK": 16}, num_warps=16)
+    return Artifact("pkg.k", {"n": 1}, H200, config, {"specialization": {**SPEC, "options": options}}).to_json()
+
+
+# -- 1. artifact data becomes launch keyword arguments, nothing else ---------------------------------------
+@pytest.mark.parametrize("options, rule", [
+    ({"ptx_options": "--injected-by-an-artifact"}, "not a compile option a specialization may record"),
+    ({"ir_override": "/tmp/fifo"}, "not a compile option a specialization may record"),
+    ({"extern_libs": "libdevice"}, "not a compile option a specialization may record"),
+    ({"num_warps": 64}, "comes from the config, never from a specialization"),
+    ({"maxnreg": 255}, "comes from the config, never from a specialization"),
+    ({"enable_fp_fusion": "yes"}, "takes true or false"),
+    ({"default_dot_input_precision": "--x"}, "takes one of tf32"),
+])
+def test_a_specialization_option_outside_the_closed_set_is_refused_when_read(options, rule):
+    (name,) = options
+    with pytest.raises(ArtifactError) as e:
+        Artifact.from_json(with_options(options), file="a.json")
+    assert e.value.field == f"provenance.specialization.options.{name}" and rule in e.value.rule
+    assert e.value.file == "a.json"
+
+
+def test_a_specialization_option_contradicting_the_config_is_refused_and_an_agreeing_one_kept():
+    config = Config({"BLOCK": 16, "waves_per_eu": 2})
+    with pytest.raises(ArtifactError, match="the config decides") as e:
+        Artifact.from_json(with_options({"waves_per_eu": 3}, config), file="a.json")
+    assert e.value.field == "provenance.specialization.options.waves_per_eu"
+    art = Artifact.from_json(with_options({"waves_per_eu": 2, "enable_fp_fusion": False}, config), file="a.json")
+    assert art.provenance["specialization"]["options"] == {"waves_per_eu": 2, "enable_fp_fusion": False}
+
+
+def _scale():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x, BLOCK: tl.constexpr):
+        tl.store(x + tl.arange(0, BLOCK), tl.zeros((BLOCK,), tl.float16))
+    return binder.compilable(kernel)
+
+
+@pytest.mark.parametrize("options", [{"ptx_options": "--x"}, {"ir_override": "/dev/zero"}, {"num_warps": 64},
+                                     {"debug": [1]}])
+def test_compile_inputs_build_options_from_the_config_and_the_closed_set_only(options):
+    """`compile_inputs` meets a document that skipped the reader (a caller's own dict): it checks again."""
+    jit = _scale()
+    spec = {**SPEC, "kernel": "x:y", "options": options}
+    with pytest.raises(binder.Mismatch, match="compile option"):
+        binder.compile_inputs(spec, jit, Config({"BLOCK": 16}, num_warps=16))
+    _, _, _, built = binder.compile_inputs({**spec, "options": {"enable_fp_fusion": False}}, jit,
+                                           Config({"BLOCK": 16}, num_warps=16))
+    assert built == {"num_warps": 16, "num_stages": 3, "enable_fp_fusion": False}
+
+
+def _site(tmp_path):
+    from test_warmup import make_site
+
+    return make_site(tmp_path)
+
+
+def _edit_installed_specializations(site, edit):
+    """Rewrite the installed bundle's recorded specializations with `edit`, the manifest's hash along (a
+    bundle made by a hostile build: consistent, and hostile)."""
+    from flytune_build.core import codec
+
+    bundle = site / "fixpkg" / "_flytune"
+    prov = bundle / "fixpkg.add.provenance.json"
+    doc = json.loads(prov.read_bytes())
+    for entry in doc["provenance"].values():
+        edit(entry["specialization"])
+    data = codec.canonical(doc) + (b"\n" if prov.read_bytes().endswith(b"\n") else b"")
+    prov.write_bytes(data)
+    manifest = json.loads((bundle / "manifest.json").read_bytes())
+    manifest["kernels"]["fixpkg.add"]["provenance_sha256"] = hashlib.sha256(data).hexdigest()
+    (bundle / "manifest.json").write_bytes(codec.canonical(manifest) + b"\n")
+
+
+def _warmup_json(site, tmp_path, **env):
+    env = python_env(PYTHONPATH=site, TRITON_INTERPRET=0, TRITON_CACHE_DIR=tmp_path / "triton-cache",
+                     FLYTUNE_DEVICE="cuda:sm_90:132:NVIDIA H200", **env)
+    return subprocess.run([sys.executable, "-m", "flytune_build.cli", "warmup", "--json"], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("option", ["ir_override", "ptx_options", "num_warps"])
+def test_a_bundle_whose_specialization_names_a_path_or_a_config_option_is_not_warmed(tmp_path, option):
+    """`ir_override` naming a FIFO made the warm-up open it and hang; `ptx_options` reached ptxas's command
+    line; `num_warps: 64` compiled what the config never asked for. Each is refused when read, naming it."""
+    site = _site(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    value = {"ir_override": str(fifo), "ptx_options": "--injected-by-an-artifact", "num_warps": 64}[option]
+    _edit_installed_specializations(site, lambda spec: spec["options"].update({option: value}))
+    r = _warmup_json(site, tmp_path)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["units"] == [] and doc["output"] == ""
+    (note,) = [n for n in doc["notes"] if "fixpkg.add" in n]
+    assert f"specialization.options.{option}" in note and "not warmed" in note
+
+
+def test_warmup_json_stays_json_when_a_compile_fails_and_prints(tmp_path):
+    """ptxas refusing an option (here the user's own PTXAS_OPTIONS) makes Triton print the kernel's whole
+    PTX to stdout: it lands, clipped, in the report's `output` field, and stdout is one JSON document."""
+    site = _site(tmp_path)
+    r = _warmup_json(site, tmp_path, PTXAS_OPTIONS="--not-a-ptxas-option")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and not doc["ok"] and doc["counts"]["failed"] == 2
+    assert "PTXAS" in doc["units"][0]["note"] and "Unknown option" in doc["output"]
+    assert len(doc["output"]) <= 4096 + 12288 + 64
+
+
+def test_clip_keeps_the_head_and_tail_of_a_long_output(tmp_path):
+    from flytune_build.cli.warmup import clip
+
+    with open(tmp_path / "out", "w+b") as f:
+        f.write(b"first\n" + b"x" * 100_000 + b"\nlast\xff")
+        text = clip(f)
+    assert text.startswith("first\n") and text.endswith("last\ufffd") and "bytes left out" in text
+    assert len(text) < 17_000
