@@ -142,3 +142,92 @@ def test_clip_keeps_the_head_and_tail_of_a_long_output(tmp_path):
         text = clip(f)
     assert text.startswith("first\n") and text.endswith("last\ufffd") and "bytes left out" in text
     assert len(text) < 17_000
+
+
+# -- 2. nonsense arguments: refused before anything runs ------------------------------------------------
+def cli(*args):
+    from flytune_build.cli.main import main
+
+    return main([str(a) for a in args])
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "soon"])
+def test_job_timeout_that_is_no_time_limit_is_a_usage_error(value, capsys):
+    """`nan` meant no timeout (a hanging setup hung the fleet); `-1` failed every job."""
+    with pytest.raises(SystemExit) as e:
+        cli("tune", "--executor", "local", f"--job-timeout={value}")
+    assert e.value.code == 2 and "--job-timeout: must be a finite number of seconds above 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "x"])
+def test_warmup_workers_that_is_no_count_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli("warmup", f"--workers={value}")
+    assert e.value.code == 2 and "--workers: must be an integer of at least 1" in capsys.readouterr().err
+
+
+def test_the_api_refuses_a_time_limit_that_is_none(tmp_path):
+    import flytune_build as ft
+
+    for bad in (float("nan"), float("inf"), -1, 0):
+        with pytest.raises(ft.UsageError, match="must be a finite number of seconds above 0") as e:
+            ft.tune(tmp_path, executor="local", job_timeout=bad)
+        assert e.value.field == "job_timeout"
+    with pytest.raises(ft.ArgumentTypeError):
+        ft.tune(tmp_path, executor="local", job_timeout="10")
+
+
+def _artifact_dir(path, n):
+    path.mkdir(parents=True)
+    Artifact("pkg.k", {"n": n}, H200, Config({"BLOCK": 16})).save(path)
+    return path
+
+
+@pytest.mark.parametrize("call", ["merge", "fmt"])
+def test_a_bare_string_where_a_list_of_paths_goes_is_refused_and_nothing_is_touched(tmp_path, monkeypatch, call):
+    """`merge("AB", "OUT")` merged directories A and B; `fmt("AB")` rewrote both."""
+    import flytune_build as ft
+
+    monkeypatch.chdir(tmp_path)
+    a, b = _artifact_dir(tmp_path / "A", 1), _artifact_dir(tmp_path / "B", 2)
+    (a / "stray.json").write_bytes(b'{"not": "canonical"}')  # fmt would have reported or rewritten
+    before = {p: p.read_bytes() for p in (*a.iterdir(), *b.iterdir())}
+    for bad in ("AB", b"AB", Path("AB"), 7, [tmp_path / "A", 7]):
+        with pytest.raises(ft.ArgumentTypeError) as e:
+            ft.merge(bad, "OUT") if call == "merge" else ft.fmt(bad)
+        assert isinstance(e.value, TypeError) and e.value.field.startswith("dirs" if call == "merge" else "paths")
+        if bad == "AB":
+            assert "must be a list of paths, not one str ('AB'); write ['AB'] for one" in str(e.value)
+    assert not (tmp_path / "OUT").exists()
+    assert {p: p.read_bytes() for p in (*a.iterdir(), *b.iterdir())} == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda ft: ft.merge(["A"], ["OUT"]),
+    lambda ft: ft.verify(["A", "B"]),
+    lambda ft: ft.inspect(["A"]),
+    lambda ft: ft.diff(["A"], "B"),
+    lambda ft: ft.tune(["proj"]),
+    lambda ft: ft.tune(".", plan=["a.toml"]),
+    lambda ft: ft.warmup(["dist-a", "dist-b"]),
+    lambda ft: ft.warmup(workers=0),
+])
+def test_every_public_function_refuses_an_argument_of_the_wrong_shape(call):
+    import flytune_build as ft
+
+    with pytest.raises(ft.UsageError):
+        call(ft)
+
+
+def test_reset_to_zero_as_one_name_is_that_name_not_its_characters():
+    import triton
+    import triton.language as tl
+
+    import flytune_build as ft
+
+    @triton.jit
+    def kernel(out, n, BLOCK: tl.constexpr):
+        tl.store(out + tl.arange(0, BLOCK), tl.zeros((BLOCK,), tl.float32))
+
+    k = ft.autotune([Config({"BLOCK": 16})], ["n"], reset_to_zero="out", name="t.rz")(kernel)
+    assert k.reset_to_zero == ("out",)

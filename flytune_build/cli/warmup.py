@@ -11,6 +11,8 @@ import os
 import sys
 import tempfile
 
+from . import flags
+
 
 def add_command(command) -> None:
     w = command("warmup", "compile the installed bundles' configs for this device into Triton's caches",
@@ -18,7 +20,7 @@ def add_command(command) -> None:
                 "2 usage error")
     w.add_argument("distributions", nargs="*", metavar="DIST",
                    help="installed distributions to warm (default: every installed bundle)")
-    w.add_argument("--workers", type=int, default=None, metavar="N",
+    w.add_argument("--workers", type=flags.count, default=None, metavar="N",
                    help="compile in N processes (or threads) at once (default: one per CPU core)")
     w.add_argument("--threads", action="store_true",
                    help="compile on threads of this process instead of forked processes")

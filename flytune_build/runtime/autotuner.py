@@ -409,6 +409,8 @@ def _unwrap(fn):
 
 
 def _parameters(names, arg_names, kernel: str, what: str) -> tuple[str, ...]:
+    if isinstance(names, str):  # one name, as Triton's `key` takes one: never its characters
+        names = [names]
     out = tuple(names or ())
     for i, n in enumerate(out):
         if n not in arg_names:

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import bundle, codec, fsutil, serving, settings, table
+from ..core import arguments, bundle, codec, fsutil, serving, settings, table
 from ..core import specialization as spec_format
 from ..core.artifact import Artifact
 from ..core.codec import Fields
@@ -142,6 +142,8 @@ def warmup(*distributions: str, background: bool = False, workers: int | None = 
     `processes`: compile in forked processes (default: where the platform forks) or, False, on threads.
     `align_variants`: also compile the alignment variants the tuned keys' buckets need (`variants`).
     """
+    distributions = arguments.names(distributions, "distributions")  # warmup(["a", "b"]): one list, no name
+    workers = arguments.count(workers, "workers")
     if background:
         worker = Background(distributions, workers, processes, align_variants)
         worker.start()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import artifactdir, verification
+from ..core import arguments, artifactdir, verification
 from ..core.artifact import Artifact
 from ..core.errors import FlytuneError, InputError, printable
 
@@ -31,6 +31,7 @@ class Formatted:
 def fmt(paths) -> Formatted:
     """Rewrite the artifact files of the directories `paths` canonically under their content address:
     all or nothing (any error, and nothing is rewritten). InputError for a path that is no directory."""
+    paths = arguments.paths(paths, "paths")  # fmt("AB") would rewrite A and B
     for given in paths:  # every input checked before anything is rewritten
         if not Path(given).is_dir():
             raise InputError("is not a directory of artifact files", file=given)

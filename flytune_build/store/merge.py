@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import artifactdir, codec, serving
+from ..core import arguments, artifactdir, codec, serving
 from ..core.artifact import Artifact
 from ..core.errors import InputError
 
@@ -172,7 +172,8 @@ def merge(dirs, output, *, prefer: str | None = None) -> Merged:
     """The union of the artifact directories `dirs` in `output` (new, empty, or one of `dirs`): all or
     nothing. Identities with different winners are conflicts (nothing is written) unless `prefer`
     (faster | newer) decides them. InputError/ArtifactError for a missing directory or invalid file."""
-    dirs = [Path(d) for d in dirs]
+    dirs = [Path(d) for d in arguments.paths(dirs, "dirs")]  # merge("AB", out) would merge A and B
+    output = arguments.path(output, "output")
     if prefer is not None and prefer not in PREFER:
         raise InputError(f"prefer must be one of {', '.join(PREFER)}, not {prefer!r}")
     by_address = read(dirs)
