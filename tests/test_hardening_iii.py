@@ -231,3 +231,135 @@ def test_reset_to_zero_as_one_name_is_that_name_not_its_characters():
 
     k = ft.autotune([Config({"BLOCK": 16})], ["n"], reset_to_zero="out", name="t.rz")(kernel)
     assert k.reset_to_zero == ("out",)
+
+
+# -- 3. writers that move or lose nothing -----------------------------------------------------------------
+def _tree(d):
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() and not p.is_symlink() else "link" if p.is_symlink()
+                                     else "dir") for p in sorted(d.rglob("*"))}
+
+
+def test_merge_into_a_symlink_to_an_input_writes_through_and_keeps_the_link(tmp_path):
+    """It replaced the link with a new directory, moved A's other files into it and left a temporary
+    symlink behind."""
+    import flytune_build as ft
+
+    a, b = _artifact_dir(tmp_path / "A", 1), _artifact_dir(tmp_path / "B", 2)
+    (a / "notes.txt").write_text("mine")
+    (a / "sub").mkdir()
+    link = tmp_path / "L"
+    link.symlink_to(a)
+    b_before = _tree(b)
+    union = sorted({p.name for p in (*a.glob("*.json"), *b.glob("*.json"))})
+    report = ft.merge([a, b], link)
+    assert report.ok and link.is_symlink() and os.readlink(link) == str(a)
+    assert sorted(p.name for p in a.iterdir()) == sorted([*union, "notes.txt", "sub"]) and len(union) == 2
+    assert (a / "notes.txt").read_text() == "mine" and _tree(b) == b_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A", "B", "L"]  # no temporary left behind
+
+
+def test_merge_into_a_symlink_to_an_empty_directory_fills_it_and_a_dangling_one_is_refused(tmp_path):
+    import flytune_build as ft
+
+    a = _artifact_dir(tmp_path / "A", 1)
+    (tmp_path / "X").mkdir()
+    (tmp_path / "L").symlink_to(tmp_path / "X")
+    assert ft.merge([a], tmp_path / "L").ok
+    assert (tmp_path / "L").is_symlink() and [p.name for p in (tmp_path / "X").iterdir()] == [p.name for p in a.iterdir()]
+    (tmp_path / "D").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ft.InputError, match="symbolic link to no directory") as e:
+        ft.merge([a], tmp_path / "D")
+    assert e.value.file == str(tmp_path / "D") and not (tmp_path / "nowhere").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A", "D", "L", "X"]
+
+
+def test_merge_cli_through_a_symlinked_output(tmp_path, capsys):
+    a, b = _artifact_dir(tmp_path / "A", 1), _artifact_dir(tmp_path / "B", 2)
+    (tmp_path / "L").symlink_to(a)
+    assert cli("merge", a, b, "--output", tmp_path / "L") == 0
+    assert (tmp_path / "L").is_symlink() and len(list(a.glob("*.json"))) == 2
+
+
+def _changed_after_read(monkeypatch, module, attr, path, data):
+    """Make `module.attr` (a reader) return what it read, then change `path` as another writer would."""
+    original = getattr(module, attr)
+
+    def read_then_change(*args, **kwargs):
+        out = original(*args, **kwargs)
+        Path(path).write_bytes(data)
+        return out
+    monkeypatch.setattr(module, attr, read_then_change)
+
+
+@pytest.mark.parametrize("misnamed", [False, True])
+def test_fmt_neither_replaces_nor_removes_a_file_changed_after_it_was_read(tmp_path, monkeypatch, misnamed):
+    import flytune_build as ft
+    from flytune_build.store import canonical
+
+    d = tmp_path / "d"
+    d.mkdir()
+    art = Artifact("pkg.k", {"n": 1}, H200, Config({"BLOCK": 16}))
+    path = d / ("old-name.json" if misnamed else art.filename)
+    path.write_text(json.dumps(art.to_json(), indent=1))  # not canonical: fmt replaces (or removes) it
+    change = b'{"edited": "by someone else"}'
+    _changed_after_read(monkeypatch, canonical.artifactdir, "read_all", path, change)
+    report = ft.fmt([d])
+    assert not report.ok and path.read_bytes() == change
+    (e,) = report.errors
+    assert isinstance(e, ft.OutputError) and e.file == str(path) and "changed after it was read" in e.rule
+    assert sorted(p.name for p in d.iterdir()) == [path.name]  # nothing written, nothing lost
+
+
+def test_a_file_changed_between_the_check_and_its_removal_is_put_back(tmp_path):
+    from flytune_build.core import fsutil
+    from flytune_build.core.errors import OutputError
+
+    path = tmp_path / "a.json"
+    path.write_bytes(b"new")
+    with pytest.raises(OutputError, match="changed after it was read"):
+        fsutil.remove_unchanged(path, b"old")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    fsutil.remove_unchanged(path, b"new")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_upgrade_never_removes_a_source_changed_after_it_was_read(tmp_path, monkeypatch):
+    from test_compat import mixed_directory
+
+    from flytune_build.store import upgrade as upgrade_mod
+
+    d = mixed_directory(tmp_path)
+    before = _tree(d)
+    victim = next(p for p in sorted(d.glob("compatpkg.cumsum-*.json")) if upgrade_needed(p))
+    change = victim.read_bytes().replace(b'"flytune"', b'"flytune" ', 1)
+    _changed_after_read(monkeypatch, upgrade_mod.artifactdir, "read_all", victim, change)
+    report = upgrade_mod.upgrade(d)
+    assert not report.ok and report.actions == []
+    (e,) = report.errors
+    assert e.file == str(victim) and "changed after it was read" in e.rule
+    assert _tree(d) == {**before, victim.name: change}  # nothing written, the change kept
+
+
+def upgrade_needed(path):
+    return b'"cu_seqlens"' not in path.read_bytes()
+
+
+def test_bundle_into_a_source_directory_twice_does_not_collect_its_own_output(tmp_path, capsys):
+    """`flytune bundle --output fixpkg` with `sources = ["fixpkg"]`: the second run read `fixpkg/_flytune/`
+    as artifacts and the project no longer built."""
+    from buildkit import artifact, pyproject
+
+    proj = tmp_path / "p"
+    (proj / "fixpkg" / "tuned").mkdir(parents=True)
+    (proj / "pyproject.toml").write_text(pyproject().replace('sources = ["artifacts"]', 'sources = ["fixpkg"]'))
+    (proj / "fixpkg" / "__init__.py").write_text("")
+    for a in (artifact(100, 32), artifact(100, 64, dev=H200)):
+        a.save(proj / "fixpkg" / "tuned")
+    assert cli("bundle", "--output", proj / "fixpkg", "--project", proj) == 0
+    first = _tree(proj / "fixpkg" / "_flytune")
+    assert cli("bundle", "--output", proj / "fixpkg", "--project", proj) == 0
+    assert _tree(proj / "fixpkg" / "_flytune") == first and len(first) == 3
+    from flytune_build.core import artifactdir
+
+    assert artifactdir.read_all(proj / "fixpkg", recursive=True).files[0][0].parent.name == "tuned"
+    assert len(artifactdir.read_all(proj / "fixpkg", recursive=True).files) == 2

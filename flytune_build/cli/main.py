@@ -243,7 +243,10 @@ def _fmt(args) -> int:
     for e in report.errors:
         print(f"flytune: error: {printable(str(e))}", file=sys.stderr)
     if report.errors:
-        print(f"flytune: {len(report.errors)} problem(s); nothing was rewritten", file=sys.stderr)
+        for line in report.actions:  # a file that changed while it was rewritten: the rest was done
+            print(line)
+        done = f"{len(report.actions)} file(s) rewritten" if report.actions else "nothing was rewritten"
+        print(f"flytune: {len(report.errors)} problem(s); {done}", file=sys.stderr)
         return EXIT_VIOLATIONS
     for line in report.actions:
         print(line)

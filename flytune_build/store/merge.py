@@ -98,7 +98,7 @@ def _what(prefer: str) -> str:
 
 def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
     """All of `chosen` in `output`, at once (a directory renamed into place)."""
-    output = output.absolute()
+    output = _through_link(output.absolute())
     into_input = output.exists() and any(output.resolve() == d.resolve() for d in inputs)
     if output.exists() and not into_input and (not output.is_dir() or any(output.iterdir())):
         raise InputError("exists and is not empty; merge into a new directory, or list it among the DIRs "
@@ -129,6 +129,20 @@ def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
         for name in moved:
             os.rename(staged / name, output / name)
         shutil.rmtree(staged, ignore_errors=True)
+
+
+def _through_link(output: Path) -> Path:
+    """The directory a symlink OUT points to, written through (the link stays, pointing where it did; a
+    merge never replaces it, nor moves its target's files out from under it); OUT itself when no link."""
+    if not output.is_symlink():
+        return output
+    try:
+        target = output.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling, or a loop
+        raise InputError("is a symbolic link to no directory; merge into the directory itself", file=output) from None
+    if not target.is_dir():
+        raise InputError(f"is a symbolic link to {target}, which is not a directory", file=output)
+    return target
 
 
 def _write_file(path: Path, data: bytes) -> None:
