@@ -363,3 +363,79 @@ def test_bundle_into_a_source_directory_twice_does_not_collect_its_own_output(tm
 
     assert artifactdir.read_all(proj / "fixpkg", recursive=True).files[0][0].parent.name == "tuned"
     assert len(artifactdir.read_all(proj / "fixpkg", recursive=True).files) == 2
+
+
+# -- 4. no hang on an error path ------------------------------------------------------------------------
+def _big_project(root):
+    """A project whose bundle is larger than a pipe's buffer: the child that builds it blocks writing its
+    answer until someone reads it."""
+    from buildkit import artifact, make_project
+
+    return make_project(root, artifacts=[artifact(n, 32) for n in range(1, 700)] + [artifact(100, 64, dev=H200)])
+
+
+@pytest.mark.parametrize("how", ["SOURCE_DATE_EPOCH=1e9", "output under a file"])
+def test_a_wrapped_build_that_fails_ends_the_backend_process(tmp_path, how):
+    """setuptools' build failed, the hook raised, and the process never exited: its forked bundle build
+    blocked writing its pipe while the interpreter waited for it at exit."""
+    proj = _big_project(tmp_path / "p")
+    (proj / "afile").write_text("")
+    extra = {"SOURCE_DATE_EPOCH": "1e9"} if how.startswith("SOURCE") else {}
+    out = "dist" if extra else "afile/dist"
+    r = subprocess.run([sys.executable, "-c", f"from flytune_build import backend; backend.build_wheel({out!r})"],
+                       cwd=proj, capture_output=True, text=True, env=python_env(**extra), timeout=120)
+    assert r.returncode != 0 and ("1e9" in r.stderr or "Not a directory" in r.stderr)
+    assert not list(proj.glob("dist/*.whl")) and not list(tmp_path.glob(".flytune-wheel-*"))
+
+
+def test_the_bundle_child_is_reaped_after_a_successful_build_too(tmp_path):
+    from flytune_build.pipeline import process, run
+
+    proj = _big_project(tmp_path / "p")
+    from flytune_build.core import project as project_mod
+
+    pending = process.BackgroundBundle(project_mod.load(proj), run)
+    proc = pending._proc
+    state = pending.result()
+    assert len(state.files) == 3 and proc is not None and pending._proc is None
+    pending.close()  # idempotent
+
+
+FORKS = '''
+import os, time
+
+def forks_then_exits(n):
+    pid = os.fork()
+    if pid == 0:  # keeps every inherited descriptor, the worker's protocol pipe among them
+        time.sleep(600)
+        os._exit(0)
+    with open(os.environ["FLEET_TEST_LOG"], "a") as fh:
+        fh.write(f"grandchild {pid}\\n")
+    return lambda: os._exit(3)
+'''
+
+
+def test_a_fleet_worker_that_dies_while_its_forked_child_holds_its_pipe_is_noticed(tmp_path):
+    """The worker died but a child its setup forked kept its stdout open: it was noticed only when that
+    child exited (forever without --job-timeout). Here the child sleeps 600 s; the run ends long before."""
+    import signal
+
+    from test_fleet import add_entry, env_for, flytune, make_project
+
+    entry = '{ kernel = "fleetpkg.forks", setup = "fleetpkg.forks:forks_then_exits", shapes = [{ n = 1 }] },'
+    proj = make_project(tmp_path / "p", "\n".join([add_entry(100), entry]))
+    (proj / "fleetpkg" / "forks.py").write_text(FORKS)
+    try:
+        r = flytune(proj, "--output", tmp_path / "out", "--executor", "local", "--workers", "1",
+                    env=env_for(tmp_path), timeout=300)
+        assert r.returncode == 1, r.stdout + r.stderr[-3000:]
+        assert "1 tuned, 0 resumed, 1 failed" in r.stdout
+        (failed,) = [line for line in r.stdout.splitlines() if line.startswith("failed:")]
+        assert "its worker exited with status 3 (both attempts)" in failed
+    finally:
+        for line in (tmp_path / "calls.log").read_text().splitlines() if (tmp_path / "calls.log").exists() else ():
+            if line.startswith("grandchild "):
+                try:
+                    os.kill(int(line.split()[1]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
