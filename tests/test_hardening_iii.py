@@ -439,3 +439,100 @@ def test_a_fleet_worker_that_dies_while_its_forked_child_holds_its_pipe_is_notic
                     os.kill(int(line.split()[1]), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+# -- 5. typed errors, never an untyped one ----------------------------------------------------------------
+VLLM = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
+              "num_stages": 3}}
+
+
+@pytest.mark.parametrize("name, device", [
+    (b"E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8\xff.json", None),
+    (b"E=8,N=14336,device_name=NVIDIA_H200\xff.json", "cuda:sm_90:132:NVIDIA H200"),
+])
+def test_importing_a_file_name_that_is_no_utf8_is_a_typed_error(tmp_path, capsys, name, device):
+    """`flytune import --format vllm` of such a name: `UnicodeEncodeError` from the CLI's catch-all."""
+    path = os.fsdecode(os.fsencode(tmp_path) + b"/" + name)
+    Path(path).write_text(json.dumps(VLLM))
+    args = ["import", "--format", "vllm", "--kernel", "mylib.moe", "--output", tmp_path / "out", path]
+    assert cli(*args, *(["--device", device] if device else [])) == 1
+    err = capsys.readouterr().err
+    assert "Field `<file name>` is not valid UTF-8" in err and "\\udcff" in err and "UnicodeEncodeError" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_prints_a_path_that_is_no_utf8_on_a_strict_utf8_stream(tmp_path):
+    """Every line the CLI prints may quote a path: on a UTF-8 stream (which refuses lone surrogates) it is
+    written with escapes, never a UnicodeEncodeError."""
+    (tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json").write_text(json.dumps(VLLM))
+    out = os.fsencode(tmp_path) + b"/out\xff"
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "import", "--format", "vllm", "--kernel", "mylib.moe",
+                        "--output", out, "E=8,N=14336,device_name=NVIDIA_H200.json"], capture_output=True,
+                       env=python_env(PYTHONIOENCODING="utf-8", LC_ALL="C.UTF-8"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and b"imported 1 artifact(s) of mylib.moe" in r.stdout and b"out\\udcff" in r.stdout
+    assert len(list(Path(os.fsdecode(out)).iterdir())) == 1
+
+
+def test_an_artifact_dir_too_long_to_look_up_is_a_warning_and_ignored(tmp_path, monkeypatch):
+    """ENAMETOOLONG from a kernel call (and `inspect --installed`), when FLYTUNE_ARTIFACT_DIR named it."""
+    import torch
+    from kernels import grid, make_add
+
+    from flytune_build import FlytuneWarning
+    from flytune_build.core import settings
+
+    long = str(tmp_path / ("x" * 300))
+    good = tmp_path / "arts"
+    good.mkdir()
+    with pytest.warns(FlytuneWarning, match="cannot look up .*ignored"):
+        monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", os.pathsep.join([long, str(good)]))
+    assert settings.current().artifact_dirs == (good,)
+    k = make_add("t.longdir", default=lambda a: Config({"BLOCK": 16}))
+    x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)
+    k[grid(100)](x, y, out, 100)
+    assert torch.equal(out, x + y) and k.decision(x, y, out, 100).tier == "heuristic"
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "inspect", "--installed"], capture_output=True,
+                       text=True, env=python_env(FLYTUNE_ARTIFACT_DIR=long, TRITON_INTERPRET=1), timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "OSError" not in r.stderr
+    assert "cannot look up (File name too long); ignored" in r.stderr
+
+
+@pytest.mark.parametrize("block", [3, 2 ** 40, -16, 128])
+def test_a_scratch_entry_outside_the_declared_configs_is_a_miss_with_one_warning(block, recwarn):
+    """A config that passes the bind check but is none of the declared ones (the scratch key holds the
+    declared space's hash): an interpreter error (`BLOCK` 3), an int32 range error (2**40), an output left
+    unwritten without a word (-16), or a config no search could have picked (128)."""
+    import torch
+    from kernels import grid, make_add
+
+    from flytune_build import FlytuneWarning
+    from flytune_build.runtime.scratch import ScratchCache
+
+    name = f"t.scratch{abs(block) % 1000}"
+    k = make_add(name, default=lambda a: Config({"BLOCK": 16}))
+    x, y, out = torch.randn(100), torch.randn(100), torch.zeros(100)
+    key = k.scratch_key(dict(zip(k.arg_names, (x, y, out, 100))), {"x": "float32", "n": 100})
+    ScratchCache(name).put(key, {"config": {"kwargs": {"BLOCK": block}}, "time_ms": 1.0})
+    for _ in range(2):
+        k[grid(100)](x, y, out, 100)
+    assert torch.equal(out, x + y) and k.decision(x, y, out, 100).tier == "heuristic"
+    warned = [str(w.message) for w in recwarn if issubclass(w.category, FlytuneWarning)]
+    assert len(warned) == 1 and "is none of the kernel's declared configs" in warned[0]
+
+
+def test_a_scratch_entry_early_config_prune_made_for_the_call_is_served():
+    import torch
+    from kernels import ADD_CONFIGS, _add, grid
+
+    import flytune_build as ft
+    from flytune_build.runtime.scratch import ScratchCache
+
+    made = Config({"BLOCK": 128})
+    k = ft.autotune(ADD_CONFIGS, ["x", "n"], name="t.madescratch",
+                    prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: [made]})(_add)
+    x, y, out = torch.randn(100), torch.randn(100), torch.zeros(100)
+    key = k.scratch_key(dict(zip(k.arg_names, (x, y, out, 100))), {"x": "float32", "n": 100})
+    ScratchCache("t.madescratch").put(key, {"config": made.to_json(), "time_ms": 1.0})
+    k[grid(100)](x, y, out, 100)
+    d = k.decision(x, y, out, 100)
+    assert torch.equal(out, x + y) and d.tier == "scratch" and d.config == made

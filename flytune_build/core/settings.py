@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import serving
-from .errors import SettingsError
+from .errors import FlytuneWarning, SettingsError, printable
 
 # FLYTUNE_AUTOTUNE: which tiers serve a key not yet decided
 AUTOTUNE_MODES = {"": "auto", "auto": "auto", "1": "search", "search": "search", "0": "off", "off": "off",
@@ -73,7 +75,7 @@ def read(env=None) -> Settings:
         emit_dir=Path(env["FLYTUNE_EMIT_DIR"]) if env.get("FLYTUNE_EMIT_DIR") else None,
         device=env.get("FLYTUNE_DEVICE") or None,
         interpret=env.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no"),
-        artifact_dirs=tuple(Path(d) for d in env.get("FLYTUNE_ARTIFACT_DIR", "").split(os.pathsep) if d),
+        artifact_dirs=artifact_dirs(env.get("FLYTUNE_ARTIFACT_DIR", "")),
         cache_dir=Path(env["FLYTUNE_CACHE_DIR"]) if env.get("FLYTUNE_CACHE_DIR") else None,
         flydsl_dir=env.get("FLYDSL_AUTOTUNE_CONFIG_DIR") or None,
         # a build is never refused over its timestamp: anything but digits means "no epoch given"
@@ -83,6 +85,36 @@ def read(env=None) -> Settings:
         packs=packs,
         warmup="off" if warmup == "0" else warmup,
     )
+
+
+# what a directory that is simply not there answers (every reader says "not a directory" and goes on); any
+# other error of the file system (a name too long for it, a parent the process may not search) would be
+# raised by the next `Path.is_dir()` of the runtime or `inspect --installed`, from a kernel call
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF)
+_warned: set[str] = set()
+
+
+def artifact_dirs(value: str) -> tuple[Path, ...]:
+    """FLYTUNE_ARTIFACT_DIR's directories; one the file system refuses to look up (ENAMETOOLONG, EACCES
+    on a parent) is left out with one warning per process, so no reader meets the error."""
+    out = []
+    for d in value.split(os.pathsep):
+        if not d:
+            continue
+        try:
+            os.stat(d)
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                if d not in _warned:
+                    _warned.add(d)
+                    warnings.warn(printable(f"flytune: FLYTUNE_ARTIFACT_DIR names {d!r}, which the file system "
+                                            f"cannot look up ({e.strerror or e}); ignored"), FlytuneWarning,
+                                  stacklevel=2)
+                continue
+        except ValueError:  # a NUL byte: no path at all
+            continue
+        out.append(Path(d))
+    return tuple(out)
 
 
 def triton_env(env=None) -> dict[str, str]:

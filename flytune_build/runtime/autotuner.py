@@ -302,6 +302,11 @@ def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decisio
         config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
                                   Fields(k._scratch.path, ArtifactError))
         k.check_binds(config, set(bound), "config", file=k._scratch.path)  # an artifact's rules: it is data
+        if config not in k.config_set and ("early_config_prune" not in k.prune_configs_by
+                                           or config not in search.prune(k, bound, kwargs)[1]):
+            raise ArtifactError("is none of the kernel's declared configs (nor of those its early_config_prune "
+                                "makes for this call), among which every search picks its winner",
+                                file=k._scratch.path, field="config")
         hook = _served_hook(k, config, bound, kwargs, k._scratch.path)
     except FlytuneError as e:
         warning.once(("scratch-entry", k.name), f"{k._scratch.path}: {e}; scratch entry ignored")

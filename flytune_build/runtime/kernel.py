@@ -82,6 +82,7 @@ class Kernel:
         self.arg_names = list(arg_names)
         self.declared = list(declared)
         self.configs = [Config.coerce(c) for c in self.declared]
+        self.config_set = frozenset(self.configs)  # a config read from a cache must be one of them
         self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
         self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
         self.binding = Binding(name, tuple(self.arg_names), tuple(axis_names), self.tuned_kwargs, self.hooks.declared,
