@@ -536,3 +536,138 @@ def test_a_scratch_entry_early_config_prune_made_for_the_call_is_served():
     k[grid(100)](x, y, out, 100)
     d = k.decision(x, y, out, 100)
     assert torch.equal(out, x + y) and d.tier == "scratch" and d.config == made
+
+
+# -- 6. settings are read when a key is first decided, not when a kernel is defined ---------------------
+MYLIB = '''
+import triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+from flytune_build.runtime.adapters import triton_autotune
+
+@triton.jit
+def _add(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+ported = ft.autotune([Config({"BLOCK": 16}), Config({"BLOCK": 32})], ["n"], name="mylib.ported")(_add)
+adopted = triton.autotune([triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])(_add)
+triton_autotune.adopt(adopted, name="mylib.adopted")
+'''
+
+AFTER_IMPORT = '''
+import json, os, sys, warnings
+import torch, triton
+import mylib
+import flytune_build as ft
+os.environ.update(json.loads(sys.argv[1]))  # set after `import mylib`, before the first kernel call
+warnings.simplefilter("ignore")
+out = {}
+for name, k in (("ported", mylib.ported), ("adopted", mylib.adopted)):
+    x, y, o = torch.randn(100), torch.randn(100), torch.empty(100)
+    try:
+        k[lambda m: (triton.cdiv(100, m["BLOCK"]),)](x, y, o, 100)
+        assert torch.equal(o, x + y)
+        out[name] = (k.best_config.kwargs if name == "adopted" else k.decision(x, y, o, 100).config.kwargs)["BLOCK"]
+    except ft.TierMissError:
+        out[name] = "TierMissError"
+print(json.dumps(out))
+'''
+
+
+def _after_import(tmp_path, **env):
+    (tmp_path / "mylib.py").write_text(MYLIB)
+    r = subprocess.run([sys.executable, "-c", AFTER_IMPORT, json.dumps({k: str(v) for k, v in env.items()})],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=python_env(PYTHONPATH=tmp_path, TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0,
+                                      FLYTUNE_CACHE_DIR=tmp_path / "cache"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_strict_set_after_import_takes_effect_for_ported_and_adopted_kernels(tmp_path):
+    assert _after_import(tmp_path) == {"ported": 16, "adopted": 16}  # FLYTUNE_AUTOTUNE=0: the first config
+    assert _after_import(tmp_path, FLYTUNE_AUTOTUNE="strict") == {"ported": "TierMissError",
+                                                                 "adopted": "TierMissError"}
+
+
+def test_an_artifact_dir_set_after_import_serves_ported_and_adopted_kernels(tmp_path):
+    from flytune_build.core.device import INTERPRETER
+
+    arts = tmp_path / "arts"
+    Artifact("mylib.ported", {"n": 100}, INTERPRETER, Config({"BLOCK": 32})).save(arts)
+    Artifact("mylib.adopted", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 32})).save(arts)
+    assert _after_import(tmp_path, FLYTUNE_ARTIFACT_DIR=arts, FLYTUNE_AUTOTUNE="strict") == {"ported": 32,
+                                                                                           "adopted": 32}
+
+
+def test_an_adopted_kernel_reads_its_offline_tier_again_after_the_device_changes(tmp_path, monkeypatch):
+    """After FLYTUNE_DEVICE changed and reset_stats(), the adopted kernel served the artifacts of the device
+    it was adopted on; a ported kernel raised TierMissError, as both now do."""
+    import torch
+    import triton
+    from test_triton_adapter import make
+
+    import flytune_build as ft
+    from flytune_build.core.device import INTERPRETER
+    from flytune_build.runtime.adapters import triton_autotune
+
+    arts = tmp_path / "arts"
+    Artifact("t.devadopted", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64})).save(arts)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(arts))
+    k = make()
+    assert triton_autotune.adopt(k, name="t.devadopted") == 1
+    monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:132:NVIDIA H200")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    ft.reset_stats()
+    x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)
+    with pytest.warns(ft.FlytuneWarning, match="no artifact matches this device"), pytest.raises(ft.TierMissError):
+        k[lambda m: (triton.cdiv(100, m["BLOCK"]),)](x, y, out, 100)
+
+
+class _SqliteLikeCache:
+    """What FlagGems' LibTuner keeps as `cache`: a mapping-ish object backed by a database, no dict."""
+
+    def __init__(self):
+        self._rows = {}
+
+    def __contains__(self, key):
+        return key in self._rows
+
+    def __getitem__(self, key):
+        return self._rows[key]
+
+    def __setitem__(self, key, value):
+        self._rows[key] = value
+
+    def get(self, key, default=None):
+        return self._rows.get(key, default)
+
+
+def test_adopting_an_autotuner_whose_cache_is_no_dict_falls_back_with_one_warning(recwarn):
+    import torch
+    import triton
+    from test_triton_adapter import make
+
+    import flytune_build as ft
+    from flytune_build.runtime import registry
+    from flytune_build.runtime.adapters import triton_autotune
+
+    k = make()
+    k.cache = _SqliteLikeCache()
+    assert triton_autotune.adopt(k, name="t.sqlitecache") == 0
+    x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)
+    for _ in range(2):
+        k[lambda m: (triton.cdiv(100, m["BLOCK"]),)](x, y, out, 100)
+        assert torch.equal(out, x + y)
+    warned = [str(w.message) for w in recwarn if issubclass(w.category, ft.FlytuneWarning)]
+    assert len(warned) == 1 and "_SqliteLikeCache, not a dict" in warned[0]
+    assert registry.kernel("t.sqlitecache") is not None and "t.sqlitecache" in ft.stats()
+    ft.reset_stats()
+    with pytest.raises(ft.DeclarationError, match="not a dict"):
+        with triton_autotune.recording(k, name="t.sqlitecache"):
+            pass

@@ -1,7 +1,8 @@
 """Every environment variable flytune reads, read in one place.
 
-`current()` reads the environment once and keeps the result; `reload()` reads it again (tests,
-`flytune_build.reset_stats()`); `override(**changes)` is a context in which some settings differ
+`current()` reads the environment once and keeps the result; `settle()`, at the process's first
+decision of a key, reads it once more (settings set after `import mylib` but before the first kernel
+call take effect); `reload()` reads it again (tests, `flytune_build.reset_stats()`); `override(**changes)` is a context in which some settings differ
 (`flytune tune` forces search), restoring exactly what was there on exit. An invalid value of any
 `FLYTUNE_*` variable is a `SettingsError` naming the variable; nothing here writes `os.environ`.
 """
@@ -124,6 +125,8 @@ def triton_env(env=None) -> dict[str, str]:
 
 
 _current: Settings | None = None
+_settled = False  # read again at the process's first decision (`settle`)
+_listeners: list = []
 
 
 def current() -> Settings:
@@ -136,15 +139,42 @@ def current() -> Settings:
 
 def reload() -> Settings:
     """Read the environment again (after a test or a user changed it)."""
-    global _current
-    _current = None
+    global _current, _settled
+    _current, _settled = None, False
     return current()
+
+
+def settle() -> bool:
+    """Called when a key is first decided (a kernel's first call): settings read before it, while modules
+    were imported and kernels defined or adopted, were provisional, so the environment is read again once,
+    and what was set between `import mylib` and the first kernel call takes effect. Every later call keeps
+    what this one read. True (each `on_change` listener called) when the settings changed."""
+    global _current, _settled
+    if _settled:
+        return False
+    _settled = True
+    if _current is None:
+        return False
+    fresh = read()
+    if fresh == _current:
+        return False
+    _current = fresh
+    for listener in list(_listeners):
+        listener()
+    return True
+
+
+def on_change(listener) -> None:
+    """Call `listener()` when `settle` finds the settings changed (the runtime forgets what it derived
+    from them: the detected device, the offline tier's sources, each kernel's offline index)."""
+    _listeners.append(listener)
 
 
 @contextlib.contextmanager
 def override(**changes):
     """A context in which the named settings differ; the previous settings come back on exit."""
     global _current
+    settle()  # what an override changes stays changed inside it: the first decision re-reads nothing
     saved = current()
     _current = dataclasses.replace(saved, **changes)
     try:

@@ -173,6 +173,7 @@ class Autotuned(Kernel):
     def _decide(self, args, kwargs, grid, search: bool = True, stored_only: bool = False) -> Decision | None:
         """The call's decision by the mode's tier order (`kernel.order`), remembered; without `search`,
         None where only a search could decide (nothing remembered)."""
+        settings.settle()  # the process's first decision reads the environment once more (`kernel.rediscover`)
         if self._forced is not None:
             return self._forced
         bound = dict(zip(self.arg_names, args))
@@ -282,6 +283,9 @@ class Autotuned(Kernel):
             self._set_aside.pop()
             self._memo.clear()
             self._memo.update(saved)
+
+    def rediscover(self) -> None:
+        self._index = None  # built again, from the settings the first decision read
 
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""

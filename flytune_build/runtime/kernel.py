@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..core import settings
 from ..core.artifact import kernel_name
 from ..core.codec import Fields
 from ..core.config import Config, space_hash
@@ -129,6 +130,11 @@ class Kernel:
         """Take a refused pack decision out of this kernel's tiers (each kind knows where it keeps them)."""
         raise NotImplementedError
 
+    def rediscover(self) -> None:
+        """Forget what was derived from the settings before they changed (`rediscover` below): the offline
+        tier, found again from the settings now in force when the next key is decided."""
+        raise NotImplementedError
+
     def fallback(self, reason: str) -> None:
         """Count `reason` and warn once per kernel and reason."""
         self._stats.fallback(reason)
@@ -137,6 +143,22 @@ class Kernel:
     def stats(self) -> dict:
         """This kernel's counters (see `flytune_build.stats()`)."""
         return self._stats.render()
+
+
+def rediscover() -> None:
+    """The settings changed when the process's first key was decided (`core.settings.settle`: set after
+    `import mylib`, before the first kernel call): the device, the offline tier's sources and every
+    kernel's offline tier are found again from them, ported and adopted kernels alike."""
+    from . import registry
+    from .offline import TIER
+
+    device.reset()
+    TIER.reset()
+    for k in registry.kernels().values():
+        k.rediscover()
+
+
+settings.on_change(rediscover)
 
 
 def launch_error(d: Decision | None, e: Exception) -> ArtifactExecutionError | None:
