@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ def with_options(options, config=None):
     ({"maxnreg": 255}, "comes from the config, never from a specialization"),
     ({"enable_fp_fusion": "yes"}, "takes true or false"),
     ({"default_dot_input_precision": "--x"}, "takes one of tf32"),
+    ({"schedule_hint": "attention,--mllvm=-x"}, "takes comma-separated hint names"),
 ])
 def test_a_specialization_option_outside_the_closed_set_is_refused_when_read(options, rule):
     (name,) = options
@@ -265,7 +265,8 @@ def test_merge_into_a_symlink_to_an_empty_directory_fills_it_and_a_dangling_one_
     (tmp_path / "X").mkdir()
     (tmp_path / "L").symlink_to(tmp_path / "X")
     assert ft.merge([a], tmp_path / "L").ok
-    assert (tmp_path / "L").is_symlink() and [p.name for p in (tmp_path / "X").iterdir()] == [p.name for p in a.iterdir()]
+    assert (tmp_path / "L").is_symlink()
+    assert [p.name for p in (tmp_path / "X").iterdir()] == [p.name for p in a.iterdir()]
     (tmp_path / "D").symlink_to(tmp_path / "nowhere")
     with pytest.raises(ft.InputError, match="symbolic link to no directory") as e:
         ft.merge([a], tmp_path / "D")
@@ -466,8 +467,8 @@ def test_the_cli_prints_a_path_that_is_no_utf8_on_a_strict_utf8_stream(tmp_path)
     written with escapes, never a UnicodeEncodeError."""
     (tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json").write_text(json.dumps(VLLM))
     out = os.fsencode(tmp_path) + b"/out\xff"
-    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "import", "--format", "vllm", "--kernel", "mylib.moe",
-                        "--output", out, "E=8,N=14336,device_name=NVIDIA_H200.json"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "import", "--format", "vllm", "--kernel",
+                        "mylib.moe", "--output", out, "E=8,N=14336,device_name=NVIDIA_H200.json"], capture_output=True,
                        env=python_env(PYTHONIOENCODING="utf-8", LC_ALL="C.UTF-8"), cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and b"imported 1 artifact(s) of mylib.moe" in r.stdout and b"out\\udcff" in r.stdout
     assert len(list(Path(os.fsdecode(out)).iterdir())) == 1

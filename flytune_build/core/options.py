@@ -5,6 +5,7 @@ reader's grammar all read their names, ranges and defaults from `OPTIONS`.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,13 +63,17 @@ BACKEND_KWARGS = {
 }
 
 
+_HINTS = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}(?:,[A-Za-z][A-Za-z0-9_-]{0,63}){0,7}")
+
 # The values each of them takes (Triton's `HIPOptions` / `CUDAOptions` and the AMDGPU backend): a
 # value outside them fails at compile time on the device, so an artifact holding one is refused first.
 BACKEND_VALUES = {
     "waves_per_eu": ("an integer 0..16 (0: the compiler decides)", lambda v: type(v) is int and 0 <= v <= 16),
     "matrix_instr_nonkdim": ("0, 4, 16 or 32 (0: the compiler decides)", lambda v: type(v) is int and v in (0, 4, 16, 32)),
     "kpack": ("1 or 2", lambda v: type(v) is int and v in (1, 2)),
-    "schedule_hint": ("a string (e.g. \"none\", \"attention\")", lambda v: type(v) is str),
+    # variant names the AMD backend splits on "," and hands to a pass: names, never free text
+    "schedule_hint": ("comma-separated hint names (e.g. \"none\", \"attention,memory-bound-attention\")",
+                      lambda v: type(v) is str and _HINTS.fullmatch(v) is not None),
     "launch_pdl": ("true or false", lambda v: type(v) is bool),
     "enable_fp_fusion": ("true or false", lambda v: type(v) is bool),
     "launch_cooperative_grid": ("true or false", lambda v: type(v) is bool),

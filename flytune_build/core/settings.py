@@ -2,7 +2,8 @@
 
 `current()` reads the environment once and keeps the result; `settle()`, at the process's first
 decision of a key, reads it once more (settings set after `import mylib` but before the first kernel
-call take effect); `reload()` reads it again (tests, `flytune_build.reset_stats()`); `override(**changes)` is a context in which some settings differ
+call take effect); `reload()` reads it again (tests, `flytune_build.reset_stats()`);
+`override(**changes)` is a context in which some settings differ
 (`flytune tune` forces search), restoring exactly what was there on exit. An invalid value of any
 `FLYTUNE_*` variable is a `SettingsError` naming the variable; nothing here writes `os.environ`.
 """

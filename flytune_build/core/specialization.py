@@ -67,7 +67,7 @@ def check(value: Any, f: Fields, path: str = "provenance.specialization",
         f.string(name, f"{path}.options", IDENTIFIER, f"a compile option name (not {name!r})", 64)
         f.scalar(v, f"{path}.options.{name}")
         problem = options.specialization_option_problem(name, v)
-        if problem is None and config_kwargs is not None and name in config_kwargs and not _same(v, config_kwargs[name]):
+        if problem is None and name in (config_kwargs or {}) and not _same(v, config_kwargs[name]):
             problem = f"is {v!r}, but the config sets {name} to {config_kwargs[name]!r}: the config decides"
         if problem is not None:
             f.fail(f"{path}.options.{name}", problem)

@@ -87,6 +87,12 @@ def upgrade(directory) -> Upgraded:
         plan.append((path, new))
     if report.errors:
         return report
+    _write(plan, read_bytes, report)
+    return report
+
+
+def _write(plan: list[tuple[Path, Artifact]], read_bytes: dict[Path, bytes], report: Upgraded) -> None:
+    """Every planned file written, then each old one removed while it holds the bytes read from it."""
     changed = []
     for path, _ in plan:  # a source changed since it was read: nothing is written
         try:
@@ -95,13 +101,13 @@ def upgrade(directory) -> Upgraded:
             changed.append(e)
     if changed:
         report.errors += changed
-        return report
+        return
     try:  # every new file, or (one failing) none
         fsutil.write_all([(path.parent / new.filename, new.to_bytes()) for path, new in plan
                           if not (path.parent / new.filename).exists()])
     except FlytuneError as e:
         report.errors.append(e)
-        return report
+        return
     for path, new in plan:
         try:  # only while it holds what was read: a change made meanwhile is kept, never lost
             fsutil.remove_unchanged(path, read_bytes[path])
@@ -110,4 +116,3 @@ def upgrade(directory) -> Upgraded:
                                              file=path))
             continue
         report.actions.append(f"upgraded {printable(str(path))} -> {new.filename}")
-    return report

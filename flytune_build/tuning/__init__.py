@@ -36,7 +36,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     """
     job_timeout = arguments.seconds(job_timeout, "job_timeout")  # nan would mean none, -1 fail every job
     plan = plan if plan is None else arguments.path(plan, "plan")
-    proj = project if isinstance(project, project_mod.Project) else _load(Path(arguments.path(project, "project")).resolve())
+    proj = project if isinstance(project, project_mod.Project) else \
+        _load(Path(arguments.path(project, "project")).resolve())
     entries = _entries(proj, plan, kernels)
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise UsageError(f"repeat must be at least 1, not {repeat}")

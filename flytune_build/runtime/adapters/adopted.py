@@ -262,7 +262,7 @@ class Adopted(Kernel):
         self.offline.clear()
         here, idx = device.current(), Index()
         best: dict[tuple, tuple] = {}
-        for rank, art, level, origin, pack in self._usable(here, idx):
+        for rank, art, level, origin, pack in _usable(self, here, idx):
             tk = seed_key(self.tuner, art.key)
             if tk not in best or rank < best[tk][0]:
                 best[tk] = (rank, art, level, origin, pack)
@@ -293,25 +293,6 @@ class Adopted(Kernel):
         for k in [k for k, v in cache.items() if self.seeded.get(id(v)) is d]:
             del cache[k]
 
-    def _usable(self, here, idx: Index):
-        """(rank, artifact, level, origin, pack) for each artifact of this kernel usable on `here`."""
-        for order, src in TIER.ranked(self.name):  # the owner's bundle, then accepted packs (core.serving)
-            pack = src.dist if order[0] == serving.PACK else None
-            for doc, dev, accept, origin, fname in TIER.documents(src, self.name, idx):
-                level = serving.served_level(dev, here, accept)
-                if level is None:
-                    idx.other_devices.add(not_served(dev, here))
-                    continue
-                art = None
-                try:
-                    art = Artifact.from_json(doc)
-                    self.check_key(art.key, fname or art.filename)
-                    self.check_binds(art.config, set(), "config", file=fname or art.filename)
-                except FlytuneError as e:  # a bundle's documents come without a file name: the artifact's own
-                    self.fallback(f"artifact {fname or getattr(art, 'filename', '?')} from {origin} rejected: {e.rule}")
-                    continue
-                yield serving.rank(order, level), art, level, origin, pack
-
     @contextlib.contextmanager
     def forcing(self, config):
         """A context in which every call launches `config` (verify --execute): Triton's own path for a
@@ -333,6 +314,26 @@ class Adopted(Kernel):
         self.pending = None
         self.forget()
         self.stale = True
+
+
+def _usable(self: Adopted, here, idx: Index):
+    """(rank, artifact, level, origin, pack) for each artifact of this kernel usable on `here`."""
+    for order, src in TIER.ranked(self.name):  # the owner's bundle, then accepted packs (core.serving)
+        pack = src.dist if order[0] == serving.PACK else None
+        for doc, dev, accept, origin, fname in TIER.documents(src, self.name, idx):
+            level = serving.served_level(dev, here, accept)
+            if level is None:
+                idx.other_devices.add(not_served(dev, here))
+                continue
+            art = None
+            try:
+                art = Artifact.from_json(doc)
+                self.check_key(art.key, fname or art.filename)
+                self.check_binds(art.config, set(), "config", file=fname or art.filename)
+            except FlytuneError as e:  # a bundle's documents come without a file name: the artifact's own
+                self.fallback(f"artifact {fname or getattr(art, 'filename', '?')} from {origin} rejected: {e.rule}")
+                continue
+            yield serving.rank(order, level), art, level, origin, pack
 
 
 class _Seeded(Exception):
