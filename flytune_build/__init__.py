@@ -6,6 +6,7 @@ it needs load on first use.
 from __future__ import annotations
 
 from .core.errors import (
+    ArgumentTypeError,
     ArtifactError,
     ArtifactExecutionError,
     BuildFailure,
@@ -27,6 +28,7 @@ from .core.errors import (
 from .core.version import VERSION as __version__
 
 __all__ = [
+    "ArgumentTypeError",
     "ArtifactError",
     "ArtifactExecutionError",
     "BuildFailure",

@@ -3,6 +3,7 @@ without a GPU and without importing the package (unless deep), judged by the bui
 (`core.verification`). `flytune verify`, `inspect` and `diff` are one caller of these functions."""
 from __future__ import annotations
 
+from ..core import arguments
 from .source import Source, open_source
 
 __all__ = ["verify", "inspect", "diff", "open_source", "Source"]
@@ -14,7 +15,7 @@ def verify(path, *, strict: bool = False, deep: bool = False, execute: bool = Fa
     artifact against its kernel; `execute` also runs each one that matches this device. Prints nothing."""
     from . import source
 
-    return source.verify(str(path), strict=strict, deep=deep, execute=execute)
+    return source.verify(str(arguments.path(path, "path")), strict=strict, deep=deep, execute=execute)
 
 
 def inspect(path) -> dict:
@@ -22,11 +23,12 @@ def inspect(path) -> dict:
     (the document `flytune inspect --json` prints, less its "format")."""
     from . import inspection, source
 
-    return inspection.inspect(source.open_source(str(path)))
+    return inspection.inspect(source.open_source(str(arguments.path(path, "path"))))
 
 
 def diff(old, new) -> dict:
     """Identities added, removed and with a changed winner (by how much) between two bundles."""
     from . import inspection, source
 
-    return inspection.diff(source.open_source(str(old)), source.open_source(str(new)))
+    return inspection.diff(source.open_source(str(arguments.path(old, "old"))),
+                           source.open_source(str(arguments.path(new, "new"))))

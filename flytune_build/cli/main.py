@@ -105,6 +105,7 @@ def add_data_commands(command) -> None:
 
 
 def main(argv=None) -> int:
+    text_streams()
     args = build_parser().parse_args(argv)
     try:
         code = COMMANDS[args.command](args)
@@ -124,6 +125,17 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug or an OS error: one line, as every other failure
         print(f"flytune: error: {type(e).__name__}: {printable(str(e))}", file=sys.stderr)
         return EXIT_VIOLATIONS
+
+
+def text_streams() -> None:
+    """stdout and stderr write what they cannot encode as Python escapes: a path is printed whatever its
+    bytes (a file name that is no UTF-8 reaches Python as lone surrogates, which a strict UTF-8 stream
+    refuses with UnicodeEncodeError), and what a command prints never fails for the text it holds."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a text stream of ours (an embedding replaced it)
+            pass
 
 
 def broken_pipe() -> int:
@@ -237,7 +249,10 @@ def _fmt(args) -> int:
     for e in report.errors:
         print(f"flytune: error: {printable(str(e))}", file=sys.stderr)
     if report.errors:
-        print(f"flytune: {len(report.errors)} problem(s); nothing was rewritten", file=sys.stderr)
+        for line in report.actions:  # a file that changed while it was rewritten: the rest was done
+            print(line)
+        done = f"{len(report.actions)} file(s) rewritten" if report.actions else "nothing was rewritten"
+        print(f"flytune: {len(report.errors)} problem(s); {done}", file=sys.stderr)
         return EXIT_VIOLATIONS
     for line in report.actions:
         print(line)

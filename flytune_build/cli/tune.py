@@ -6,6 +6,7 @@ import sys
 
 from ..core import table
 from ..core.errors import UsageError, printable
+from . import flags
 from .progress import Progress
 from .output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, dump
 
@@ -24,7 +25,7 @@ def add_command(command) -> None:
     t.add_argument("--min-improvement", type=float, default=None, metavar="PCT",
                    help="keep a winner the output already holds unless another config is faster by more than "
                         "PCT percent, measured in the same search (default: 3)")
-    t.add_argument("--repeat", type=int, default=1, metavar="K",
+    t.add_argument("--repeat", type=flags.count, default=1, metavar="K",
                    help="search each shape K times and report how many agreed; the majority winner is written")
     t.add_argument("--allow-ci", action="store_true", help="run even where CI is set")
     t.add_argument("--json", action="store_true", help="print the report as JSON (\"format\": 1) instead of the table")
@@ -38,7 +39,7 @@ def add_command(command) -> None:
                    help="how many workers (default: one per GPU; under TRITON_INTERPRET=1, one per CPU)")
     g.add_argument("--address", metavar="ADDR", help="ray: the cluster to join, as ray.init takes it "
                                                      "(default: start a local one)")
-    g.add_argument("--job-timeout", type=float, metavar="SECONDS",
+    g.add_argument("--job-timeout", type=flags.seconds, metavar="SECONDS",
                    help="a job running longer fails: its worker is replaced and the job retried once "
                         "(local and ray)")
 

@@ -100,7 +100,7 @@ class Artifact:
         config = Config.from_json(doc["config"], f)
         provenance = doc.get("provenance")
         if provenance is not None:
-            _check_provenance(provenance, f)
+            _check_provenance(provenance, f, config)
         return cls(kernel, key, device, config, provenance)
 
     @classmethod
@@ -196,7 +196,7 @@ def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
     return read_regular(path, error, cap)
 
 
-def _check_provenance(p: Any, f: Fields) -> None:
+def _check_provenance(p: Any, f: Fields, config: Config) -> None:
     f.table(p, "provenance", (), PROVENANCE_FIELDS)
     for name in ("flytune", "triton", "torch", "cuda", "hip", "created", "host", "worker"):  # host, worker: fleet runs
         if p.get(name) is not None:
@@ -210,7 +210,7 @@ def _check_provenance(p: Any, f: Fields) -> None:
     if p.get("ranking") is not None and p["ranking"] not in RANKINGS:
         f.fail("provenance.ranking", f"must be one of {', '.join(RANKINGS)}, not {p['ranking']!r}")
     if p.get("specialization") is not None:
-        specialization.check(p["specialization"], f)
+        specialization.check(p["specialization"], f, config_kwargs=config.kwargs)
     if p.get("measurement") is not None:
         choice.check_measurement(p["measurement"], f)
     if p.get("selection") is not None:

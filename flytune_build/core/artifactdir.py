@@ -5,6 +5,7 @@ here: the listing is bounded (at most `MAX_FILES` entries, one level, or core.fs
 loop-free walk with `recursive`), hidden files (an atomic writer's temporaries) are not artifacts,
 and every file is read by core.fsutil.read_regular (regular files only, capped at one artifact's
 size): a FIFO or a link to /dev/zero named like an artifact is a problem naming it, never a hang.
+A bundle directory below a walked one is a build's output, not artifacts (`within_bundle`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from . import codec, fsutil
+from . import bundle, codec, fsutil
 from .errors import ArtifactError, FlytuneError
 
 MAX_FILES = fsutil.MAX_ENTRIES
@@ -45,6 +46,15 @@ def listing(directory: str | os.PathLike, *, prefix: str = "", error=ArtifactErr
     return sorted(out, key=lambda p: p.name)
 
 
+def within_bundle(root: str | os.PathLike, rel: str) -> bool:
+    """Whether the file `rel` (a posix path under `root`) lies in a bundle directory (`_flytune/` holding
+    a manifest): what `flytune bundle` writes into a package is a build's output, never one of its
+    artifact sources, so `sources = ["src/pkg"]` does not collect `src/pkg/_flytune/` on the next run."""
+    parts = rel.split("/")[:-1]
+    return any(part == bundle.DIRNAME and os.path.isfile(os.path.join(root, *parts[:i + 1], bundle.MANIFEST))
+               for i, part in enumerate(parts))
+
+
 def read(path: str | os.PathLike, error=ArtifactError) -> bytes:
     """One artifact file's bytes: a regular file, at most one artifact's cap."""
     return fsutil.read_regular(path, error, codec.MAX_DOCUMENT_BYTES)
@@ -62,7 +72,8 @@ def read_all(directory: str | os.PathLike, *, prefix: str = "", recursive: bool 
                                 root_name="the directory")
             problems += found.problems
             paths = [(Path(real), directory / rel) for real, rel in sorted(found.files.items(), key=lambda t: t[1])
-                     if not any(part.startswith(".") for part in Path(rel).parts)]  # hidden: no artifact, as above
+                     if not any(part.startswith(".") for part in Path(rel).parts)  # hidden: no artifact, as above
+                     and not within_bundle(directory, rel)]
         else:
             paths = [(p, p) for p in listing(directory, prefix=prefix, error=error)]
     except FlytuneError as e:

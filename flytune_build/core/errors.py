@@ -90,6 +90,11 @@ class UsageError(FlytuneError, ValueError):
     nothing was done. The CLI's exit code 2."""
 
 
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument of the wrong type (one string where a list of paths goes): refused, never iterated.
+    A UsageError (the CLI's exit code 2) and a TypeError."""
+
+
 class BuildFailure(FlytuneError):
     """Verification failed in strict mode: no wheel is written."""
 

@@ -71,6 +71,51 @@ def write_all(files: list[tuple[Path, bytes]]) -> None:
         raise
 
 
+def holds(path: str | os.PathLike, data: bytes | None) -> bool:
+    """Whether `path` holds exactly `data` (a regular file, read capped just past it); with `data` None,
+    whether nothing is there at all."""
+    if data is None:
+        return not os.path.lexists(path)
+    try:
+        return read_regular(path, OutputError, len(data) + 1) == data
+    except (OSError, OutputError):
+        return False
+
+
+def unchanged(path: str | os.PathLike, data: bytes | None) -> None:
+    """Raise an OutputError naming `path` unless it still holds `data`, the bytes read from it (None: it did
+    not exist): a writer that replaces or removes what it read checks first, so a change made meanwhile is
+    refused, never overwritten or lost."""
+    if not holds(path, data):
+        raise OutputError("changed after it was read (another writer?); it is left as it is: run again"
+                          if data is not None else
+                          "appeared after the directory was read (another writer?); it is left as it is: run again",
+                          file=path)
+
+
+def remove_unchanged(path: str | os.PathLike, data: bytes) -> None:
+    """Remove `path` only while it holds `data`, the bytes read from it. It is renamed aside first (a writer
+    opening the name meanwhile makes a new file) and compared there: a file that changed is put back (or,
+    when its name was taken meanwhile, left beside it) and an OutputError names it."""
+    path = Path(path)
+    unchanged(path, data)
+    aside = path.with_name(f".{path.name}.{os.getpid()}.removing")
+    try:
+        os.rename(path, aside)
+    except OSError as e:
+        raise OutputError(f"cannot be removed: {e.strerror or e}", file=path) from None
+    if holds(aside, data):
+        os.unlink(aside)
+        return
+    try:
+        os.link(aside, path)  # back under its name, unless a new file took it (link never replaces)
+        os.unlink(aside)
+        where = "it is left as it is"
+    except OSError:
+        where = f"it is kept as {aside.name}"
+    raise OutputError(f"changed after it was read (another writer?); {where}: run again", file=path)
+
+
 def output_directory(path: str | os.PathLike) -> Path:
     """`path`, made a directory if it is not one; an OutputError naming it when it cannot be."""
     path = Path(path)

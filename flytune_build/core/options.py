@@ -5,6 +5,7 @@ reader's grammar all read their names, ranges and defaults from `OPTIONS`.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,17 +63,51 @@ BACKEND_KWARGS = {
 }
 
 
+_HINTS = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}(?:,[A-Za-z][A-Za-z0-9_-]{0,63}){0,7}")
+
 # The values each of them takes (Triton's `HIPOptions` / `CUDAOptions` and the AMDGPU backend): a
 # value outside them fails at compile time on the device, so an artifact holding one is refused first.
 BACKEND_VALUES = {
     "waves_per_eu": ("an integer 0..16 (0: the compiler decides)", lambda v: type(v) is int and 0 <= v <= 16),
     "matrix_instr_nonkdim": ("0, 4, 16 or 32 (0: the compiler decides)", lambda v: type(v) is int and v in (0, 4, 16, 32)),
     "kpack": ("1 or 2", lambda v: type(v) is int and v in (1, 2)),
-    "schedule_hint": ("a string (e.g. \"none\", \"attention\")", lambda v: type(v) is str),
+    # variant names the AMD backend splits on "," and hands to a pass: names, never free text
+    "schedule_hint": ("comma-separated hint names (e.g. \"none\", \"attention,memory-bound-attention\")",
+                      lambda v: type(v) is str and _HINTS.fullmatch(v) is not None),
     "launch_pdl": ("true or false", lambda v: type(v) is bool),
     "enable_fp_fusion": ("true or false", lambda v: type(v) is bool),
     "launch_cooperative_grid": ("true or false", lambda v: type(v) is bool),
 }
+
+
+# The compile options a recorded specialization (`provenance.specialization.options`) may carry: the
+# backend options above (which a config may also set: then the two must agree) and the few code-generation
+# switches a caller passes to a launch. A closed set: the config's own options (num_warps, num_stages,
+# num_ctas, maxnreg) come from the config alone, and a path or a command line (ptx_options, ir_override,
+# extern_libs, arch) or any name not here is refused, so an artifact reaches the compiler only through
+# values a launch keyword could take.
+_BOOLEAN = ("true or false", lambda v: type(v) is bool)
+SPECIALIZATION_OPTIONS = {
+    **BACKEND_VALUES,
+    "debug": _BOOLEAN,
+    "sanitize_overflow": _BOOLEAN,
+    "enable_reflect_ftz": _BOOLEAN,
+    "allow_flush_denorm": _BOOLEAN,
+    "default_dot_input_precision": ("one of tf32, tf32x3, ieee, bf16x3, bf16x6",
+                                    lambda v: type(v) is str and v in ("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6")),
+}
+
+
+def specialization_option_problem(name: str, value: Any) -> str | None:
+    """The rule that `name: value` in a recorded specialization's options breaks; None when it may be
+    handed to the compiler (`SPECIALIZATION_OPTIONS`)."""
+    if name in BY_NAME:
+        return f"is the config's compiler option {name}: it comes from the config, never from a specialization"
+    rule = SPECIALIZATION_OPTIONS.get(name)
+    if rule is None:
+        return (f"is not a compile option a specialization may record (one of "
+                f"{', '.join(sorted(SPECIALIZATION_OPTIONS))})")
+    return None if rule[1](value) else f"is {value!r}, but {name} takes {rule[0]}"
 
 
 def bad_backend_value(name: str, value: Any) -> str | None:

@@ -1,7 +1,9 @@
 """Every environment variable flytune reads, read in one place.
 
-`current()` reads the environment once and keeps the result; `reload()` reads it again (tests,
-`flytune_build.reset_stats()`); `override(**changes)` is a context in which some settings differ
+`current()` reads the environment once and keeps the result; `settle()`, at the process's first
+decision of a key, reads it once more (settings set after `import mylib` but before the first kernel
+call take effect); `reload()` reads it again (tests, `flytune_build.reset_stats()`);
+`override(**changes)` is a context in which some settings differ
 (`flytune tune` forces search), restoring exactly what was there on exit. An invalid value of any
 `FLYTUNE_*` variable is a `SettingsError` naming the variable; nothing here writes `os.environ`.
 """
@@ -9,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import serving
-from .errors import SettingsError
+from .errors import FlytuneWarning, SettingsError, printable
 
 # FLYTUNE_AUTOTUNE: which tiers serve a key not yet decided
 AUTOTUNE_MODES = {"": "auto", "auto": "auto", "1": "search", "search": "search", "0": "off", "off": "off",
@@ -73,7 +77,7 @@ def read(env=None) -> Settings:
         emit_dir=Path(env["FLYTUNE_EMIT_DIR"]) if env.get("FLYTUNE_EMIT_DIR") else None,
         device=env.get("FLYTUNE_DEVICE") or None,
         interpret=env.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no"),
-        artifact_dirs=tuple(Path(d) for d in env.get("FLYTUNE_ARTIFACT_DIR", "").split(os.pathsep) if d),
+        artifact_dirs=artifact_dirs(env.get("FLYTUNE_ARTIFACT_DIR", "")),
         cache_dir=Path(env["FLYTUNE_CACHE_DIR"]) if env.get("FLYTUNE_CACHE_DIR") else None,
         flydsl_dir=env.get("FLYDSL_AUTOTUNE_CONFIG_DIR") or None,
         # a build is never refused over its timestamp: anything but digits means "no epoch given"
@@ -85,6 +89,36 @@ def read(env=None) -> Settings:
     )
 
 
+# what a directory that is simply not there answers (every reader says "not a directory" and goes on); any
+# other error of the file system (a name too long for it, a parent the process may not search) would be
+# raised by the next `Path.is_dir()` of the runtime or `inspect --installed`, from a kernel call
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF)
+_warned: set[str] = set()
+
+
+def artifact_dirs(value: str) -> tuple[Path, ...]:
+    """FLYTUNE_ARTIFACT_DIR's directories; one the file system refuses to look up (ENAMETOOLONG, EACCES
+    on a parent) is left out with one warning per process, so no reader meets the error."""
+    out = []
+    for d in value.split(os.pathsep):
+        if not d:
+            continue
+        try:
+            os.stat(d)
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                if d not in _warned:
+                    _warned.add(d)
+                    warnings.warn(printable(f"flytune: FLYTUNE_ARTIFACT_DIR names {d!r}, which the file system "
+                                            f"cannot look up ({e.strerror or e}); ignored"), FlytuneWarning,
+                                  stacklevel=2)
+                continue
+        except ValueError:  # a NUL byte: no path at all
+            continue
+        out.append(Path(d))
+    return tuple(out)
+
+
 def triton_env(env=None) -> dict[str, str]:
     """The `TRITON_*` variables, sorted: what can change a compiled kernel when Triton cannot say."""
     env = os.environ if env is None else env
@@ -92,6 +126,8 @@ def triton_env(env=None) -> dict[str, str]:
 
 
 _current: Settings | None = None
+_settled = False  # read again at the process's first decision (`settle`)
+_listeners: list = []
 
 
 def current() -> Settings:
@@ -104,15 +140,42 @@ def current() -> Settings:
 
 def reload() -> Settings:
     """Read the environment again (after a test or a user changed it)."""
-    global _current
-    _current = None
+    global _current, _settled
+    _current, _settled = None, False
     return current()
+
+
+def settle() -> bool:
+    """Called when a key is first decided (a kernel's first call): settings read before it, while modules
+    were imported and kernels defined or adopted, were provisional, so the environment is read again once,
+    and what was set between `import mylib` and the first kernel call takes effect. Every later call keeps
+    what this one read. True (each `on_change` listener called) when the settings changed."""
+    global _current, _settled
+    if _settled:
+        return False
+    _settled = True
+    if _current is None:
+        return False
+    fresh = read()
+    if fresh == _current:
+        return False
+    _current = fresh
+    for listener in list(_listeners):
+        listener()
+    return True
+
+
+def on_change(listener) -> None:
+    """Call `listener()` when `settle` finds the settings changed (the runtime forgets what it derived
+    from them: the detected device, the offline tier's sources, each kernel's offline index)."""
+    _listeners.append(listener)
 
 
 @contextlib.contextmanager
 def override(**changes):
     """A context in which the named settings differ; the previous settings come back on exit."""
     global _current
+    settle()  # what an override changes stays changed inside it: the first decision re-reads nothing
     saved = current()
     _current = dataclasses.replace(saved, **changes)
     try:

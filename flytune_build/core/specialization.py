@@ -10,7 +10,9 @@ launch, and is data only:
      "constexprs": {"BLOCK": 1024, "one": 1},       the constexpr values (the config's, ==1 ints, ...);
                                                     a tl.dtype is {"dtype": "fp16"}
      "attrs": {"x": [["tt.divisibility", 16]]},     the attributes Triton derived (16-byte alignment)
-     "options": {}}                                 compile options the caller passed beyond the config
+     "options": {}}                                 compile options the caller passed beyond the config:
+                                                    only names in `options.SPECIALIZATION_OPTIONS`, never
+                                                    the config's own (num_warps...), a path or a command line
 
 A path in `constexprs` and `attrs` names a parameter, then `[i]` per level for an element of a tuple
 argument. Nothing here is executed: the warm-up imports `kernel` only from the bundle's own package.
@@ -18,8 +20,10 @@ argument. Nothing here is executed: the warm-up imports `kernel` only from the b
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
+from . import options
 from .codec import Fields
 
 FORMAT = 1
@@ -33,8 +37,11 @@ TYPE = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,127}")  # Triton's type strings: *f
 MAX_PARAMETERS = 1024
 
 
-def check(value: Any, f: Fields, path: str = "provenance.specialization") -> dict:
-    """Raise unless `value` is a specialization of the format above; returns it."""
+def check(value: Any, f: Fields, path: str = "provenance.specialization",
+          config_kwargs: Mapping[str, Any] | None = None) -> dict:
+    """Raise unless `value` is a specialization of the format above, its options a closed set
+    (`options.SPECIALIZATION_OPTIONS`), none of them contradicting `config_kwargs` (the artifact's
+    config, where known); returns it."""
     f.table(value, path, FIELDS)
     if type(value["format"]) is not int or value["format"] != FORMAT:
         f.fail(f"{path}.format", f"must be {FORMAT} (this flytune reads specialization format {FORMAT}), "
@@ -59,7 +66,16 @@ def check(value: Any, f: Fields, path: str = "provenance.specialization") -> dic
     for name, v in _mapping(value["options"], f, f"{path}.options").items():
         f.string(name, f"{path}.options", IDENTIFIER, f"a compile option name (not {name!r})", 64)
         f.scalar(v, f"{path}.options.{name}")
+        problem = options.specialization_option_problem(name, v)
+        if problem is None and name in (config_kwargs or {}) and not _same(v, config_kwargs[name]):
+            problem = f"is {v!r}, but the config sets {name} to {config_kwargs[name]!r}: the config decides"
+        if problem is not None:
+            f.fail(f"{path}.options.{name}", problem)
     return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
 
 
 def split_path(path: str) -> tuple[str, tuple[int, ...]]:

@@ -128,6 +128,8 @@ def read_file(path: Path, fmt: str, kernel: str, device: DeviceIdentity | None =
 def parse_name(path: Path, fmt: str) -> dict:
     """The key fields (and device_name) of a config file's name; anything else in it is refused."""
     f = Fields(path, ArtifactError)
+    if codec.lone_surrogate(path.name) is not None:  # bytes no UTF-8 decodes: nothing of it can become data
+        f.fail("<file name>", "is not valid UTF-8 (it holds a byte no text encodes): rename the file")
     shape = f"E=..,N=..,device_name=..[,{'=..][,'.join(NAME_FIELDS[fmt][3:])}=..]"
     shape += "[_down].json" if fmt == "sglang" else ".json"
     if not path.name.endswith(".json"):

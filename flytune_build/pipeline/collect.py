@@ -5,7 +5,7 @@ import gc
 import os
 from pathlib import Path
 
-from ..core import fsutil
+from ..core import artifactdir, fsutil
 from ..core.artifact import Artifact
 from ..core.errors import FlytuneError, ProjectError
 from .reader import load
@@ -32,7 +32,8 @@ def source_files(root: Path, sources, *, file=None, problems: list | None = None
         if problems is not None:
             problems += found.problems
         for real, rel in found.files.items():
-            out.setdefault(real, rel)
+            if not artifactdir.within_bundle(root, rel):  # `flytune bundle --output` into a source: its output
+                out.setdefault(real, rel)
     return sorted(out.items(), key=lambda t: t[1])
 
 

@@ -28,16 +28,19 @@ def build_wheel(build, wheel_directory, config_settings, metadata_directory, *, 
     if proj is None:  # no [tool.flytune]: the backend's own build, untouched
         return build(wheel_directory, config_settings, metadata_directory)
     pending = or_exit(BackgroundBundle, proj, run)
-    Path(wheel_directory).mkdir(parents=True, exist_ok=True)
-    with staging(Path(wheel_directory)) as tmp:
-        name = build(str(tmp), config_settings, metadata_directory)
-        state = or_exit(pending.result)
-        if editable:  # the package is imported from the source tree: keep the bundle out of its way
-            assemble.relocate_for_editable(state)
-        prefix = serving.bundle_prefix(state.project.package)
-        wheel.rewrite(tmp / name, state.files, (bundle.ENTRY_POINT_GROUP, *state.entry_point),
-                      drop_prefix=prefix)
-        move(tmp / name, Path(wheel_directory) / name)
+    try:
+        Path(wheel_directory).mkdir(parents=True, exist_ok=True)
+        with staging(Path(wheel_directory)) as tmp:
+            name = build(str(tmp), config_settings, metadata_directory)
+            state = or_exit(pending.result)
+            if editable:  # the package is imported from the source tree: keep the bundle out of its way
+                assemble.relocate_for_editable(state)
+            prefix = serving.bundle_prefix(state.project.package)
+            wheel.rewrite(tmp / name, state.files, (bundle.ENTRY_POINT_GROUP, *state.entry_point),
+                          drop_prefix=prefix)
+            move(tmp / name, Path(wheel_directory) / name)
+    finally:  # the wrapped build failed (or anything else): the bundle's child is stopped and reaped, not waited on
+        pending.close()
     return name
 
 

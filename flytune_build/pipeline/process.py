@@ -14,6 +14,8 @@ from ..core.errors import FlytuneError
 from ..core.project import Project
 from .state import BuildState
 
+STOP_WAIT = 5.0  # seconds for the child to end at each step: on its own, after SIGTERM, after SIGKILL
+
 
 class BackgroundBundle:
     """collect -> verify -> assemble for `project`, started now; `result()` waits for it."""
@@ -23,6 +25,7 @@ class BackgroundBundle:
         self._run = run            # the pipeline's run(root, out=...): raises FlytuneError on failure
         self._state = None
         self._proc = None
+        self._answered = False
         if not (sys.platform.startswith("linux") and threading.active_count() == 1):
             self._state = run(project.root, project=project)
             return
@@ -32,7 +35,9 @@ class BackgroundBundle:
         self._recv, send = ctx.Pipe(duplex=False)
         sys.stdout.flush()
         sys.stderr.flush()
-        self._proc = ctx.Process(target=self._child, args=(send,))
+        # daemonic: an interpreter that exits without asking for the result (the wrapped build raised)
+        # stops it instead of waiting on a child blocked writing a pipe no one reads
+        self._proc = ctx.Process(target=self._child, args=(send,), daemon=True)
         self._proc.start()
         send.close()
 
@@ -56,7 +61,8 @@ class BackgroundBundle:
             answer = self._recv.recv()
         except (EOFError, OSError):
             answer = None
-        self._proc.join()
+        self._answered = True
+        self.close()
         if answer is None or answer[0] == "crash":  # the child died or broke: do it here, in the open
             return self._run(self._project.root, project=self._project)
         sys.stderr.write(answer[-1])  # the build report, as an inline build prints it
@@ -66,3 +72,22 @@ class BackgroundBundle:
         state = BuildState(self._project)
         state.files, state.entry_point = answer[1], answer[2]
         return state
+
+    def close(self) -> None:
+        """Stop and reap the child with a bounded wait: after `result` (it is ending), or when the build
+        failed before asking for it (it may be working, or blocked writing its answer: it is stopped).
+        Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        answered = self._answered
+        self._recv.close()  # a child still writing gets EPIPE
+        if answered:
+            proc.join(STOP_WAIT)
+        for stop in (proc.terminate, proc.kill):
+            if proc.exitcode is not None:
+                break
+            stop()
+            proc.join(STOP_WAIT)
+        if proc.exitcode is not None:
+            proc.close()

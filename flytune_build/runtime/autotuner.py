@@ -175,6 +175,7 @@ class Autotuned(Kernel):
     def _decide(self, args, kwargs, grid, search: bool = True, stored_only: bool = False) -> Decision | None:
         """The call's decision by the mode's tier order (`kernel.order`), remembered; without `search`,
         None where only a search could decide (nothing remembered)."""
+        settings.settle()  # the process's first decision reads the environment once more (`kernel.rediscover`)
         if self._forced is not None:
             return self._forced
         bound = dict(zip(self.arg_names, args))
@@ -285,6 +286,9 @@ class Autotuned(Kernel):
             self._memo.clear()
             self._memo.update(saved)
 
+    def rediscover(self) -> None:
+        self._index = None  # built again, from the settings the first decision read
+
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
         for memo in (self._memo, *self._set_aside):  # a reset inside `forcing` forgets what it set aside too
@@ -304,6 +308,11 @@ def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decisio
         config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
                                   Fields(k._scratch.path, ArtifactError))
         k.check_binds(config, set(bound), "config", file=k._scratch.path)  # an artifact's rules: it is data
+        if config not in k.config_set and ("early_config_prune" not in k.prune_configs_by
+                                           or config not in search.prune(k, bound, kwargs)[1]):
+            raise ArtifactError("is none of the kernel's declared configs (nor of those its early_config_prune "
+                                "makes for this call), among which every search picks its winner",
+                                file=k._scratch.path, field="config")
         hook = _served_hook(k, config, bound, kwargs, k._scratch.path)
     except FlytuneError as e:
         warning.once(("scratch-entry", k.name), f"{k._scratch.path}: {e}; scratch entry ignored")
@@ -414,6 +423,8 @@ def _unwrap(fn):
 
 
 def _parameters(names, arg_names, kernel: str, what: str) -> tuple[str, ...]:
+    if isinstance(names, str):  # one name, as Triton's `key` takes one: never its characters
+        names = [names]
     out = tuple(names or ())
     for i, n in enumerate(out):
         if n not in arg_names:

@@ -18,7 +18,7 @@ from ..core import specialization as spec_format
 from ..core.codec import Fields
 from ..core.config import COMPILER_OPTIONS, Config
 from ..core.errors import ArtifactError
-from ..core.options import BACKEND_KWARGS
+from ..core.options import BACKEND_KWARGS, specialization_option_problem
 from . import warning
 from .wrapping import chain
 
@@ -135,8 +135,17 @@ def compile_inputs(doc: dict, jit, config: Config) -> tuple[dict, dict, dict, di
         got = constexprs.get((names.index(name),), value)
         if got != value or type(got) is not type(value):
             raise Mismatch(f"its constexpr {name} is {got!r}, the config's is {value!r}")
-    options = {k: v for k, v in config.launch_kwargs().items() if k in COMPILER_OPTIONS}
-    options.update(doc["options"])
+    # the config's options and backend launch keywords, then only what the closed set lets a
+    # specialization add (checked again here: `doc` may come from anywhere), never overriding the config
+    options = {k: v for k, v in config.launch_kwargs().items()
+               if k in COMPILER_OPTIONS or (k in BACKEND_KWARGS and k not in names)}
+    for name, value in doc["options"].items():
+        problem = specialization_option_problem(name, value)
+        if problem is None and name in options and (type(options[name]) is not type(value) or options[name] != value):
+            problem = f"is {value!r}, but the config sets {name} to {options[name]!r}"
+        if problem is not None:
+            raise Mismatch(f"its compile option {name} {problem}")
+        options.setdefault(name, value)
     return signature, constexprs, attrs, options
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..core import settings
 from ..core.artifact import kernel_name
 from ..core.codec import Fields
 from ..core.config import Config, space_hash
@@ -82,6 +83,7 @@ class Kernel:
         self.arg_names = list(arg_names)
         self.declared = list(declared)
         self.configs = [Config.coerce(c) for c in self.declared]
+        self.config_set = frozenset(self.configs)  # a config read from a cache must be one of them
         self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
         self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
         self.binding = Binding(name, tuple(self.arg_names), tuple(axis_names), self.tuned_kwargs, self.hooks.declared,
@@ -128,6 +130,11 @@ class Kernel:
         """Take a refused pack decision out of this kernel's tiers (each kind knows where it keeps them)."""
         raise NotImplementedError
 
+    def rediscover(self) -> None:
+        """Forget what was derived from the settings before they changed (`rediscover` below): the offline
+        tier, found again from the settings now in force when the next key is decided."""
+        raise NotImplementedError
+
     def fallback(self, reason: str) -> None:
         """Count `reason` and warn once per kernel and reason."""
         self._stats.fallback(reason)
@@ -136,6 +143,22 @@ class Kernel:
     def stats(self) -> dict:
         """This kernel's counters (see `flytune_build.stats()`)."""
         return self._stats.render()
+
+
+def rediscover() -> None:
+    """The settings changed when the process's first key was decided (`core.settings.settle`: set after
+    `import mylib`, before the first kernel call): the device, the offline tier's sources and every
+    kernel's offline tier are found again from them, ported and adopted kernels alike."""
+    from . import registry
+    from .offline import TIER
+
+    device.reset()
+    TIER.reset()
+    for k in registry.kernels().values():
+        k.rediscover()
+
+
+settings.on_change(rediscover)
 
 
 def launch_error(d: Decision | None, e: Exception) -> ArtifactExecutionError | None:

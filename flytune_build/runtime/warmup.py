@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import bundle, codec, installed, serving, settings, table
+from ..core import arguments, bundle, codec, installed, serving, settings, table
 from ..core import specialization as spec_format
 from ..core.artifact import Artifact
 from ..core.codec import Fields
@@ -143,6 +143,8 @@ def warmup(*distributions: str, background: bool = False, workers: int | None = 
     `processes`: compile in forked processes (default: where the platform forks) or, False, on threads.
     `align_variants`: also compile the alignment variants the tuned keys' buckets need (`variants`).
     """
+    distributions = arguments.names(distributions, "distributions")  # warmup(["a", "b"]): one list, no name
+    workers = arguments.count(workers, "workers")
     if background:
         worker = Background(distributions, workers, processes, align_variants)
         worker.start()
@@ -336,7 +338,7 @@ def _add_units(units: dict, src: installed.Source, info: bundle.ShardInfo, dev: 
         entry = provenance.get(art.address)
         spec = entry.get("specialization") if isinstance(entry, dict) else None
         if spec is not None:  # checked before it names anything to import (a bundle's bytes are data)
-            spec_format.check(spec, Fields(prov_path, BundleError), f"{art.address}.specialization")
+            spec_format.check(spec, Fields(prov_path, BundleError), f"{art.address}.specialization", art.config.kwargs)
         group = (art.kernel, art.config.canonical(), codec.canonical(spec) if spec is not None else None)
         unit = units.get(group)
         if unit is None:

@@ -5,16 +5,17 @@ named like an artifact is an error, not a hang) and checked; two files that are 
 runtime (core.verification's rule, the build's) with different configs are a conflict naming both.
 Any error, and nothing is rewritten. Then each target is written atomically, and only then is any
 source that is not a target removed (names may overlap in any order: nothing read is lost); an exact duplicate
-(same identity, same config) is folded into one file.
+(same identity, same config) is folded into one file. A file replaced or removed must still hold the bytes
+read from it (`fsutil.unchanged`, `fsutil.remove_unchanged`): one changed meanwhile is left as it is, named.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import artifactdir, verification
+from ..core import arguments, artifactdir, fsutil, verification
 from ..core.artifact import Artifact
-from ..core.errors import FlytuneError, InputError, printable
+from ..core.errors import FlytuneError, InputError, OutputError, printable
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Formatted:
 def fmt(paths) -> Formatted:
     """Rewrite the artifact files of the directories `paths` canonically under their content address:
     all or nothing (any error, and nothing is rewritten). InputError for a path that is no directory."""
+    paths = arguments.paths(paths, "paths")  # fmt("AB") would rewrite A and B
     for given in paths:  # every input checked before anything is rewritten
         if not Path(given).is_dir():
             raise InputError("is not a directory of artifact files", file=given)
@@ -40,27 +42,51 @@ def fmt(paths) -> Formatted:
         plan, problems = read_directory(d)
         plans.append(plan)
         errors += problems
+    for plan in plans if not errors else ():  # a file changed since it was read: nothing is rewritten
+        errors += unchanged(plan)
     report = Formatted(errors)
     if not errors:
         for plan in plans:
-            report.actions += rewrite(plan)
+            report.actions += rewrite(plan, report.errors)
     return report
 
 
-def rewrite(plan: Plan) -> list[str]:
+def unchanged(plan: Plan) -> list[FlytuneError]:
+    """An OutputError for each file `rewrite` would replace or remove that no longer holds the bytes read."""
+    out = []
+    for path in {*plan.targets, *plan.current}:
+        if path in plan.targets and plan.current.get(path) == plan.targets[path][1].to_bytes():
+            continue  # already canonical: neither replaced nor removed
+        try:
+            fsutil.unchanged(path, plan.current.get(path))
+        except OutputError as e:
+            out.append(e)
+    return sorted(out, key=lambda e: e.file or "")
+
+
+def rewrite(plan: Plan, errors: list[FlytuneError]) -> list[str]:
     """Write every target, then remove every source that is not one: whatever order the names overlap
-    in (a misnamed file may hold another's address), no artifact read is lost. Returns a line per file
-    changed."""
+    in (a misnamed file may hold another's address), no artifact read is lost; a file that changed since
+    it was read is neither replaced nor removed (an OutputError in `errors`). Returns a line per file changed."""
     actions, moved = [], set()
     for target, (source, art) in plan.targets.items():
         if plan.current.get(target) != art.to_bytes():
-            art.save(target.parent)
+            try:
+                fsutil.unchanged(target, plan.current.get(target))  # checked again: the nearest to replacing
+                art.save(target.parent)
+            except OutputError as e:
+                errors.append(e)
+                continue
             moved.add(source)
             actions.append(f"rewrote {printable(str(source))} -> {target.name}")
     for source in plan.current:
         if source in plan.targets:
             continue
-        source.unlink()
+        try:
+            fsutil.remove_unchanged(source, plan.current[source])
+        except OutputError as e:
+            errors.append(e)
+            continue
         if source not in moved:
             actions.append(f"removed {printable(str(source))}: its artifact is {plan.kept_as[source].name}")
     return actions

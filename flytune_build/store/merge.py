@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import artifactdir, codec, serving
+from ..core import arguments, artifactdir, codec, serving
 from ..core.artifact import Artifact
 from ..core.errors import InputError
 
@@ -116,7 +116,7 @@ def _what(prefer: str) -> str:
 
 def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
     """All of `chosen` in `output`, at once (a directory renamed into place)."""
-    output = output.absolute()
+    output = _through_link(output.absolute())
     into_input = output.exists() and any(output.resolve() == d.resolve() for d in inputs)
     if output.exists() and not into_input and (not output.is_dir() or any(output.iterdir())):
         raise InputError("exists and is not empty; merge into a new directory, or list it among the DIRs "
@@ -147,6 +147,20 @@ def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
         for name in moved:
             os.rename(staged / name, output / name)
         shutil.rmtree(staged, ignore_errors=True)
+
+
+def _through_link(output: Path) -> Path:
+    """The directory a symlink OUT points to, written through (the link stays, pointing where it did; a
+    merge never replaces it, nor moves its target's files out from under it); OUT itself when no link."""
+    if not output.is_symlink():
+        return output
+    try:
+        target = output.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling, or a loop
+        raise InputError("is a symbolic link to no directory; merge into the directory itself", file=output) from None
+    if not target.is_dir():
+        raise InputError(f"is a symbolic link to {target}, which is not a directory", file=output)
+    return target
 
 
 def _write_file(path: Path, data: bytes) -> None:
@@ -190,7 +204,8 @@ def merge(dirs, output, *, prefer: str | None = None) -> Merged:
     """The union of the artifact directories `dirs` in `output` (new, empty, or one of `dirs`): all or
     nothing. Identities with different winners are conflicts (nothing is written) unless `prefer`
     (faster | newer) decides them. InputError/ArtifactError for a missing directory or invalid file."""
-    dirs = [Path(d) for d in dirs]
+    dirs = [Path(d) for d in arguments.paths(dirs, "dirs")]  # merge("AB", out) would merge A and B
+    output = arguments.path(output, "output")
     if prefer is not None and prefer not in PREFER:
         raise InputError(f"prefer must be one of {', '.join(PREFER)}, not {prefer!r}")
     by_address = read(dirs)

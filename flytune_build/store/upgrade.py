@@ -12,7 +12,8 @@ axes, conflicts, backend options); any error, and nothing is written. A target t
 the same identity and config with other provenance (the shape re-tuned by a newer release) is left to
 the user: remove the file whose measurement to drop (two configs are a conflict the rules already
 name). Then every target is written atomically (one that fails removes those written), and only then
-are the old files removed.
+are the old files removed, each only while it still holds the bytes read from it (one changed meanwhile
+is kept and named: nothing is written when that is found before the writing).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def upgrade(directory) -> Upgraded:
     found: list[tuple[Path, Artifact]] = []
     read = artifactdir.read_all(root, recursive=True)  # contained, bounded, regular files only (as verify DIR)
     report.errors += read.problems
+    read_bytes = dict(read.files)
     for path, data in read.files:
         try:
             found.append((path, Artifact.from_bytes(data, file=path)))
@@ -85,18 +87,32 @@ def upgrade(directory) -> Upgraded:
         plan.append((path, new))
     if report.errors:
         return report
+    _write(plan, read_bytes, report)
+    return report
+
+
+def _write(plan: list[tuple[Path, Artifact]], read_bytes: dict[Path, bytes], report: Upgraded) -> None:
+    """Every planned file written, then each old one removed while it holds the bytes read from it."""
+    changed = []
+    for path, _ in plan:  # a source changed since it was read: nothing is written
+        try:
+            fsutil.unchanged(path, read_bytes[path])
+        except OutputError as e:
+            changed.append(e)
+    if changed:
+        report.errors += changed
+        return
     try:  # every new file, or (one failing) none
         fsutil.write_all([(path.parent / new.filename, new.to_bytes()) for path, new in plan
                           if not (path.parent / new.filename).exists()])
     except FlytuneError as e:
         report.errors.append(e)
-        return report
+        return
     for path, new in plan:
-        try:
-            path.unlink()
-        except OSError as e:  # both files stay: one identity, one config (verify notes the duplicate)
-            report.errors.append(OutputError(f"cannot be removed after {new.filename} was written: {e.strerror or e}",
+        try:  # only while it holds what was read: a change made meanwhile is kept, never lost
+            fsutil.remove_unchanged(path, read_bytes[path])
+        except OutputError as e:  # both files stay: one identity, one config (verify notes the duplicate)
+            report.errors.append(OutputError(f"cannot be removed after {new.filename} was written: {e.rule}",
                                              file=path))
             continue
         report.actions.append(f"upgraded {printable(str(path))} -> {new.filename}")
-    return report

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..core import arguments
 from ..core import project as project_mod
 from ..core import settings
 from ..core.errors import ProjectError, UsageError
@@ -35,9 +36,12 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     (nothing is written), ProjectError for a project without `[tool.flytune]`; a job that fails is
     an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.
     """
-    proj = project if isinstance(project, project_mod.Project) else _load(Path(project).resolve())
+    job_timeout = arguments.seconds(job_timeout, "job_timeout")  # nan would mean none, -1 fail every job
+    plan = plan if plan is None else arguments.path(plan, "plan")
+    proj = project if isinstance(project, project_mod.Project) else \
+        _load(Path(arguments.path(project, "project")).resolve())
     entries = _entries(proj, plan, kernels)
-    if repeat < 1:
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise UsageError(f"repeat must be at least 1, not {repeat}")
     margin = MIN_IMPROVEMENT_PCT if min_improvement is None else float(min_improvement)
     if not 0 <= margin < 1000:

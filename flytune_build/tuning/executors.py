@@ -192,7 +192,23 @@ class LocalExecutor:
                 events.append(("died", slot, self._reap(slot)))
             else:
                 events.append((message[0], slot, *message[1:]))
+        # the process, not only its pipe: a child a setup forked may hold the pipe open after the worker died
+        for slot in [slot for slot, proc in self.procs.items() if proc.poll() is not None]:
+            events += self._drain(slot)
         return events
+
+    def _drain(self, slot: int) -> list[tuple]:
+        """The messages an exited worker wrote before it ended (read without waiting for an end of file that
+        a process still holding its pipe would withhold), then its death."""
+        pipe = self.procs[slot].stdout
+        events = []
+        try:
+            os.set_blocking(pipe.fileno(), False)
+            while (message := worker.receive(pipe)) is not None:  # a non-blocking read with nothing left: None
+                events.append((message[0], slot, *message[1:]))
+        except OSError:  # nothing readable left
+            pass
+        return events + [("died", slot, self._reap(slot))]
 
     def _reap(self, slot: int) -> str:
         proc = self._forget(slot)

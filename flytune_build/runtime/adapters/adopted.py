@@ -20,7 +20,9 @@ kernel's.
 
 The object Triton reports as `best_config` tells which decision served a call, with no key computed
 on the hot path. `reset` forgets what flytune put into Triton's cache: the next call decides again,
-under the settings of then.
+under the settings of then, and the offline tier is read again first (so is it when the settings
+changed between `adopt` at import and the first call: `core.settings.settle`). An Autotuner whose
+cache is no dict is registered but not seeded (one warning): Triton's own tuning serves it.
 """
 from __future__ import annotations
 
@@ -69,6 +71,10 @@ class Adopted(Kernel):
         self.local = threading.local()         # .retrying: this thread's `run` calls Triton again after seeding
         self.reseed = True                     # False while `recording`: every key is searched then
         self.warming = False
+        self.stale = False                     # the offline tier is read again before the next decision
+        # a cache that is no dict (FlagGems' LibTuner keeps it in sqlite) cannot be seeded: Triton's own
+        # tuning serves such a kernel, which is still registered and reported
+        self.seedable = isinstance(tuner.cache, dict)
 
     @classmethod
     def install(cls, public, tuner, name: str, validate) -> "Adopted":
@@ -124,8 +130,11 @@ class Adopted(Kernel):
         tuner = self.tuner
 
         def prune_configs(kwargs):
-            if self.warming:
+            if self.warming or not self.seedable:
                 return original(kwargs)
+            settings.settle()  # the process's first decision reads the environment once more
+            if self.stale:  # the settings or the device changed since it was seeded (reset_stats, settle)
+                self.seed()
             key = artifact_key(tuner, tuner.nargs, kwargs)
             mode = settings.current().autotune if self.reseed else "search"
             chosen: list = []
@@ -244,11 +253,16 @@ class Adopted(Kernel):
     def seed(self) -> int:
         """Read the best artifact per Triton key for this device (the earliest source, then the best
         match level) into the offline tier; returns how many it holds."""
+        self.stale = False
+        if not self.seedable:
+            self.fallback(f"its Autotuner keeps its cache in a {type(self.tuner.cache).__name__}, not a dict: "
+                          f"flytune cannot seed it, and Triton's own tuning serves every call")
+            return 0
         self.forget()
         self.offline.clear()
         here, idx = device.current(), Index()
         best: dict[tuple, tuple] = {}
-        for rank, art, level, origin, pack in self._usable(here, idx):
+        for rank, art, level, origin, pack in _usable(self, here, idx):
             tk = seed_key(self.tuner, art.key)
             if tk not in best or rank < best[tk][0]:
                 best[tk] = (rank, art, level, origin, pack)
@@ -265,7 +279,7 @@ class Adopted(Kernel):
     def forget(self) -> None:
         """Take what flytune put into Triton's cache out of it: those keys are decided again."""
         cache = self.tuner.cache
-        for k in [k for k, v in cache.items() if id(v) in self.seeded]:
+        for k in [k for k, v in cache.items() if id(v) in self.seeded] if self.seeded else ():
             del cache[k]
         self.seeded.clear()
         self.objects.clear()
@@ -279,25 +293,6 @@ class Adopted(Kernel):
         for k in [k for k, v in cache.items() if self.seeded.get(id(v)) is d]:
             del cache[k]
 
-    def _usable(self, here, idx: Index):
-        """(rank, artifact, level, origin, pack) for each artifact of this kernel usable on `here`."""
-        for order, src in TIER.ranked(self.name):  # the owner's bundle, then accepted packs (core.serving)
-            pack = src.dist if order[0] == serving.PACK else None
-            for doc, dev, origin, fname in TIER.documents(src, self.name, idx):
-                level = src.served_level(dev, here)
-                if level is None:
-                    idx.other_devices.add(not_served(dev, here))
-                    continue
-                art = None
-                try:
-                    art = Artifact.from_json(doc)
-                    self.check_key(art.key, fname or art.filename)
-                    self.check_binds(art.config, set(), "config", file=fname or art.filename)
-                except FlytuneError as e:  # a bundle's documents come without a file name: the artifact's own
-                    self.fallback(f"artifact {fname or getattr(art, 'filename', '?')} from {origin} rejected: {e.rule}")
-                    continue
-                yield serving.rank(order, level), art, level, origin, pack
-
     @contextlib.contextmanager
     def forcing(self, config):
         """A context in which every call launches `config` (verify --execute): Triton's own path for a
@@ -309,11 +304,36 @@ class Adopted(Kernel):
         finally:
             self.tuner.configs = saved
 
+    def rediscover(self) -> None:
+        self.stale = True
+
     def reset(self) -> None:
-        """Forget decisions and counters (tests; after changing the environment); the offline tier stays."""
+        """Forget decisions and counters (tests; after changing the environment); the offline tier is read
+        again, under the settings and device of then, when the next key is decided."""
         self._stats = Stats()
         self.pending = None
         self.forget()
+        self.stale = True
+
+
+def _usable(self: Adopted, here, idx: Index):
+    """(rank, artifact, level, origin, pack) for each artifact of this kernel usable on `here`."""
+    for order, src in TIER.ranked(self.name):  # the owner's bundle, then accepted packs (core.serving)
+        pack = src.dist if order[0] == serving.PACK else None
+        for doc, dev, origin, fname in TIER.documents(src, self.name, idx):
+            level = src.served_level(dev, here)
+            if level is None:
+                idx.other_devices.add(not_served(dev, here))
+                continue
+            art = None
+            try:
+                art = Artifact.from_json(doc)
+                self.check_key(art.key, fname or art.filename)
+                self.check_binds(art.config, set(), "config", file=fname or art.filename)
+            except FlytuneError as e:  # a bundle's documents come without a file name: the artifact's own
+                self.fallback(f"artifact {fname or getattr(art, 'filename', '?')} from {origin} rejected: {e.rule}")
+                continue
+            yield serving.rank(order, level), art, level, origin, pack
 
 
 class _Seeded(Exception):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 
 from ...core.artifact import Artifact
+from ...core.errors import DeclarationError
 from .. import bench
 from .adopted import Adopted
 from .triton_keys import autotuner_of
@@ -47,6 +48,9 @@ def recording(kernel, name: str):
     the artifacts record `ranking: synthetic`; under TRITON_INTERPRET=1, with no `do_bench` of the
     kernel's own, candidates are timed on the wall clock (`triton_search`)."""
     tuner = autotuner_of(kernel)
+    if not isinstance(tuner.cache, dict):  # set aside and restored below, as a dict
+        raise DeclarationError(f"keeps its Autotuner's cache in a {type(tuner.cache).__name__}, not a dict: its "
+                               f"searches cannot be recorded", file=name, field="cache")
     captured: list[Artifact] = []
     ranking = bench.ranking()
     patches = Patches(tuner)

@@ -1,0 +1,68 @@
+"""The rules for arguments of the Python API and the CLI, one each: every public function and flag that
+takes a list of paths or names, a time limit or a count goes through them.
+
+A bare string where a list goes is refused, never iterated (`merge("AB", "OUT")` would merge `A` and
+`B`); a time limit is a finite number of seconds above zero (`nan` would mean none, `-1` fail every job);
+a count is a positive integer. The errors are `ArgumentTypeError` (a TypeError) for a wrong type and
+`UsageError` (a ValueError) for a value out of range: the CLI's exit code 2 either way.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from .errors import ArgumentTypeError, UsageError
+
+
+def paths(value: Any, name: str) -> list:
+    """`value` as a list of paths (str or os.PathLike), refusing one bare path and anything else."""
+    return _items(value, name, "paths", (str, os.PathLike))
+
+
+def names(value: Any, name: str) -> list[str]:
+    """`value` as a list of strings, refusing one bare string and anything else."""
+    return _items(value, name, "names", (str,))
+
+
+def path(value: Any, name: str) -> Any:
+    """`value`, one path (str or os.PathLike); a list or anything else is refused."""
+    if isinstance(value, (bytes, bytearray)) or not isinstance(value, (str, os.PathLike)):
+        raise ArgumentTypeError(f"must be a path (a str or os.PathLike), not {type(value).__name__}", field=name)
+    return value
+
+
+def seconds(value: Any, name: str) -> float | None:
+    """`value` as a time limit in seconds: None (no limit) or a finite number above zero."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError(f"must be a number of seconds, not {type(value).__name__}", field=name)
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"must be a finite number of seconds above 0, not {value!r}", field=name)
+    return float(value)
+
+
+def count(value: Any, name: str) -> int | None:
+    """`value` as a count: None (the default) or an integer of at least 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"must be an integer, not {type(value).__name__}", field=name)
+    if value < 1:
+        raise UsageError(f"must be at least 1, not {value}", field=name)
+    return value
+
+
+def _items(value: Any, name: str, what: str, types: tuple) -> list:
+    if isinstance(value, (str, bytes, bytearray, os.PathLike)):
+        raise ArgumentTypeError(f"must be a list of {what}, not one {type(value).__name__} ({value!r}); "
+                                f"write [{value!r}] for one", field=name)
+    try:
+        items = list(value)
+    except TypeError:
+        raise ArgumentTypeError(f"must be a list of {what}, not {type(value).__name__}", field=name) from None
+    for i, item in enumerate(items):
+        if isinstance(item, (bytes, bytearray)) or not isinstance(item, types):
+            raise ArgumentTypeError(f"must hold {what}, not {type(item).__name__} ({item!r})", field=f"{name}[{i}]")
+    return items
