@@ -17,6 +17,8 @@ def add_command(command) -> None:
                 "0 tuned, 1 failed, 2 usage error or refused where CI is set, 130 interrupted")
     t.add_argument("--project", default=".", help="project root holding pyproject.toml (default: .)")
     t.add_argument("--plan", help="a plan TOML file (default: [tool.flytune.tune])")
+    t.add_argument("--misses", metavar="FILE", help="tune exactly the shapes a FLYTUNE_MISSES file recorded, with "
+                   "the plan's setups")
     t.add_argument("--output", help="artifact directory (default: tool.flytune.tune.output)")
     t.add_argument("--kernel", action="append", help="tune only this kernel (repeatable)")
     t.add_argument("--ranking", choices=("measured", "synthetic"), default=None,
@@ -51,7 +53,7 @@ def command(args) -> int:
         print("flytune: error: --workers, --address and --job-timeout need --executor local or ray", file=sys.stderr)
         return EXIT_USAGE
     try:
-        report = tuning.tune(args.project, plan=args.plan, kernels=args.kernel, output=args.output,
+        report = tuning.tune(args.project, plan=args.plan, kernels=args.kernel, output=args.output, misses=args.misses,
                              executor=args.executor, repeat=args.repeat, min_improvement=args.min_improvement,
                              resume=not args.no_resume, ranking=args.ranking, job_timeout=args.job_timeout,
                              workers=args.workers, address=args.address, allow_ci=args.allow_ci,

@@ -46,6 +46,7 @@ class Settings:
     # accepts: distribution names (normalised), or ("*",) for every installed pack
     packs: tuple[str, ...] = ()
     warmup: str = "off"             # FLYTUNE_WARMUP=background: a bundle's kernel, once registered, starts its warm-up
+    misses: Path | None = None      # FLYTUNE_MISSES: the file every key no tuned config served is recorded in
 
 
 def read(env=None) -> Settings:
@@ -86,6 +87,7 @@ def read(env=None) -> Settings:
         visible_devices=tuple((v, env[v]) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if v in env),
         packs=packs,
         warmup="off" if warmup == "0" else warmup,
+        misses=Path(env["FLYTUNE_MISSES"]) if env.get("FLYTUNE_MISSES") else None,
     )
 
 

@@ -65,9 +65,14 @@ def on_decision(callback: Callable[[dict], object]) -> Subscription:
 def announce(kernel: str, d: Decision) -> None:
     """One decision made: printed with FLYTUNE_PRINT_AUTOTUNING=1, then told to every subscriber (the
     autotuner and adopted kernels call this once per key)."""
-    if settings.current().print_autotuning:
+    s = settings.current()
+    if s.print_autotuning:
         level = f" level={d.level}" if d.level else ""
         print(f"[flytune] {kernel} key={d.key} tier={d.first_tier}{level} config={d.config}", file=sys.stderr)
+    if s.misses is not None:
+        from . import device, misses
+
+        misses.record(kernel, d, device.current().spec())
     emit(kernel, d)
 
 

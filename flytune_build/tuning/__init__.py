@@ -26,7 +26,7 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
          output: str | Path | None = None, executor: str | None = None, repeat: int = 1,
          min_improvement: float | None = None, resume: bool = True, ranking: str | None = None,
          job_timeout: float | None = None, reporter: Reporter | None = None, workers: int | None = None,
-         address: str | None = None, allow_ci: bool = False) -> Report:
+         address: str | None = None, allow_ci: bool = False, misses: str | Path | None = None) -> Report:
     """Tune the project's plan (or `plan`, a TOML file) on `executor`'s workers and write the winners
     under `output` (a template: {arch}, {backend}, {device}; default `tool.flytune.tune.output`).
 
@@ -35,12 +35,19 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     `reporter` hears of progress as it happens. Raises UsageError when the run cannot start as asked
     (nothing is written), ProjectError for a project without `[tool.flytune]`; a job that fails is
     an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.
+    `misses` (a FLYTUNE_MISSES file) tunes exactly the shapes a serving process missed (core.misses).
     """
     job_timeout = arguments.seconds(job_timeout, "job_timeout")  # nan would mean none, -1 fail every job
     plan = plan if plan is None else arguments.path(plan, "plan")
     proj = project if isinstance(project, project_mod.Project) else \
         _load(Path(arguments.path(project, "project")).resolve())
     entries = _entries(proj, plan, kernels)
+    missed_notes: list[str] = []
+    if misses is not None:
+        from ..core import misses as misses_file
+
+        path = Path(arguments.path(misses, "misses"))
+        entries, missed_notes = misses_file.plan(misses_file.misses(misses_file.load(path)), entries, path)
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise UsageError(f"repeat must be at least 1, not {repeat}")
     margin = MIN_IMPROVEMENT_PCT if min_improvement is None else float(min_improvement)
@@ -52,7 +59,9 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     options = Options(executor or "inprocess", workers, address, job_timeout, resume, ranking,
                       str(Path(output).resolve()) if output else None, repeat, margin)
     fingerprints = fingerprint.of_plan(proj.root, entries)
-    return _run(proj, entries, options, reporter, fingerprints)
+    report = _run(proj, entries, options, reporter, fingerprints)
+    report.notes[:0] = missed_notes
+    return report
 
 
 def _load(root: Path) -> project_mod.Project:

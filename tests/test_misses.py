@@ -1,0 +1,115 @@
+"""The loop from production misses: FLYTUNE_MISSES records every key no tuned config served (from many
+processes at once, bounded), and `flytune tune --misses` tunes exactly those shapes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import flytune_build as ft
+from conftest import ROOT
+from flytune_build.core import misses as misses_file
+from flytune_build.core.config import Config
+from flytune_build.core.errors import UsageError
+from kernels import make_add
+
+SAMPLE = ROOT / "sample_pkg"
+
+
+def add(k, n):
+    x = torch.randn(n)
+    out = torch.empty_like(x)
+    k[lambda m: ((n + m["BLOCK"] - 1) // m["BLOCK"],)](x, x, out, n)
+    assert torch.allclose(out, 2 * x)
+
+
+def test_a_process_records_each_missed_key_with_its_tier_and_calls(tmp_path, monkeypatch):
+    from flytune_build.runtime import misses
+
+    path = tmp_path / "misses.json"
+    monkeypatch.setenv("FLYTUNE_MISSES", str(path))
+    k = make_add("t.misses.add", default=lambda a: Config({"BLOCK": 32}))
+    for n in (100, 100, 100, 50):
+        add(k, n)
+    misses.flush()
+    got = {(m.kernel, m.key["n"]): (m.tier, m.calls, m.decisions) for m in misses_file.misses(misses_file.load(path))}
+    assert got == {("t.misses.add", 100): ("heuristic", 3, 1), ("t.misses.add", 50): ("heuristic", 1, 1)}
+    assert all(m.device == "interpreter" for m in misses_file.misses(misses_file.load(path)))
+
+
+def test_a_served_tuned_key_is_no_miss_and_nothing_is_written_without_the_setting(tmp_path, monkeypatch):
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.device import INTERPRETER
+    from flytune_build.runtime import misses
+
+    k = make_add("t.misses.tuned", default=lambda a: Config({"BLOCK": 32}))
+    Artifact("t.misses.tuned", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 64})).save(tmp_path / "a")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path / "a"))
+    add(k, 100)  # FLYTUNE_MISSES unset: nothing recorded anywhere
+    path = tmp_path / "misses.json"
+    monkeypatch.setenv("FLYTUNE_MISSES", str(path))
+    ft.reset_stats()
+    add(k, 100)  # served offline: no miss
+    misses.flush()
+    assert not path.exists()
+
+
+RECORD = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from kernels import make_add
+from flytune_build import Config
+k = make_add("t.misses.many", default=lambda a: Config({"BLOCK": 32}))
+n = int(sys.argv[1])
+for _ in range(3):
+    x = torch.randn(n); out = torch.empty_like(x)
+    k[lambda m: ((n + m["BLOCK"] - 1) // m["BLOCK"],)](x, x, out, n)
+"""
+
+
+def test_many_processes_record_into_one_file_and_lose_nothing(tmp_path):
+    from conftest import python_env
+
+    path = tmp_path / "misses.json"
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_MISSES=path,
+                     FLYTUNE_CACHE_DIR=tmp_path / "cache")
+    procs = [subprocess.Popen([sys.executable, "-c", RECORD, str(n), str(ROOT / "tests")], env=env,
+                              stderr=subprocess.PIPE) for n in (10, 20, 30, 10)]
+    for p in procs:
+        assert p.wait(timeout=240) == 0, p.stderr.read()[-2000:]
+    got = {m.key["n"]: (m.calls, m.decisions) for m in misses_file.misses(misses_file.load(path))}
+    assert got == {10: (6, 2), 20: (3, 1), 30: (3, 1)}
+
+
+def test_the_file_is_bounded_and_a_bad_one_is_a_typed_error(tmp_path):
+    doc = misses_file.empty()
+    for n in range(misses_file.MAX_ENTRIES + 5):
+        misses_file.add(doc, "k", {"n": n}, "interpreter", "heuristic", 1, 1)
+    assert len(doc["misses"]) == misses_file.MAX_ENTRIES and doc["dropped"] == 5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": 1, "misses": [{"kernel": "k"}]}))
+    with pytest.raises(ft.InputError, match="misses\\[0\\]"):
+        misses_file.load(bad)
+
+
+def test_tune_misses_tunes_exactly_the_missed_shapes_with_the_plans_setups(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SAMPLE))
+    path = tmp_path / "misses.json"
+    doc = misses_file.empty()
+    misses_file.add(doc, "sample_pkg.rmsnorm", {"x": "float32", "M": 8, "N": 256}, "interpreter", "heuristic", 7, 1)
+    misses_file.add(doc, "other.kernel", {"n": 3}, "interpreter", "heuristic", 1, 1)
+    misses_file.write(path, doc)
+    report = ft.tune(SAMPLE, misses=path, output=tmp_path / "out", ranking="synthetic")
+    assert report.ok, [o.reason for o in report.failed]
+    assert sorted({(o.job.entry.kernel, tuple(sorted(o.job.shape.items()))) for o in report.outcomes}) == [
+        ("sample_pkg.rmsnorm", (("M", 8), ("N", 256)))]
+    assert any("other.kernel" in n and "no entry" in n for n in report.notes)
+    only_other = tmp_path / "other.json"
+    doc = misses_file.empty()
+    misses_file.add(doc, "other.kernel", {"n": 3}, "interpreter", "heuristic", 1, 1)
+    misses_file.write(only_other, doc)
+    with pytest.raises(UsageError, match="no miss names a kernel of the tuning plan"):
+        ft.tune(SAMPLE, misses=only_other, output=tmp_path / "out", ranking="synthetic")
