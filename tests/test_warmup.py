@@ -299,14 +299,14 @@ def test_forked_compiles_build_each_signatures_launcher_once_beside_the_kernels(
         import json, os
         from pathlib import Path
         from triton.backends.compiler import GPUTarget
-        from flytune_build.runtime import warmup
+        from flytune_build.runtime import compiler, warmup
         built = Path({str(built)!r})
 
         class Launcher:  # what Triton's launcher class is built from; where it was built
             def __init__(self, src, metadata):
-                (built / f"{{os.getpid()}}-{{len(list(built.iterdir()))}}").write_text(warmup._signature(src))
+                (built / f"{{os.getpid()}}-{{len(list(built.iterdir()))}}").write_text(compiler._signature(src))
 
-        warmup.Toolchain.for_device = classmethod(lambda cls, dev, notes: cls(GPUTarget("cuda", 90, 32), Launcher, "x"))
+        compiler.Toolchain.for_device = classmethod(lambda cls, dev, notes: cls(GPUTarget("cuda", 90, 32), Launcher, "x"))
         report = warmup.warmup("fixpkg", processes=True)
         print(json.dumps({{"pid": os.getpid(), "units": [[u.status, u.where] for u in report.units]}}))
     """)

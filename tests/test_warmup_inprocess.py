@@ -56,7 +56,7 @@ def test_a_key_no_stored_tier_serves_is_left_to_its_first_call_and_no_heuristic_
     seen = []
     k = ft.autotune([Config({"BLOCK": 16})], ["x", "n"], default=lambda a: seen.append(a) or Config({"BLOCK": 16}),
                     name="t.prime_miss")(scale2_kernel)
-    assert k.prime(x=warmup.Pointer(torch.float32, True), out=warmup.Pointer(torch.float32, True), n=64,
+    assert k.prime(x=binder.Pointer(torch.float32, True), out=binder.Pointer(torch.float32, True), n=64,
                    alpha=1.5) is None
     assert seen == [] and k.decision(torch.empty(64), torch.empty(64), 64, 1.5) is None
     x = torch.randn(64)
@@ -84,7 +84,7 @@ def test_stand_ins_specialise_exactly_as_the_recorded_launch():
         spec = spec_of(scale2_kernel, (torch.randn(n), torch.empty(n), n, 0.5), config)
         jit = binder.compilable(scale2_kernel)
         _, specialization, extra = _bind(jit, spec, config)
-        warmup._check_specialization(spec, jit, specialization, _backend())  # raises on any difference
+        binder.check_specialization(spec, jit, specialization, _backend())  # raises on any difference
         assert extra["num_warps"] == 2 and "BLOCK" not in extra
 
 
@@ -95,9 +95,9 @@ def test_stand_ins_that_would_specialise_otherwise_are_refused():
     aligned = dict(spec, attrs={**spec["attrs"], "n": [["tt.divisibility", 16]]})  # not what n=100 gives
     _, specialization, _ = _bind(jit, spec, config)
     with pytest.raises(binder.Mismatch, match="attributes"):
-        warmup._check_specialization(aligned, jit, specialization, _backend())
+        binder.check_specialization(aligned, jit, specialization, _backend())
     with pytest.raises(binder.Mismatch, match="tuple argument"):
-        warmup.stand_ins({**spec, "signature": {**spec["signature"], "x": ["*fp32", "*fp32"]}}, config)
+        binder.stand_ins({**spec, "signature": {**spec["signature"], "x": ["*fp32", "*fp32"]}}, config)
 
 
 def test_a_bucketed_axis_tuned_aligned_gets_its_unaligned_variant_and_an_exact_one_none():
@@ -157,5 +157,5 @@ def _bind(jit, spec, config):
     from triton.runtime.jit import create_function_from_signature
 
     bind = create_function_from_signature(jit.signature, jit.params, _backend())
-    named = warmup.stand_ins(spec, config, exclude=set(config.kwargs))
+    named = binder.stand_ins(spec, config, exclude=set(config.kwargs))
     return bind(**named, **config.launch_kwargs(), debug=False, instrumentation_mode="")

@@ -115,6 +115,16 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def one_line(e: BaseException, *, with_type: bool = True, limit: int = 300) -> str:
+    """An exception as one line, at most `limit` characters: its type and the first non-empty line of its
+    message (a compiler's thousands of lines, a remote traceback: the first says what failed)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if with_type or not text:
+        text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def foreign_failure(e: BaseException) -> bool:
     """Whether an exception from code flytune runs but does not own (a package's import, a tuning setup,
     a kernel, a validate) is that code's failure, to report and go on: everything but the user's

@@ -260,3 +260,98 @@ def _triton_value(v):
 
         return tl.dtype(v["dtype"])
     return v
+
+
+# -- stand-ins: arguments Triton specialises as a recorded launch did (the warm-up's) --------------------
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64", "i8": "int8",
+                 "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32",
+                 "u64": "uint64", "u1": "bool", "fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2",
+                 "fp8e4b8": "float8_e4m3fnuz", "fp8e5b16": "float8_e5m2fnuz"}
+
+
+class Pointer:
+    """A tensor's stand-in for Triton's binder (as Triton's `MockTensor`): a dtype and an address that is,
+    or is not, a multiple of 16; no shape or strides (so no scratch-cache layout)."""
+
+    def __init__(self, dtype, aligned: bool):
+        self.dtype, self._address = dtype, 0 if aligned else 8
+
+    def data_ptr(self) -> int:
+        return self._address
+
+    @staticmethod
+    def ptr_range() -> int:
+        return 0
+
+
+def stand_ins(spec: dict, config: Config, key: dict | None = None, exclude: set = frozenset()) -> dict:
+    """One value per parameter (but `exclude`) that Triton specialises as `spec` records; with `key`,
+    its axes take the key's values (a tensor axis: a stand-in of that dtype). Mismatch where a recorded
+    type has no stand-in (a tuple, a tensor descriptor, a low-precision scalar)."""
+    import torch
+
+    key = key or {}
+    out = {}
+    for name, ty in spec["signature"].items():
+        if name in exclude:
+            continue
+        attrs = spec["attrs"].get(name, [])
+        if not isinstance(ty, str):
+            raise Mismatch(f"{name} is a tuple argument: no stand-in")
+        if ty == "constexpr":
+            value = spec["constexprs"].get(name, key.get(name))
+            out[name] = constexpr_value(value)
+            continue
+        aligned = ["tt.divisibility", 16] in attrs
+        if ty.startswith("*"):
+            element = ty[2:] if ty.startswith("*k") else ty[1:]
+            dtype_name = key.get(name, TORCH_DTYPES.get(element))
+            dtype = getattr(torch, str(dtype_name), None) if dtype_name is not None else None
+            if dtype is None:
+                raise Mismatch(f"{name} is a {ty} tensor: no torch dtype stands in for it")
+            out[name] = Pointer(dtype, aligned)
+        elif name in key:
+            out[name] = key[name]
+        elif ty in ("i32", "i64", "u64"):
+            base = {"i32": 0, "i64": 1 << 32, "u64": 1 << 63}[ty]
+            out[name] = base + (16 if aligned else 17)
+        elif ty == "i1":
+            out[name] = True
+        elif ty == "fp32":
+            out[name] = 1.5
+        else:
+            raise Mismatch(f"{name} is a {ty} scalar: no stand-in")
+    return out
+
+
+def constexpr_value(value):
+    if isinstance(value, dict):
+        import triton.language as tl
+
+        return tl.dtype(value["dtype"])
+    return value
+
+
+def launch_options(config: Config) -> list[dict]:
+    """The compile options a launch of `config` passes, in the orders that make Triton's in-process key:
+    flytune's (`Config.launch_kwargs`) and `triton.Config.all_kwargs`'s (an adopted kernel's)."""
+    ours = dict(config.launch_kwargs())
+    tritons = dict(config.kwargs, num_warps=config.num_warps, num_ctas=config.num_ctas, num_stages=config.num_stages)
+    if config.maxnreg is not None:
+        tritons["maxnreg"] = config.maxnreg
+    return [ours, tritons]
+
+
+def check_specialization(spec: dict, jit, specialization, backend) -> None:
+    """Raise Mismatch unless the binder's `specialization` of the stand-ins is the recorded one."""
+    for name, (ty, code) in zip(jit.arg_names, specialization):
+        want = spec["signature"].get(name)
+        if ty != want:
+            raise Mismatch(f"stand-ins specialise {name} as {ty}, recorded {want}")
+        if ty == "constexpr":
+            if code != constexpr_value(spec["constexprs"].get(name)):
+                raise Mismatch(f"stand-ins give constexpr {name} = {code!r}")
+            continue
+        got = [list(a) for a in backend.parse_attr(code)] if isinstance(code, str) else []
+        if got != [list(a) for a in spec["attrs"].get(name, [])]:
+            raise Mismatch(f"stand-ins give {name} the attributes {got}")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import importlib
 import itertools
-import os
 import re
 import sys
 import threading
@@ -49,17 +48,12 @@ from ..core.codec import Fields
 from ..core.config import Config
 from ..core.device import DeviceIdentity
 from ..core.errors import BundleError, FlytuneError, foreign_failure
-from . import binder, device, warning
+from . import binder, compiler, device, warning
 from .wrapping import chain
 
 STATUSES = ("compiled", "cached", "interpreter", "skipped", "failed")
-CHILD_TIMEOUT = 60.0  # seconds (and 2 s a unit) for the forked compiles; past it the rest compile on threads here
 MAX_VARIANT_AXES = 3   # bucketed axes whose alignment variants are warmed (2**3 - 1 variants at most)
 # Triton's pointer element types -> torch dtype names, for the stand-ins of tensor arguments
-_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64", "i8": "int8",
-                 "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32",
-                 "u64": "uint64", "u1": "bool", "fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2",
-                 "fp8e4b8": "float8_e4m3fnuz", "fp8e5b16": "float8_e5m2fnuz"}
 
 
 @dataclass
@@ -356,24 +350,20 @@ def run(units: list[Unit], notes: list[str], *, workers: int | None = None, proc
     for variant in variants(todo) if align_variants else ():
         units.append(variant[0])
         todo.append(variant)
-    tools = Toolchain.for_device(device.current(), notes)
+    tools = compiler.Toolchain.for_device(device.current(), notes)
     if tools is None:
         for u, _ in todo:
             u.status, u.note = "interpreter", "interpreter: nothing to compile"
     elif todo:
         tools.compile_all(todo, workers, processes)
         if tools.launcher_cls is not None:
-            with ThreadPoolExecutor(max_workers=_threads(len(todo), workers), thread_name_prefix="flytune-load") as pool:
+            with ThreadPoolExecutor(max_workers=compiler.threads(len(todo), workers), thread_name_prefix="flytune-load") as pool:
                 list(pool.map(lambda item: tools.load(*item), todo))
     for u, _ in todo:
         if not u.variant and u.status in ("compiled", "cached", "interpreter"):
             _prime(u, notes)
     cache_dir = tools.cache_dir() if tools is not None else None
     return Report(units, notes, tools.label if tools else "interpreter", cache_dir, time.perf_counter() - start)
-
-
-def _threads(n: int, workers: int | None) -> int:
-    return max(1, min(n, workers or os.cpu_count() or 4))
 
 
 def _resolve(unit: Unit):
@@ -450,7 +440,7 @@ def _prime(unit: Unit, notes: list[str]) -> None:
         return
     for key in unit.keys:
         try:
-            named = stand_ins(unit.spec, unit.config, key, exclude=set(k.tuned_kwargs) | _heuristic_names(k.fn))
+            named = binder.stand_ins(unit.spec, unit.config, key, exclude=set(k.tuned_kwargs) | _heuristic_names(k.fn))
             if k.prime(**named) is None:
                 notes.append(f"{unit.kernel} {key}: not decided ahead (no scratch or offline decision without "
                              f"the call's own tensors: a scratch cache for it, or an early_config_prune); "
@@ -472,295 +462,6 @@ def _heuristic_names(fn) -> set[str]:
         if isinstance(values, dict):
             out |= set(values)
     return out
-
-
-class Pointer:
-    """A tensor's stand-in for Triton's binder (as Triton's `MockTensor`): a dtype and an address that is,
-    or is not, a multiple of 16; no shape or strides (so no scratch-cache layout)."""
-
-    def __init__(self, dtype, aligned: bool):
-        self.dtype, self._address = dtype, 0 if aligned else 8
-
-    def data_ptr(self) -> int:
-        return self._address
-
-    @staticmethod
-    def ptr_range() -> int:
-        return 0
-
-
-def stand_ins(spec: dict, config: Config, key: dict | None = None, exclude: set = frozenset()) -> dict:
-    """One value per parameter (but `exclude`) that Triton specialises as `spec` records; with `key`,
-    its axes take the key's values (a tensor axis: a stand-in of that dtype). Mismatch where a recorded
-    type has no stand-in (a tuple, a tensor descriptor, a low-precision scalar)."""
-    import torch
-
-    key = key or {}
-    out = {}
-    for name, ty in spec["signature"].items():
-        if name in exclude:
-            continue
-        attrs = spec["attrs"].get(name, [])
-        if not isinstance(ty, str):
-            raise binder.Mismatch(f"{name} is a tuple argument: no stand-in")
-        if ty == "constexpr":
-            value = spec["constexprs"].get(name, key.get(name))
-            out[name] = _constexpr(value)
-            continue
-        aligned = ["tt.divisibility", 16] in attrs
-        if ty.startswith("*"):
-            element = ty[2:] if ty.startswith("*k") else ty[1:]
-            dtype_name = key.get(name, _TORCH_DTYPES.get(element))
-            dtype = getattr(torch, str(dtype_name), None) if dtype_name is not None else None
-            if dtype is None:
-                raise binder.Mismatch(f"{name} is a {ty} tensor: no torch dtype stands in for it")
-            out[name] = Pointer(dtype, aligned)
-        elif name in key:
-            out[name] = key[name]
-        elif ty in ("i32", "i64", "u64"):
-            base = {"i32": 0, "i64": 1 << 32, "u64": 1 << 63}[ty]
-            out[name] = base + (16 if aligned else 17)
-        elif ty == "i1":
-            out[name] = True
-        elif ty == "fp32":
-            out[name] = 1.5
-        else:
-            raise binder.Mismatch(f"{name} is a {ty} scalar: no stand-in")
-    return out
-
-
-def _constexpr(value):
-    if isinstance(value, dict):
-        import triton.language as tl
-
-        return tl.dtype(value["dtype"])
-    return value
-
-
-class Toolchain:
-    """Triton's target, backend and launcher for the device being warmed."""
-
-    def __init__(self, target, launcher_cls, label: str):
-        from triton.compiler.compiler import make_backend
-
-        self.target, self.backend, self.launcher_cls, self.label = target, make_backend(target), launcher_cls, label
-        self._launchers: dict[str, threading.Lock] = {}
-        self._locks = threading.Lock()
-
-    @classmethod
-    def for_device(cls, dev: DeviceIdentity, notes: list[str]) -> Toolchain | None:
-        """None under the interpreter; the GPU's own target when one is visible; else (a build machine
-        without a GPU, FLYTUNE_DEVICE naming the target) kernels only, the launcher left to the first call."""
-        if dev.backend == "interpreter":
-            return None
-        try:
-            from triton.runtime.driver import driver
-
-            active = driver.active  # builds Triton's driver utilities on first use: part of the warm-up
-            target = active.get_current_target()
-            return cls(target, active.launcher_cls, f"{dev} ({target.backend} {target.arch})")
-        except Exception:  # noqa: BLE001 - no GPU driver here: compile for the named device only
-            from triton.backends.compiler import GPUTarget
-
-            m = re.fullmatch(r"sm_([0-9]+)[a-z]?", dev.arch)
-            target = (GPUTarget("cuda", int(m[1]), 32) if m else
-                      GPUTarget("hip", dev.arch, 64 if dev.arch.startswith("gfx9") else 32))
-            notes.append(f"no GPU driver here: kernels compiled for {target.backend} {target.arch}; each kernel "
-                         f"signature's launcher is built on its first call")
-            return cls(target, None, f"{dev} (no GPU: kernels only)")
-
-    def compile_all(self, todo: list[tuple[Unit, object]], workers: int | None, processes: bool | None) -> None:
-        """Every unit into Triton's disk cache: those not cached yet in processes forked from this one
-        (Triton's front end holds the GIL, so threads serialize), else, or for what the processes left,
-        on threads."""
-        pending, signatures = [], []
-        for u, jit in todo:
-            try:
-                src, _, u.cache_key = binder.cache_hash(u.spec, binder.compilable(jit), u.config, self.backend)
-            except Exception as e:  # noqa: BLE001 - the runtime would fail on it too: report it, warm the rest
-                u.status, u.note = "failed", _first_line(e)
-                continue
-            if self._cached(u.cache_key, src.name):
-                u.status, u.where = "cached", ""
-            else:
-                pending.append((u, jit))
-                signatures.append(_signature(src))
-        if processes is None:
-            processes = sys.platform.startswith("linux") and len(pending) > 1
-        if processes and pending:
-            pending = self._fork_compile(*self._builders_first(pending, signatures), workers)
-        if pending:
-            with ThreadPoolExecutor(max_workers=_threads(len(pending), workers),
-                                    thread_name_prefix="flytune-warmup") as pool:
-                list(pool.map(lambda item: self.compile(*item), pending))
-
-    def _builders_first(self, pending: list, signatures: list[str]) -> tuple[list, int]:
-        """`pending` reordered, and n: its first n units are one per kernel signature, and the child that
-        compiles each also builds that signature's launcher (a C compile, about 0.5 s on the H200's host),
-        so those builds overlap the other units' compiles instead of all following them in `load`."""
-        if self.launcher_cls is None:
-            return pending, 0
-        first, rest, seen = [], [], set()
-        for item, signature in zip(pending, signatures):
-            (rest if signature in seen else first).append(item)
-            seen.add(signature)
-        return first + rest, len(first)
-
-    def _fork_compile(self, pending: list[tuple[Unit, object]], builders: int, workers: int | None) -> list:
-        """Compile `pending` in forked processes (they inherit the imported kernels; no CUDA call is made
-        in them), the first `builders` with their launchers; returns the units they did not finish (a fork
-        refused, a child timed out or died)."""
-        import multiprocessing
-
-        token = id(pending)
-        _FORKED[token] = (self, pending, builders)
-        pool = None
-        try:
-            pool = multiprocessing.get_context("fork").Pool(_threads(len(pending), workers))
-            results = pool.map_async(_compile_forked, [(token, i) for i in range(len(pending))])
-            done = results.get(CHILD_TIMEOUT + 2.0 * len(pending))
-        except Exception as e:  # noqa: BLE001 - no fork here, or a child hung or died: threads take over
-            warning.once(("warmup", "fork"), f"flytune: warm-up: compiling in forked processes failed "
-                         f"({type(e).__name__}: {e}); compiling on threads")
-            return pending
-        finally:
-            _FORKED.pop(token, None)
-            if pool is not None:
-                pool.terminate()
-        left = []
-        for (u, jit), (status, note, seconds) in zip(pending, done):
-            if status == "compiled":
-                u.status, u.note, u.seconds, u.where = status, note, seconds, "process"
-            else:  # compiled again here, where the error is the one a first call would meet
-                left.append((u, jit))
-        return left
-
-    def compile(self, unit: Unit, jit, launcher: bool = False) -> None:
-        """One unit into Triton's disk cache on this thread; with `launcher` (and a GPU's launcher class),
-        its signature's launcher too. Building a launcher makes no CUDA call: a forked child may."""
-        import triton
-
-        start = time.perf_counter()
-        try:
-            jit = binder.compilable(jit)
-            src, options, digest = binder.cache_hash(unit.spec, jit, unit.config, self.backend)
-            unit.cache_key = digest
-            cached = self._cached(digest, src.name)
-            kernel = triton.compile(src, target=self.target, options=options.__dict__)
-            unit.status, unit.where = ("cached", "") if cached else ("compiled", "thread")
-        except Exception as e:  # noqa: BLE001 - the runtime would fail on it too: report it, warm the rest
-            unit.status, unit.note = "failed", _first_line(e)
-        else:
-            if launcher and self.launcher_cls is not None:
-                try:
-                    self.launcher_cls(kernel.src, kernel.metadata)  # lands in Triton's cache, as `kernel.run` would
-                except Exception:  # noqa: BLE001 - `load` builds it again and says why it fails
-                    pass
-        unit.seconds = time.perf_counter() - start
-
-    def load(self, unit: Unit, jit) -> None:
-        """Ready the unit in this process: its kernel (from the disk cache), launcher built and module
-        loaded onto the current device, put into `jit`'s own cache under the key `JITFunction.run`
-        computes for a call specialised as recorded, if that key is free (see the module docstring)."""
-        if unit.status not in ("compiled", "cached") or type(jit).__name__ != "JITFunction":
-            return
-        import triton
-        from triton import knobs
-        from triton.runtime.driver import driver
-        from triton.runtime.jit import compute_cache_key
-
-        start = time.perf_counter()
-        try:
-            kernel_cache, key_cache, _, backend, bind = jit.device_caches[driver.active.get_current_device()]
-            named = stand_ins(unit.spec, unit.config, exclude=set(unit.config.kwargs))
-            keys = []
-            for options in _launch_options(unit.config):  # as flytune's launch, and Triton's Autotuner's, pass them
-                options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug  # as JITFunction.run
-                options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-                _, specialization, extra = bind(**named, **options)
-                _check_specialization(unit.spec, jit, specialization, backend)
-                keys.append(compute_cache_key(key_cache, specialization, extra))
-            free = [k for k in dict.fromkeys(keys) if k not in kernel_cache]
-            if free:
-                src, parsed, digest = binder.cache_hash(unit.spec, jit, unit.config, backend)
-                kernel = triton.compile(src, target=self.target, options=parsed.__dict__)
-                if kernel.hash != digest:
-                    raise binder.Mismatch("the kernel compiled here does not have the recorded cache key")
-                with self._launcher_lock(src):
-                    kernel.run  # noqa: B018 - builds the launcher and loads the module onto the device
-                for k in free:
-                    kernel_cache.setdefault(k, kernel)
-            unit.loaded = True
-        except binder.Mismatch as e:
-            unit.note = (unit.note + "; " if unit.note else "") + f"not readied in this process: {e}"
-        except Exception as e:  # noqa: BLE001 - the first call compiles it as it would have; say why
-            unit.note = (unit.note + "; " if unit.note else "") + f"not readied in this process: {_first_line(e)}"
-        unit.load_seconds = time.perf_counter() - start
-
-    def _launcher_lock(self, src) -> threading.Lock:
-        """One launcher build per kernel signature at a time (a C compile)."""
-        signature = _signature(src)
-        with self._locks:
-            return self._launchers.setdefault(signature, threading.Lock())
-
-    @staticmethod
-    def _cached(digest: str, name: str) -> bool:
-        from triton.runtime.cache import get_cache_manager
-
-        return bool((get_cache_manager(digest).get_group(f"{name[:150]}.json") or {}).get(f"{name[:150]}.json"))
-
-    @staticmethod
-    def cache_dir() -> str | None:
-        from triton import knobs
-
-        return knobs.cache.dir or None
-
-
-def _signature(src) -> str:
-    """What a Triton launcher's C source is made from: the kernel's argument types, constexpr ones skipped
-    (Triton 3.x `make_launcher`; a constexpr's value does not enter it, tensor descriptors' metadata may)."""
-    return repr(list(src.signature.items()))
-
-
-_FORKED: dict[int, tuple[Toolchain, list, int]] = {}
-
-
-def _compile_forked(job: tuple[int, int]) -> tuple[str, str, float]:
-    """In a forked child: compile one pending unit into the disk cache; (status, note, seconds)."""
-    toolchain, pending, builders = _FORKED[job[0]]
-    unit, jit = pending[job[1]]
-    unit.where = ""
-    toolchain.compile(unit, jit, launcher=job[1] < builders)
-    return unit.status, unit.note, unit.seconds
-
-
-def _launch_options(config: Config) -> list[dict]:
-    """The compile options a launch of `config` passes, in the orders that make Triton's in-process key:
-    flytune's (`Config.launch_kwargs`) and `triton.Config.all_kwargs`'s (an adopted kernel's)."""
-    ours = dict(config.launch_kwargs())
-    tritons = dict(config.kwargs, num_warps=config.num_warps, num_ctas=config.num_ctas, num_stages=config.num_stages)
-    if config.maxnreg is not None:
-        tritons["maxnreg"] = config.maxnreg
-    return [ours, tritons]
-
-
-def _check_specialization(spec: dict, jit, specialization, backend) -> None:
-    """Raise Mismatch unless the binder's `specialization` of the stand-ins is the recorded one."""
-    for name, (ty, code) in zip(jit.arg_names, specialization):
-        want = spec["signature"].get(name)
-        if ty != want:
-            raise binder.Mismatch(f"stand-ins specialise {name} as {ty}, recorded {want}")
-        if ty == "constexpr":
-            if code != _constexpr(spec["constexprs"].get(name)):
-                raise binder.Mismatch(f"stand-ins give constexpr {name} = {code!r}")
-            continue
-        got = [list(a) for a in backend.parse_attr(code)] if isinstance(code, str) else []
-        if got != [list(a) for a in spec["attrs"].get(name, [])]:
-            raise binder.Mismatch(f"stand-ins give {name} the attributes {got}")
-
-
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
 
 
 _normal = serving.normalize

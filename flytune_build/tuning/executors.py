@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core import settings
-from ..core.errors import UsageError
+from ..core.errors import UsageError, one_line
 from ..core.project import Project
 from . import job as job_mod
 from . import worker
@@ -379,6 +379,4 @@ class RayExecutor:
 
 
 def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    text = lines[0] if lines else type(e).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+    return one_line(e, with_type=False, limit=200)  # a Ray error's first line names what failed

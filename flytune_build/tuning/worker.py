@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ..core.artifact import Artifact
-from ..core.errors import foreign_failure
+from ..core.errors import foreign_failure, one_line
 from ..core.project import TuneEntry
 from . import job, stability
 from .incumbent import MIN_IMPROVEMENT_PCT, Incumbents
@@ -118,10 +118,8 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
 
 
 def reason(e: BaseException) -> str:
-    """One line: the exception's type and the first line of its message."""
-    text = str(e).strip().splitlines()
-    line = f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-    return line if len(line) <= 300 else line[:297] + "..."
+    """One line: the exception's type and the first line of its message (core.errors.one_line)."""
+    return one_line(e)
 
 
 class Resident:
