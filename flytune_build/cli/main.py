@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, epilog=f"exit codes: {codes}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    from . import merge, report, tune, upgrade, warmup
+    from . import init, merge, report, tune, upgrade, warmup
 
+    init.add_command(command)
     tune.add_command(command)
     v = command("verify", "verify wheels, sdists, artifact directories or installed distributions",
                 "0 clean, 1 violations, 2 usage error")
@@ -275,6 +276,12 @@ def _bundle(args) -> int:
     return EXIT_OK
 
 
+def _init(args) -> int:
+    from . import init
+
+    return init.command(args)
+
+
 def _merge(args) -> int:
     from . import merge
 
@@ -299,7 +306,7 @@ def _warmup(args) -> int:
     return warmup.command(args)
 
 
-COMMANDS = {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt, "export": _export,
+COMMANDS = {"init": _init, "tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt, "export": _export,
             "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup,
             "report": _report, "upgrade": _upgrade}
 
