@@ -255,15 +255,22 @@ def _fmt(args) -> int:
 def _bundle(args) -> int:
     from .. import pipeline
     from ..core import bundle
+    from ..core import project as project_mod
     from ..pipeline import directory
 
     root = Path(args.project).resolve()
-    state = pipeline.run(root)  # the build's report on stderr; a failed verification raises, naming each problem
-    if state is None:
+    proj = project_mod.load(root)
+    if proj is None:
         print(f"flytune: error: {root / 'pyproject.toml'} has no [tool.flytune] table", file=sys.stderr)
         return EXIT_USAGE
     out = Path(args.output)
-    package_path = state.project.package.replace(".", "/")
+    package_path = proj.package.replace(".", "/")
+    if out.resolve() == root:  # the entry point names <package>._flytune: a bundle beside pyproject.toml is lost
+        where = f"src/{package_path}" if (root / "src" / package_path).is_dir() else package_path
+        print(f"flytune: error: --output {printable(args.output)} is the project root; the bundle goes into the "
+              f"package's own directory: --output {where}", file=sys.stderr)
+        return EXIT_USAGE
+    state = pipeline.run(root, project=proj)  # the build's report on stderr; a failed verification raises
     if not out.resolve().as_posix().endswith("/" + package_path):
         print(f"flytune: warning: {out} is not the directory of package {state.project.package}, which the entry "
               f"point names", file=sys.stderr)

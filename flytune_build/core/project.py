@@ -111,10 +111,12 @@ class TuneEntry:
     setup: str               # "module:function"; function(**shape) returns a zero-argument callable
     shapes: tuple[dict, ...]
     autotuner: str | None = None  # "module:attr" of a @triton.autotune kernel to capture, if not ours
+    # (file, dotted field) of the entry: the plan file or pyproject.toml, which an error names
+    origin: tuple[str, str] | None = field(default=None, compare=False)
 
     @classmethod
-    def from_checked(cls, entry: dict) -> TuneEntry:
-        return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"])
+    def from_checked(cls, entry: dict, origin: tuple[str, str] | None = None) -> TuneEntry:
+        return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"], origin)
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,8 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
     package = v["package"] if v["package"] is not None else infer_package(root, f)
     coverage = v["coverage"] if isinstance(v["coverage"], str) else tuple(v["coverage"])
     tune = v["tune"] or TUNE.defaults()
-    entries = tuple(map(TuneEntry.from_checked, tune["entries"] or ()))
+    entries = tuple(TuneEntry.from_checked(e, (str(file), f"{ROOT}.tune.entries[{i}]"))
+                    for i, e in enumerate(tune["entries"] or ()))
     packs = tuple(sorted({normalize(p) for p in v["packs"]}))
     return Project(root, package, tuple(v["sources"]), v["targets"], coverage, v["triton"], v["strict"], entries,
                    tune["plan"], tune["output"], tune["warmup"], tune["rep"], name, packs=packs)
@@ -187,7 +190,7 @@ def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
     """The entries of a plan file (read only when tuning: a build never needs it)."""
     plan_file = Path(root) / plan
     doc = PLAN.check(read_toml(plan_file), "", Fields(plan_file, ProjectError))
-    return tuple(map(TuneEntry.from_checked, doc["entries"]))
+    return tuple(TuneEntry.from_checked(e, (str(plan_file), f"entries[{i}]")) for i, e in enumerate(doc["entries"]))
 
 
 def infer_package(root: Path, f: Fields) -> str:

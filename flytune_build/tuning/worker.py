@@ -90,7 +90,8 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     (`incumbent.Incumbents.change`) and whether it is to be written."""
     from ..runtime import device, selection
 
-    entry = TuneEntry(kernel, setup, (shape,), autotuner)
+    origin = options.get("origin")
+    entry = TuneEntry(kernel, setup, (shape,), autotuner, tuple(origin) if origin else None)
     held = Incumbents({n: text.encode() for n, text in (options.get("winners") or {}).items()},
                       options.get("min_improvement", MIN_IMPROVEMENT_PCT))
     try:
