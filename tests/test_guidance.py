@@ -120,3 +120,9 @@ def test_bundle_into_the_project_root_is_refused_naming_the_package_directory(tm
     assert "flytune: error: --output . is the project root; the bundle goes into the package's own directory: " \
            "--output fixpkg" in r.stderr
     assert not (proj / "_flytune").exists()
+
+
+def test_review_is_reachable_from_the_package_without_importing_it_first():
+    r = subprocess.run([sys.executable, "-c", "import flytune_build; print(flytune_build.review.render.__name__)"],
+                       capture_output=True, text=True, env=python_env())
+    assert r.returncode == 0 and r.stdout.strip() == "render", r.stderr
