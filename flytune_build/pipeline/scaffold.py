@@ -296,8 +296,8 @@ def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path, text: str)
         top = s.package.split(".")[0]
         text = _append(text, f'\n# artifacts/ and tune/ beside the package: tell setuptools which package to ship\n'
                              f'[tool.setuptools.packages.find]\ninclude = ["{top}*"]\n')
-        s.actions.append(f'appended [tool.setuptools.packages.find] include = ["{top}*"] (a flat layout with '
-                         f'artifacts/ and tune/ beside it is several top-level packages to setuptools)')
+        s.actions.append(f'appended [tool.setuptools.packages.find] include = ["{top}*"]: setuptools ships the '
+                         f'package, not artifacts/ or tune/')
     return text
 
 
