@@ -151,3 +151,23 @@ def test_init_of_a_project_with_a_setuptools_backend_says_which_backend_to_name(
     root = package(tmp_path, PYPROJECT.replace("flytune_build.backend", "setuptools.build_meta"))
     assert init(root) == 0
     assert 'build-backend = "flytune_build.backend"' in capsys.readouterr().out
+
+
+def test_init_keeps_a_crlf_pyproject_byte_for_byte_and_appends(tmp_path, capsys):
+    crlf = PYPROJECT.replace("\n", "\r\n").encode()
+    root = package(tmp_path)
+    (root / "pyproject.toml").write_bytes(crlf)
+    assert init(root) == 0
+    assert (root / "pyproject.toml").read_bytes().startswith(crlf)
+    assert project_mod.load(root).package == "mylib"
+
+
+def test_init_of_a_project_with_several_packages_asks_which(tmp_path, capsys):
+    root = package(tmp_path)
+    (root / "other").mkdir()
+    (root / "other" / "__init__.py").write_text("")
+    assert init(root) == 1
+    assert "cannot tell which package to configure (several packages: mylib, other): pass --package NAME" in \
+        capsys.readouterr().err
+    assert not (root / "tune").exists()
+    assert init(root, "--package", "mylib") == 0

@@ -73,10 +73,15 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
         raise InputError(f"has no pyproject.toml: `flytune init` configures an existing package; write its "
                          f"[project] table first (or pass --project DIR)", file=root)
     doc = project_mod.read_toml(pyproject)  # capped, UTF-8 and TOML checked: the text below is read once more
-    text = pyproject.read_text("utf-8")
+    text = pyproject.read_bytes().decode("utf-8")  # not read_text: its newline translation would rewrite CRLF
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
     if package is None:
-        package = project_mod.infer_package(root, Fields(pyproject, ProjectError, project_mod.ROOT))
+        try:
+            package = project_mod.infer_package(root, Fields(pyproject, ProjectError, project_mod.ROOT))
+        except ProjectError as e:
+            found = e.rule.removeprefix("is required: cannot infer it ")
+            raise InputError(f"cannot tell which package to configure {found}: pass --package NAME",
+                             file=root) from None
         field_hint = ""
     else:
         field_hint = " (--package)"
