@@ -313,8 +313,8 @@ def _warmup(args) -> int:
     return warmup.command(args)
 
 
-COMMANDS = {"init": _init, "tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt, "export": _export,
-            "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup,
+COMMANDS = {"init": _init, "tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt,
+            "export": _export, "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup,
             "report": _report, "upgrade": _upgrade}
 
 

@@ -256,7 +256,8 @@ def _tool_flytune(s: Scaffold, pyproject: Path, text: str, tool: dict, targets: 
         kept = [line for i, line in enumerate(lines) if not any(a <= i < b for a, b in spans)]
         if not spans or "flytune" in project_mod.tomllib.loads("".join(kept)).get("tool", {}):
             raise ProjectError("holds [tool.flytune] as dotted keys or an inline table, which `flytune init "
-                               "--force` cannot replace; remove it by hand and run `flytune init` again", file=pyproject)
+                               "--force` cannot replace; remove it by hand and run `flytune init` again",
+                               file=pyproject)
         text = "".join(kept)
         s.actions.append(f"replaced [tool.flytune] in {pyproject.name} (--force)")
     else:
@@ -318,7 +319,7 @@ def _plan_file(s: Scaffold, force: bool) -> None:
         lines += ["", "[[entries]]", f'kernel = "{k.name}"', f'setup = "{s.package}.{SETUPS}:{k.setup}"',
                   f"shapes = [{{ {shape} }}]" if shape else "shapes = [{}]"]
         if k.adopted:
-            lines.append(f'autotuner = "{k.module}:{k.function}"  # a @triton.autotune kernel: its own search, captured')
+            lines.append(f'autotuner = "{k.module}:{k.function}"  # @triton.autotune: its own search, captured')
     if not s.kernels:
         lines += ["", "# no @flytune_build.autotune or @triton.autotune kernel was found: add [[entries]] here"]
         s.todo.append(f"no kernel found in {s.package}: decorate one with @flytune_build.autotune and add it to "

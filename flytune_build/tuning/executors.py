@@ -301,7 +301,8 @@ class RayExecutor:
 
     def submit(self, slot: int, job: Job, options: dict) -> None:
         e = job.entry
-        ref = self.actors[slot].run.remote(job.id, e.kernel, e.setup, e.autotuner, job.shape, job_mod.carried(e, options))
+        ref = self.actors[slot].run.remote(job.id, e.kernel, e.setup, e.autotuner, job.shape,
+                                           job_mod.carried(e, options))
         self.pending[ref] = (slot, job.id)
 
     def poll(self, timeout: float) -> list[tuple]:
