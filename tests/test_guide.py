@@ -30,7 +30,7 @@ def steps(text: str):
     expected lines) for each `$ ` line of a console block."""
     for lang, body in BLOCK.findall(text):
         first, _, rest = body.partition("\n")
-        if lang in ("toml", "python") and first.startswith("# ") and "/" in first or first == "# pyproject.toml":
+        if lang in ("toml", "python") and re.fullmatch(r"# [\w./-]+\.(?:toml|py)", first):
             yield "file", first[2:].strip(), rest
         elif lang == "console":
             command, shown = None, []
@@ -100,3 +100,24 @@ def test_ship_your_first_pre_tuned_wheel_runs_as_written_on_a_cpu(tmp_path, user
 def test_printed_matches_what_varies_and_nothing_else():
     assert printed("flytune: 2 tuned in … s", ["flytune: 2 tuned in 4.1 s"])
     assert printed("a   b", ["a b"]) and not printed("a b", ["a b c"]) and not printed("a…", ["b"])
+
+
+def test_the_readme_example_is_a_complete_project_whose_kernel_runs(tmp_path):
+    """README's "In 30 seconds": its pyproject.toml is a valid [tool.flytune] of a project that holds
+    its package, and the package's kernel runs (here on the interpreter)."""
+    from flytune_build.core import project as project_mod
+
+    files = [s for s in steps(section((ROOT / "README.md").read_text("utf-8"), "## In 30 seconds"))
+             if s[0] == "file"]
+    assert [f[1] for f in files] == ["pyproject.toml", "mylib/__init__.py"]
+    for _, path, content in files:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(content)
+    proj = project_mod.load(tmp_path)
+    assert proj.package == "mylib" and [t.arch for t in proj.targets] == ["interpreter", "sm_90"]
+    assert proj.tune_plan == "tune/plan.toml"
+    code = ("import torch, mylib; x = torch.randn(3000); assert torch.equal(mylib.add(x, x), x + x); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", TRITON_INTERPRET="1",
+                                FLYTUNE_AUTOTUNE="0", FLYTUNE_CACHE_DIR=str(tmp_path / "cache")))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
