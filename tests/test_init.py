@@ -171,3 +171,11 @@ def test_init_of_a_project_with_several_packages_asks_which(tmp_path, capsys):
         capsys.readouterr().err
     assert not (root / "tune").exists()
     assert init(root, "--package", "mylib") == 0
+
+
+def test_init_checks_a_target_by_the_rule_tool_flytune_follows_before_writing(tmp_path, capsys):
+    root = package(tmp_path)
+    before = snapshot(root)
+    assert init(root, "--target", "sm 90") == 1
+    assert "Field `--target[0]` must be" in capsys.readouterr().err
+    assert snapshot(root) == before

@@ -18,6 +18,7 @@ from ..core import project as project_mod
 from ..core.codec import Fields
 from ..core.errors import InputError, ProjectError
 from ..core.fsutil import atomic_write
+from ..core.target import parse_targets
 
 PLAN = "tune/plan.toml"
 OUTPUT = "artifacts/{arch}"
@@ -68,6 +69,7 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
     """What `init` writes for the project at `root`: checks everything, writes nothing. An InputError
     (a ProjectError for pyproject.toml itself) names what is in the way and what to do."""
     root = Path(root).resolve()
+    parse_targets(list(targets), Fields(None, InputError), "--target")  # the rule [tool.flytune] targets follow
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():
         raise InputError(f"has no pyproject.toml: `flytune init` configures an existing package; write its "
