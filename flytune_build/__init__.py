@@ -62,6 +62,7 @@ __all__ = [
     "diff",
     "merge",
     "fmt",
+    "review",
 ]
 
 
@@ -96,4 +97,7 @@ def __getattr__(name):  # loaded on first use: `import flytune_build` (and the b
     if name == "fmt":
         from .store.canonical import fmt
         return fmt
+    if name == "review":  # a subpackage: `flytune_build.review.render(...)` works without importing it first
+        import flytune_build.review as review  # not `from . import`: its hasattr would come back here
+        return review
     raise AttributeError(f"module 'flytune_build' has no attribute {name!r}")

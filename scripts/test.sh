@@ -8,4 +8,8 @@ PY=${PYTHON:-python3}
 .venv-test/bin/python -m pip install -q --upgrade pip
 .venv-test/bin/python -m pip install -q -e ".[test]"
 export FLYTUNE_AUTOTUNE=0 TRITON_INTERPRET=1
-exec .venv-test/bin/python -m pytest -q "$@"
+# One worker per CPU (pytest-xdist): much of the suite waits on subprocesses (builds, pip, venvs, fleet
+# workers). A file's tests stay on one worker (--dist loadfile): its module fixtures are built once, and
+# test_fleet's local Ray clusters never start side by side. FLYTUNE_TEST_WORKERS=N sets the count (0: one
+# process); more workers than CPUs crowd the tests that time lock waits (test_hardening's sixteen writers).
+exec .venv-test/bin/python -m pytest -q -n "${FLYTUNE_TEST_WORKERS:-auto}" --dist loadfile "$@"

@@ -66,12 +66,24 @@ def python_env(**extra):
     return env
 
 
+def shared_dir(tmp_path_factory) -> Path:
+    """A directory every process of the run shares: pytest-xdist's workers each have a base temp
+    directory of their own, under one they share."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def flytune_wheel(tmp_path_factory):
-    """flytune-build itself as a wheel, built once per session for the tests that install it."""
-    out = tmp_path_factory.mktemp("flytune-wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
-                        "-w", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    """flytune-build itself as a wheel, built once per run for the tests that install it: by the first
+    worker to need it, under a lock (the build is in-tree, in ROOT/build/: two at once would race)."""
+    from filelock import FileLock
+
+    out = shared_dir(tmp_path_factory) / "flytune-wheel"
+    with FileLock(str(out) + ".lock"):
+        if not list(out.glob("flytune_build-*.whl")):
+            r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                                str(ROOT), "-w", str(out)], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
     (whl,) = out.glob("flytune_build-*.whl")
     return whl

@@ -23,7 +23,7 @@ ALLOWED = {
     "cli": {"core", "runtime", "pipeline", "dist", "tuning", "audit", "store", "interop", "review", "cli", "top"},
     "backend": {"pipeline"},
     "build_hook": {"pipeline", "core"},  # the hatchling hook, beside backend: loaded only by hatchling
-    "top": {"core", "runtime", "tuning", "audit", "store", "interop"},
+    "top": {"core", "runtime", "tuning", "audit", "store", "interop", "review"},
 }
 ENGINES = ("tuning", "audit", "store", "interop", "review", "dist")
 

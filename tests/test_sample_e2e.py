@@ -1,5 +1,6 @@
 """The sample package, built by our backend into a wheel, installed into a fresh venv, run for real."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -35,8 +36,10 @@ print(json.dumps({"ok": out, "stats": ft.stats()}))
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory, flytune_wheel):  # noqa: F811
     tmp = tmp_path_factory.mktemp("sample")
+    # built from a copy: the build is in-tree (build/, *.egg-info), and parallel test workers may each build it
+    src = shutil.copytree(ROOT / "sample_pkg", tmp / "sample_pkg", ignore=shutil.ignore_patterns("build", "*.egg-info"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                        str(ROOT / "sample_pkg"), "-w", str(tmp / "dist")], capture_output=True, text=True)
+                        str(src), "-w", str(tmp / "dist")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     py = child_venv(tmp / "venv")
     r = child_install(py, flytune_wheel, only_wheel(tmp / "dist"))

@@ -36,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, epilog=f"exit codes: {codes}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    from . import harvest, merge, report, tune, upgrade, warmup
+    from . import harvest, init, merge, report, tune, upgrade, warmup
 
+    init.add_command(command)
     tune.add_command(command)
     v = command("verify", "verify wheels, sdists, artifact directories or installed distributions",
                 "0 clean, 1 violations, 2 usage error")
@@ -263,15 +264,22 @@ def _fmt(args) -> int:
 def _bundle(args) -> int:
     from .. import pipeline
     from ..core import bundle
+    from ..core import project as project_mod
     from ..pipeline import directory
 
     root = Path(args.project).resolve()
-    state = pipeline.run(root)  # the build's report on stderr; a failed verification raises, naming each problem
-    if state is None:
+    proj = project_mod.load(root)
+    if proj is None:
         print(f"flytune: error: {root / 'pyproject.toml'} has no [tool.flytune] table", file=sys.stderr)
         return EXIT_USAGE
     out = Path(args.output)
-    package_path = state.project.package.replace(".", "/")
+    package_path = proj.package.replace(".", "/")
+    if out.resolve() == root:  # the entry point names <package>._flytune: a bundle beside pyproject.toml is lost
+        where = f"src/{package_path}" if (root / "src" / package_path).is_dir() else package_path
+        print(f"flytune: error: --output {printable(args.output)} is the project root; the bundle goes into the "
+              f"package's own directory: --output {where}", file=sys.stderr)
+        return EXIT_USAGE
+    state = pipeline.run(root, project=proj)  # the build's report on stderr; a failed verification raises
     if not out.resolve().as_posix().endswith("/" + package_path):
         print(f"flytune: warning: {out} is not the directory of package {state.project.package}, which the entry "
               f"point names", file=sys.stderr)
@@ -282,6 +290,12 @@ def _bundle(args) -> int:
     print(f'[project.entry-points."{bundle.ENTRY_POINT_GROUP}"]')
     print(f'{name} = "{value}"')
     return EXIT_OK
+
+
+def _init(args) -> int:
+    from . import init
+
+    return init.command(args)
 
 
 def _merge(args) -> int:
@@ -314,8 +328,8 @@ def _warmup(args) -> int:
     return warmup.command(args)
 
 
-COMMANDS = {"tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt, "export": _export,
-            "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup,
+COMMANDS = {"init": _init, "tune": _tune, "verify": _verify, "inspect": _inspect, "diff": _diff, "fmt": _fmt,
+            "export": _export, "import": _import, "bundle": _bundle, "merge": _merge, "warmup": _warmup,
             "report": _report, "upgrade": _upgrade, "harvest": _harvest}
 
 

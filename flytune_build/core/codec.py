@@ -72,7 +72,9 @@ def loads(data: bytes, *, file: object, error: type[FlytuneError],
     except _NonFinite as e:
         raise error(f"is not valid JSON: non-finite number {e.token!r} is not allowed", file=file) from None
     except json.JSONDecodeError as e:
-        raise error(f"is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", file=file) from None
+        # some of json's messages end in "at" ("Unterminated string starting at"): one "at" before the place
+        raise error(f"is not valid JSON: {e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}",
+                    file=file) from None
     except RecursionError:
         raise error("is not valid JSON: nested too deeply", file=file) from None
     except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
@@ -161,10 +163,15 @@ class Fields:
               optional: tuple[str, ...] = ()) -> dict:
         if not isinstance(value, dict):
             self.fail(path, f"must be an object, not {kind(value)}")
+        allowed = set(required) | set(optional)
         for name in required:
             if name not in value:
+                # a misspelled required key is named as an unknown one is, with the key it is close to
+                typo = next((k for k in value if k not in allowed and isinstance(k, str) and did_you_mean(k, [name])),
+                            None)
+                if typo is not None:
+                    self.fail(_join(path, typo), "is not a known field" + did_you_mean(typo, allowed))
                 self.fail(_join(path, name), "is required")
-        allowed = set(required) | set(optional)
         for name in value:
             if name not in allowed:
                 hint = did_you_mean(name, allowed)

@@ -96,7 +96,12 @@ class ArgumentTypeError(UsageError, TypeError):
 
 
 class BuildFailure(FlytuneError):
-    """Verification failed in strict mode: no wheel is written."""
+    """Verification failed in strict mode: no wheel is written. Its message is one line per problem."""
+
+    def render(self) -> str:
+        # the line breaks are the message's own; each line's data was escaped where it was rendered
+        where = printable(f"{self.file}: ") if self.file else ""
+        return "\n".join(printable(line) for line in f"{where}{self.rule}".split("\n"))
 
 
 class FlytuneWarning(UserWarning):

@@ -121,11 +121,13 @@ class TuneEntry:
     rtol: float | None = None     # the output check's tolerances (None: by dtype, runtime.outputs)
     atol: float | None = None
     check: bool = True            # False: candidates' outputs are not compared with the reference's
+    # (file, dotted field) of the entry: the plan file or pyproject.toml, which an error names
+    origin: tuple[str, str] | None = field(default=None, compare=False)
 
     @classmethod
-    def from_checked(cls, entry: dict) -> TuneEntry:
+    def from_checked(cls, entry: dict, origin: tuple[str, str] | None = None) -> TuneEntry:
         return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"], entry["rtol"],
-                   entry["atol"], entry["check"])
+                   entry["atol"], entry["check"], origin)
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,8 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
     package = v["package"] if v["package"] is not None else infer_package(root, f)
     coverage = v["coverage"] if isinstance(v["coverage"], str) else tuple(v["coverage"])
     tune = v["tune"] or TUNE.defaults()
-    entries = tuple(map(TuneEntry.from_checked, tune["entries"] or ()))
+    entries = tuple(TuneEntry.from_checked(e, (str(file), f"{ROOT}.tune.entries[{i}]"))
+                    for i, e in enumerate(tune["entries"] or ()))
     packs = tuple(sorted({normalize(p) for p in v["packs"]}))
     return Project(root, package, tuple(v["sources"]), v["targets"], coverage, v["triton"], v["strict"], entries,
                    tune["plan"], tune["output"], tune["warmup"], tune["rep"], name, packs=packs)
@@ -198,7 +201,7 @@ def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
     """The entries of a plan file (read only when tuning: a build never needs it)."""
     plan_file = Path(root) / plan
     doc = PLAN.check(read_toml(plan_file), "", Fields(plan_file, ProjectError))
-    return tuple(map(TuneEntry.from_checked, doc["entries"]))
+    return tuple(TuneEntry.from_checked(e, (str(plan_file), f"entries[{i}]")) for i, e in enumerate(doc["entries"]))
 
 
 def infer_package(root: Path, f: Fields) -> str:

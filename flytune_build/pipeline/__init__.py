@@ -26,10 +26,20 @@ def run(root: str | Path = ".", *, out=sys.stderr, project: project_mod.Project 
     report.print_report(state, out)
     if state.rejected:
         if proj.strict:
-            lines = "\n".join(f"  - {e}" for e in state.rejected)
-            raise BuildFailure(f"{len(state.rejected)} problem(s) in the tuned artifacts; no wheel was written "
-                               f"(set tool.flytune.strict = false to drop them with a warning instead):\n{lines}",
-                               file=proj.root / "pyproject.toml")
+            raise BuildFailure(failure(state), file=proj.root / "pyproject.toml")
         for e in state.rejected:
             print(f"flytune: warning: dropped: {e}", file=out)
     return assemble.assemble(state)
+
+
+def failure(state: BuildState) -> str:
+    """A strict build's refusal: what is wrong where (the declaration or the artifacts), then one line
+    per problem."""
+    pyproject = str(state.project.root / "pyproject.toml")
+    declared = sum(e.file == pyproject for e in state.rejected)
+    artifacts = len(state.rejected) - declared
+    where = [f"{declared} problem(s) in [tool.flytune]"] if declared else []
+    where += [f"{artifacts} in the tuned artifacts"] if artifacts else []
+    fix = (" (set tool.flytune.strict = false to drop bad artifacts with a warning instead)" if artifacts else "")
+    lines = "\n".join(f"  - {e}" for e in state.rejected)
+    return f"{' and '.join(where)}; no wheel was written{fix}:\n{lines}"

@@ -45,7 +45,8 @@ def collect(state: BuildState) -> BuildState:
     for e in problems:  # each leaves out only the source or file it names
         state.reject(e)
     if not files:
-        state.warnings.append("the declared sources hold no artifact")
+        state.warnings.append("the declared sources hold no artifact: `flytune tune` writes them (on a CPU: "
+                              "TRITON_INTERPRET=1 flytune tune --ranking synthetic)")
     for (path, rel), loaded in zip(files, load_all([p for p, _ in files])):
         if isinstance(loaded, FlytuneError):
             loaded.relocate(rel)

@@ -63,6 +63,10 @@ class Autotuned(Kernel):
     def __init__(self, fn, configs, key, *, default=None, prune_configs_by=None, reset_to_zero=None,
                  restore_value=None, warmup=None, rep=None, do_bench=None, name=None, validate=None, pre_hook=None,
                  post_hook=None, use_cuda_graph=False, cache_results=False):
+        if not callable(getattr(fn, "run", None)):  # `@triton.jit` above `@autotune`: the function is not jitted yet
+            what = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+            raise DeclarationError("is not a @triton.jit kernel: put @autotune outside, above "
+                                   "@triton.jit, as @triton.autotune goes", file=name or what)
         self.fn = fn
         self._launch = fn.run
         self.base_fn = base = _unwrap(fn)

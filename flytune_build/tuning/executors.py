@@ -97,7 +97,7 @@ class InProcessExecutor:
             job, options = self.jobs.pop(0)
             e = job.entry
             message = worker.execute(self.project.root, self.name(0), job.id, e.kernel, e.setup, e.autotuner,
-                                     job.shape, options)
+                                     job.shape, job_mod.carried(e, options))
             self.events.append((message[0], 0, *message[1:]))
         events, self.events = self.events, []
         return events
@@ -175,7 +175,7 @@ class LocalExecutor:
 
     def submit(self, slot: int, job: Job, options: dict) -> None:
         e = job.entry
-        self._send(slot, ["job", job.id, e.kernel, e.setup, e.autotuner, job.shape, options])
+        self._send(slot, ["job", job.id, e.kernel, e.setup, e.autotuner, job.shape, job_mod.carried(e, options)])
 
     def _send(self, slot, message):
         try:
@@ -317,7 +317,8 @@ class RayExecutor:
 
     def submit(self, slot: int, job: Job, options: dict) -> None:
         e = job.entry
-        ref = self.actors[slot].run.remote(job.id, e.kernel, e.setup, e.autotuner, job.shape, options)
+        ref = self.actors[slot].run.remote(job.id, e.kernel, e.setup, e.autotuner, job.shape,
+                                           job_mod.carried(e, options))
         self.pending[ref] = (slot, job.id)
 
     def poll(self, timeout: float) -> list[tuple]:

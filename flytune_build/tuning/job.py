@@ -90,15 +90,16 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     from ..runtime import outputs, registry
     from ..runtime.events import on_decision
 
-    pyproject = Path(root) / "pyproject.toml"
-    call = load_setup(entry.setup, pyproject)(**shape)
+    file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
+    call = load_setup(entry.setup, file, f"{path}.setup" if path else "setup")(**shape)
     events: list[dict] = []
     with on_decision(lambda ev: "artifact" in ev and events.append(ev)), \
             outputs.checking(**check_options(entry)):  # the events of searches only; outputs checked
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
             from ..runtime.adapters.triton_autotune import recording
 
-            with recording(load_setup(entry.autotuner, pyproject), entry.kernel) as got:
+            with recording(load_setup(entry.autotuner, file, f"{path}.autotuner" if path else "autotuner"),
+                           entry.kernel) as got:
                 call()
                 sync()
             events.extend(_captured(got))
@@ -113,14 +114,19 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
             for ev in events if ev["kernel"] == entry.kernel]
 
 
+def carried(entry: TuneEntry, options: dict) -> dict:
+    """A job's options with what a worker needs of its entry beyond the message's fields: its origin."""
+    return {**options, "origin": list(entry.origin)} if entry.origin else options
+
+
 def no_search_note(entry: TuneEntry, shape: dict) -> str:
     return (f"{entry.kernel} {shape}: no search ran (the key was already tuned in this run, "
             f"or the setup does not call this kernel)")
 
 
-def load_setup(spec: str, file: Path):
+def load_setup(spec: str, file: Path | str, field: str = "setup"):
     """`module:attr`, or `module:attr.fn` (a dotted path: `kernel.fn` is the Autotuner under a
-    `@triton.heuristics` wrapper)."""
+    `@triton.heuristics` wrapper). An error names `file` and `field`, where the plan entry says it."""
     module, _, path = spec.partition(":")
     try:
         obj = importlib.import_module(module)
@@ -128,7 +134,7 @@ def load_setup(spec: str, file: Path):
             obj = getattr(obj, attr)
         return obj
     except (ImportError, AttributeError) as e:
-        raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}", file=file, field="setup") from None
+        raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}", file=file, field=field) from None
 
 
 def sync() -> None:

@@ -91,8 +91,9 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     (`incumbent.Incumbents.change`) and whether it is to be written."""
     from ..runtime import device, selection
 
+    origin = options.get("origin")
     entry = TuneEntry(kernel, setup, (shape,), autotuner, options.get("rtol"), options.get("atol"),
-                      options.get("check", True))
+                      options.get("check", True), tuple(origin) if origin else None)
     held = Incumbents({n: text.encode() for n, text in (options.get("winners") or {}).items()},
                       options.get("min_improvement", MIN_IMPROVEMENT_PCT))
     try:
