@@ -183,3 +183,29 @@ def test_verify_strict_fails_a_bundle_that_serves_nothing(tmp_path):
     assert verify(root).ok
     strict = verify(root, strict=True)
     assert not strict.ok and "serves nothing" in str(strict.errors[-1])
+
+
+def test_verify_of_a_built_bundle_directory_says_what_to_verify_instead(tmp_path):
+    from flytune_build.audit import verify
+
+    bundle_dir = tmp_path / "mypkg" / "_flytune"
+    bundle_dir.mkdir(parents=True)
+    (bundle_dir / "manifest.json").write_text("{}")
+    src = verify(bundle_dir)
+    assert [type(e).__name__ for e in src.errors] == ["InputError"]
+    assert "verify the wheel" in str(src.errors[0])
+
+
+def test_verify_deep_of_a_project_not_installed_says_to_install_it(tmp_path):
+    from flytune_build.audit import verify
+    from buildkit import artifact
+
+    root = tmp_path / "notinstalled"
+    (root / "notinstalledpkg_xyz").mkdir(parents=True)
+    (root / "notinstalledpkg_xyz" / "__init__.py").write_text("")
+    artifact(100, 32, kernel="notinstalledpkg_xyz.add").save(root / "artifacts")
+    (root / "pyproject.toml").write_text('[project]\nname = "notinstalledpkg-xyz"\nversion = "1.0"\n\n'
+                                         '[tool.flytune]\npackage = "notinstalledpkg_xyz"\nsources = ["artifacts"]\n'
+                                         'targets = ["interpreter"]\ncoverage = "none"\n')
+    src = verify(root, deep=True)
+    assert any("install the project first" in str(e) for e in src.errors), src.render()

@@ -51,7 +51,12 @@ def check(src, *, execute: bool = False) -> None:
     except BaseException as e:  # the package is the user's code: any failure is a finding, not a crash
         if not foreign_failure(e):
             raise
-        src.errors.append(FlytuneError(f"cannot be imported for --deep: {type(e).__name__}: {e}", file=package))
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name and package.split(".")[0] == e.name.split(".")[0]:
+            hint = ("; --deep imports the package: install the project first (`pip install -e .`, or its wheel) "
+                    "in this environment")
+        src.errors.append(FlytuneError(f"cannot be imported for --deep: {type(e).__name__}: {e}{hint}",
+                                       file=package))
         return
     here = device.current() if execute else None
     for art in src.artifacts:

@@ -79,7 +79,15 @@ def open_source(path: str) -> Source:
     if p.is_file() and (p.name.endswith(".tar.gz") or p.name.endswith(".tgz")):
         return _sdist(p)
     if p.is_dir():
-        return _project(p, str(p)) if (p / "pyproject.toml").is_file() else _directory(p)
+        if (p / "pyproject.toml").is_file():
+            return _project(p, str(p))
+        if p.name == bundle.DIRNAME and (p / bundle.MANIFEST).is_file():
+            src = Source(path, "bundle directory")
+            src.errors.append(InputError(f"is a built bundle ({bundle.DIRNAME}/), not something to verify on its "
+                                         f"own: verify the wheel (dist/*.whl), the installed distribution or "
+                                         f"the artifact directory it was built from", file=path))
+            return src
+        return _directory(p)
     if not p.exists() and "/" not in path and "\\" not in path:
         return _installed(path)
     src = Source(path, "unknown")
