@@ -26,7 +26,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,38 @@ class SearchResult:
     selection: dict | None = None     # provenance.selection: the band, the finalists, why the winner won
     hook_source: Any = None           # the config `early_config_prune` made for the winner, with its pre_hook
     outputs: dict | None = None       # provenance.outputs: the reference the candidates' outputs were checked against
+
+
+@dataclass(frozen=True)
+class Found:
+    """One search's outcome, as the tuning engine takes it (`collecting`): the kernel, its winner as an
+    artifact with provenance, every candidate timed (declared order) and the winning candidate. Made
+    where a search ends: by the autotuner, and by a recorded `@triton.autotune` search alike."""
+    kernel: str
+    artifact: Any
+    candidates: list
+    winner: Candidate
+
+
+_collectors: list[list[Found]] = []
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[Found]]:
+    """Within the block, every search that ends in this process adds its `Found` to the yielded list
+    (`flytune tune`'s return path; users' `on_decision` callbacks hear of searches as before)."""
+    got: list[Found] = []
+    _collectors.append(got)
+    try:
+        yield got
+    finally:
+        _collectors.remove(got)
+
+
+def report(found: Found) -> None:
+    """A search ended: tell every `collecting` block."""
+    for got in _collectors:
+        got.append(found)
 
 
 def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> SearchResult:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..core import codec, settings
 from ..core.artifact import Artifact
-from ..core.codec import Fields, did_you_mean
-from ..core.errors import FlytuneError, ProjectError, UsageError
+from ..core.codec import did_you_mean
+from ..core.errors import ProjectError, UsageError
 from ..core.project import TuneEntry
 
 
@@ -87,31 +87,26 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     """Build `entry`'s call at `shape`, run it, and return the winners its kernel's searches chose
     (none: the key was already tuned in this process, or the setup does not call the kernel). A kernel
     that is still not registered once the call ran is a UsageError naming those that are."""
-    from ..runtime import outputs, registry
-    from ..runtime.events import on_decision
+    from ..runtime import outputs, registry, search
 
     file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
     call = load_setup(entry.setup, file, f"{path}.setup" if path else "setup")(**shape)
-    events: list[dict] = []
-    with on_decision(lambda ev: "artifact" in ev and events.append(ev)), \
-            outputs.checking(**check_options(entry)):  # the events of searches only; outputs checked
+    with search.collecting() as found, outputs.checking(**check_options(entry)):  # outputs checked
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
             from ..runtime.adapters.triton_autotune import recording
 
             with recording(load_setup(entry.autotuner, file, f"{path}.autotuner" if path else "autotuner"),
-                           entry.kernel) as got:
+                           entry.kernel):
                 call()
                 sync()
-            events.extend(_captured(got))
         else:
             call()
             sync()
     if not entry.autotuner and registry.kernel(entry.kernel) is None:
         raise unknown_kernels([entry.kernel], registry.kernels(), "a kernel its setup registers",
                               "registered kernels")
-    return [Tuned(ev["artifact"], str(ev["winner"].config), ev["winner"].time_ms,
-                  _margin(ev["candidates"], ev["winner"]))
-            for ev in events if ev["kernel"] == entry.kernel]
+    return [Tuned(f.artifact, str(f.winner.config), f.winner.time_ms, _margin(f.candidates, f.winner))
+            for f in found if f.kernel == entry.kernel]
 
 
 def carried(entry: TuneEntry, options: dict) -> dict:
@@ -160,17 +155,3 @@ def _margin(candidates, winner) -> float | None:
     if not others or not math.isfinite(winner.time_ms) or winner.time_ms <= 0:
         return None
     return min(others) / winner.time_ms - 1
-
-
-def _captured(artifacts) -> list[dict]:
-    from ..core.config import Config
-    from ..runtime.bench import Candidate
-
-    out = []
-    for art in artifacts:
-        cands = [Candidate(Config.from_json(c["config"], Fields("provenance", FlytuneError)),
-                           c["time_ms"] if c["time_ms"] is not None else math.inf)
-                 for c in art.provenance.get("candidates", [])]
-        winner = next((c for c in cands if c.config == art.config), Candidate(art.config, math.nan))
-        out.append({"kernel": art.kernel, "artifact": art, "candidates": cands, "winner": winner, "seconds": 0.0})
-    return out

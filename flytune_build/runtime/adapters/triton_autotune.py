@@ -22,13 +22,15 @@ tensors were passed in, finds the artifact; its config is put under the call's T
 from __future__ import annotations
 
 import contextlib
+import math
 
 from ...core.artifact import Artifact
 from ...core.errors import DeclarationError
-from .. import bench
+from .. import bench, search
+from ..bench import Candidate
 from .adopted import Adopted
 from .triton_keys import autotuner_of
-from .triton_search import Patches, call_artifact_key, timed_as_flytune, winner_artifact
+from .triton_search import Patches, call_artifact_key, candidates, timed_as_flytune, winner_artifact
 
 
 def adopt(kernel, name: str, validate=None) -> int:
@@ -81,6 +83,10 @@ def _capturing(tuner, name: str, ranking: str, captured: list):
         new = [k for k in tuner.cache if k not in before]
         if new:
             key = call_artifact_key(tuner, args, kwargs)
-            captured.append(winner_artifact(tuner, name, ranking, key, args, kwargs, tuner.cache[new[-1]]))
+            art = winner_artifact(tuner, name, ranking, key, args, kwargs, tuner.cache[new[-1]])
+            captured.append(art)
+            cands = candidates(tuner)
+            winner = next((c for c in cands if c.config == art.config), Candidate(art.config, math.nan))
+            search.report(search.Found(name, art, cands, winner))
         return ret
     return run

@@ -77,12 +77,18 @@ def call_artifact_key(tuner, args: tuple, kwargs: dict) -> dict:
     return artifact_key(tuner, dict(zip(tuner.arg_names, args)), kwargs)
 
 
-def provenance(tuner, ranking: str, spec: dict | None = None) -> dict:
-    cands = []
+def candidates(tuner) -> list[Candidate]:
+    """Every config Triton's last search of `tuner` timed, with its time (its `configs_timings`)."""
+    out = []
     for cfg, t in (getattr(tuner, "configs_timings", None) or {}).items():
         t0 = float(t[0] if isinstance(t, (list, tuple)) else t)
-        cands.append(Candidate(Config.coerce(cfg), t0 if math.isfinite(t0) else math.inf))
-    return identity.provenance(cands, space_hash([Config.coerce(c) for c in tuner.configs]), ranking, spec)
+        out.append(Candidate(Config.coerce(cfg), t0 if math.isfinite(t0) else math.inf))
+    return out
+
+
+def provenance(tuner, ranking: str, spec: dict | None = None) -> dict:
+    return identity.provenance(candidates(tuner), space_hash([Config.coerce(c) for c in tuner.configs]), ranking,
+                               spec)
 
 
 def _synthetic(tuner, name: str):
