@@ -154,7 +154,8 @@ class Test:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Verdict:
+    """The sequential test's outcome over the rounds so far (how a key is served is runtime.decision's)."""
     fastest: int
     noise: float                  # the pooled relative dispersion of the paired rounds
     tests: dict[int, Test]        # every finalist but the fastest
@@ -185,7 +186,7 @@ def band(samples: dict[int, Sequence[float]], rule: BandRule) -> Band:
     return Band(fastest, width, limit, tuple(sorted(i for i, (m, _) in stats.items() if m <= limit)))
 
 
-def decide(samples: dict[int, dict[int, float]], rule: Rule, final: bool = False) -> Decision:
+def decide(samples: dict[int, dict[int, float]], rule: Rule, final: bool = False) -> Verdict:
     """The tests over finalists' round times ({candidate index: {round: time}}, every time finite) and
     the winner: the earliest declared `tied` finalist before F, else F; `final` (the rounds are spent):
     an `edge` test is a tie where its gap is at most EDGE_TIE x cap (the cap itself).
@@ -225,7 +226,7 @@ def decide(samples: dict[int, dict[int, float]], rule: Rule, final: bool = False
         if t.verdict == "tied" or (final and t.verdict == "edge" and t.gap <= EDGE_TIE * rule.cap):
             winner = i
             break
-    return Decision(fastest, noise, tests, winner, tuple(decisive))
+    return Verdict(fastest, noise, tests, winner, tuple(decisive))
 
 
 def _paired(samples: dict[int, dict[int, float]], ref: int) -> dict[int, list[float]]:
@@ -312,7 +313,7 @@ def _banded(samples, rule: BandRule, fraction: float) -> tuple[dict, int, str]:
     return record, b.members[0], why
 
 
-def _tested(candidates, samples, rule: Rule, d: Decision, unresolved: list[int], fraction: float):
+def _tested(candidates, samples, rule: Rule, d: Verdict, unresolved: list[int], fraction: float):
     """provenance.selection of a sequential test, the winner and why."""
     m_f = statistics.median(samples[d.fastest].values())
     confidence = min((d.tests[i].confidence(rule.cap) for i in d.decisive), default=1.0)
