@@ -442,9 +442,9 @@ def _prime(unit: Unit, notes: list[str]) -> None:
         try:
             named = binder.stand_ins(unit.spec, unit.config, key, exclude=set(k.tuned_kwargs) | _heuristic_names(k.fn))
             if k.prime(**named) is None:
-                notes.append(f"{unit.kernel} {key}: not decided ahead (no scratch or offline decision without "
-                             f"the call's own tensors: a scratch cache for it, or an early_config_prune); "
-                             f"decided on its first call")
+                notes.append(f"{unit.kernel} {key}: compiled, but its config is chosen at its first call, not "
+                             f"now (choosing it needs the call's own tensors: the kernel prunes its configs per "
+                             f"call, or the key is served from this machine's scratch cache)")
                 return
             unit.primed += 1
         except (binder.Mismatch, FlytuneError) as e:

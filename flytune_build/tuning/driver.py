@@ -230,7 +230,7 @@ class Driver:
     def _retire(self, slot: Slot, reason: str) -> None:
         self.executor.kill(slot.index)
         slot.state, slot.reason, slot.jobs = "retired", reason, []
-        self._note(f"flytune: worker {slot.name} retired: {reason}")
+        self._note(f"flytune: worker {slot.name} stopped, its jobs left to the other workers: {reason}")
 
     def _start_failed(self, slot: Slot, reason: str) -> None:
         self.executor.kill(slot.index)
