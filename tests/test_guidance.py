@@ -126,3 +126,14 @@ def test_review_is_reachable_from_the_package_without_importing_it_first():
     r = subprocess.run([sys.executable, "-c", "import flytune_build; print(flytune_build.review.render.__name__)"],
                        capture_output=True, text=True, env=python_env())
     assert r.returncode == 0 and r.stdout.strip() == "render", r.stderr
+
+
+def test_a_setup_whose_module_lacks_a_package_says_what_to_install(tmp_path, monkeypatch):
+    from flytune_build.core.errors import ProjectError
+    from flytune_build.tuning.job import load_setup
+
+    (tmp_path / "needsnp_setup.py").write_text("import numpy_is_not_installed_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ProjectError, match="install numpy_is_not_installed_here in this environment") as e:
+        load_setup("needsnp_setup:run", tmp_path / "plan.toml", "entries[0].setup")
+    assert e.value.field == "entries[0].setup"

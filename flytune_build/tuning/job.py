@@ -129,7 +129,18 @@ def load_setup(spec: str, file: Path | str, field: str = "setup"):
             obj = getattr(obj, attr)
         return obj
     except (ImportError, AttributeError) as e:
-        raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}", file=file, field=field) from None
+        raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}{_missing_hint(e, module)}", file=file,
+                           field=field) from None
+
+
+def _missing_hint(e: BaseException, module: str) -> str:
+    """What to do when the setup's module imports a package this environment lacks."""
+    name = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    if not name or module.split(".")[0] == name.split(".")[0]:
+        return ""
+    if name.split(".")[0] == "numpy":
+        return " (Triton's CPU interpreter needs NumPy, which the torch CPU wheel does not bring: pip install numpy)"
+    return f" (install {name.split('.')[0]} in this environment)"
 
 
 def sync() -> None:
