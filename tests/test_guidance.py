@@ -137,3 +137,11 @@ def test_a_setup_whose_module_lacks_a_package_says_what_to_install(tmp_path, mon
     with pytest.raises(ProjectError, match="install numpy_is_not_installed_here in this environment") as e:
         load_setup("needsnp_setup:run", tmp_path / "plan.toml", "entries[0].setup")
     assert e.value.field == "entries[0].setup"
+
+
+def test_a_default_may_return_the_kwargs_as_a_plain_dict():
+    from flytune_build.core.config import Config
+
+    assert Config.coerce({"BLOCK": 64}) == Config({"BLOCK": 64})
+    assert Config.coerce({"BLOCK": 64, "num_warps": 8}) == Config({"BLOCK": 64}, num_warps=8)
+    assert Config.coerce({"kwargs": {"BLOCK": 64}, "num_warps": 8}) == Config({"BLOCK": 64}, num_warps=8)

@@ -72,14 +72,20 @@ class Config:
 
     @classmethod
     def coerce(cls, config: Any) -> Config:
-        """Accept our Config, a `triton.Config` (duck-typed, no import) or a JSON dict.
+        """Accept our Config, a `triton.Config` (duck-typed, no import) or a JSON dict: an artifact's
+        `{"kwargs": {"BLOCK": 64}, "num_warps": 4}`, or the kwargs themselves with any compiler option
+        beside them, `{"BLOCK": 64, "num_warps": 4}`.
 
         Of a `triton.Config` only the data is kept: its `pre_hook` is code, which the runtime keeps
         beside the declared config and re-attaches (`runtime.callbacks`); an `ir_override` is refused."""
         if isinstance(config, Config):
             return config
         if isinstance(config, Mapping):
-            return cls.from_json(dict(config), Fields("<config>", DeclarationError))
+            doc = dict(config)
+            if "kwargs" not in doc:  # the kwargs themselves, compiler options beside them
+                doc = {"kwargs": {k: v for k, v in doc.items() if k not in COMPILER_OPTIONS},
+                       **{k: v for k, v in doc.items() if k in COMPILER_OPTIONS}}
+            return cls.from_json(doc, Fields("<config>", DeclarationError))
         if hasattr(config, "kwargs") and hasattr(config, "num_warps"):
             if getattr(config, "ir_override", None) is not None:
                 raise DeclarationError("sets ir_override, a file of compiled IR that an artifact cannot carry",
