@@ -543,3 +543,42 @@ def test_a_plan_entrys_tolerances_travel_with_its_jobs_to_local_workers(tmp_path
          "--executor", "local", "--workers", "1")
     art = only(out)
     assert art.config == WRONG and art.provenance["outputs"]["rtol"] == 0.5 and art.provenance["worker"] == "local:0"
+
+
+def _guarded(monkeypatch, times: dict, name: str):
+    """A search of the add kernel timed by BLOCK (`times`), its default BLOCK 16: the decision."""
+    import torch
+    import triton
+
+    from kernels import make_add
+
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    last = [None]
+
+    def do_bench(fn, quantiles=None):
+        fn()
+        return [times[last[0]]] * 3
+
+    def grid(meta):
+        last[0] = meta["BLOCK"]
+        return (triton.cdiv(100, meta["BLOCK"]),)
+
+    k = make_add(name, default=lambda a: Config({"BLOCK": 16}, num_warps=1), do_bench=do_bench)
+    x = torch.randn(100)
+    out = torch.empty_like(x)
+    k[grid](x, x, out, 100)
+    assert torch.allclose(out, 2 * x)
+    return k.decision(x, x, out, 100)
+
+
+def test_a_winner_ships_only_where_it_beats_the_kernels_default_by_the_margin(monkeypatch):
+    """2.9% faster than the default (apart in the test, within the 3% margin): the default stays and the
+    artifact says so; twice as fast: the winner replaces it, its gain over the default recorded."""
+    d = _guarded(monkeypatch, {16: 1.0, 32: 0.972, 64: 0.99}, "t.guard.kept")
+    record = d.artifact.provenance["selection"]
+    assert d.config.kwargs == {"BLOCK": 16} and record["default"]["outcome"] == "kept"
+    assert 0.02 < record["default"]["gain"] <= 0.03
+    d = _guarded(monkeypatch, {16: 1.0, 32: 0.5, 64: 0.99}, "t.guard.replaced")
+    record = d.artifact.provenance["selection"]
+    assert d.config.kwargs == {"BLOCK": 32} and record["default"]["outcome"] == "replaced"
+    assert record["default"]["gain"] == pytest.approx(1.0)

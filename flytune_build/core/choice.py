@@ -65,7 +65,7 @@ def check_measurement(value: Any, f: Fields, path: str = "provenance.measurement
 def check_selection(value: Any, f: Fields, path: str = "provenance.selection") -> dict:
     """Raise unless `value` is a selection record of the form above; returns it."""
     f.table(value, path, ("winner",), ("rule", "round_fraction", "finalists", "fastest", "band", "band_ms", "why",
-                                       "shipped", "stability", "resolved", "confidence", "noise"))
+                                       "shipped", "default", "stability", "resolved", "confidence", "noise"))
     for name in ("winner", "fastest"):
         if name in value:
             f.integer(value[name], f"{path}.{name}", 0, MAX_INDEX)
@@ -87,8 +87,9 @@ def check_selection(value: Any, f: Fields, path: str = "provenance.selection") -
                 f.number(v, f"{path}.rule.{name}")
     if "finalists" in value:
         f.array(value["finalists"], f"{path}.finalists", lambda v, p: _finalist(v, f, p), max_items=MAX_INDEX + 1)
-    if "shipped" in value:
-        _shipped(value["shipped"], f, f"{path}.shipped")
+    for name in ("shipped", "default"):  # default: the guard against the kernel's own default config
+        if name in value:
+            _shipped(value[name], f, f"{path}.{name}")
     if "stability" in value:
         s = f.table(value["stability"], f"{path}.stability", ("runs", "agreed"))
         f.integer(s["runs"], f"{path}.stability.runs", minimum=1)

@@ -88,6 +88,7 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
     configs = declared_order(pruned, kernel.configs)
     rank = bench.ranking()
     shipped = selection.shipped(kernel.name, key)
+    default = _default(kernel, bound, configs)
     with _inputs_kept(bound, kernel.reset_to_zero, kernel.restore_value) as fresh_inputs:
         start = time.perf_counter()
 
@@ -103,12 +104,12 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
                 _precompile(kernel, args, kwargs, grid, configs, sources)
             check, checked = outputs.start(kernel, placements.sites[0].bound, configs, launch)
             if rank == "synthetic":
-                candidates, chosen, measure = _synthetic(kernel, key, configs, check or launch, shipped)
+                candidates, chosen, measure = _synthetic(kernel, key, configs, check or launch, shipped, default)
                 if check is not None:
                     check.restore()
             else:
                 wrong = check.screen(configs) if check is not None else {}
-                candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements, wrong)
+                candidates, chosen, measure = _measured(kernel, configs, launch, shipped, placements, wrong, default)
             if check is not None:
                 checked = check.record(candidates)
         finally:  # the copies go now, even when a traceback keeps this frame alive (`launch` shares the list)
@@ -188,18 +189,30 @@ def declared_order(configs: list[Config], declared: Sequence[Config]) -> list[Co
     return sorted(configs, key=lambda c: position.get(c, len(position)))
 
 
-def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Config], None], shipped):
+def _default(kernel, bound: dict, configs: list[Config]) -> Config | None:
+    """The config the kernel runs with no tuned one: its `default` for this call, else its first config
+    (what FLYTUNE_AUTOTUNE=0 launches); the winner must beat it (`selection.pick`)."""
+    if kernel.default is None:
+        return configs[0] if configs else None
+    try:
+        return Config.coerce(kernel.default(bound))
+    except Exception:  # noqa: BLE001 - a default that fails here fails at its own call: no guard then
+        return None
+
+
+def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Config], None], shipped,
+               default: Config | None = None):
     def rank(cfg: Config) -> float:
         launch(cfg)  # run all the same: a config that cannot launch must not win
         return bench.synthetic_ms(kernel.name, key, cfg)
     candidates = _timed(configs, rank)
     chosen = selection.pick(candidates, lambda c, _: bench.synthetic_ms(kernel.name, key, c.config),
-                            selection.SYNTHETIC, shipped)
+                            selection.SYNTHETIC, shipped, default=default)
     return candidates, chosen, bench.Measurement("synthetic", kernel.num_warmups, kernel.num_reps)
 
 
 def _measured(kernel, configs: list[Config], launch: callbacks.Launcher, shipped, placements: placement.Placements,
-              wrong: dict[Config, str]):
+              wrong: dict[Config, str], default: Config | None = None):
     """Screening passes and finalist rounds each time a config on its next placement (`placement`);
     a config whose outputs were wrong (`wrong`: config -> why) is not timed."""
     measure = dataclasses.replace(_measurement(kernel, configs, launch), placements=len(placements),
@@ -214,7 +227,7 @@ def _measured(kernel, configs: list[Config], launch: callbacks.Launcher, shipped
     for _ in range(measure.screen_passes - 1):  # interleaved passes, the least kept: a burst of load hits one
         _again(candidates, lambda c: screen(launch.at(c.config)))
     chosen = selection.pick(candidates, lambda c, fraction: measure.bench(fraction)(launch.at(c.config)),
-                            selection.rule_for(measure.timer), shipped)
+                            selection.rule_for(measure.timer), shipped, default=default)
     return candidates, chosen, measure
 
 

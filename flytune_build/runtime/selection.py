@@ -67,6 +67,7 @@ EDGE_BUDGET = 3        # the extra blocks take at most 3x the first block's time
 IQR_SIGMA = 1.349      # interquartile range / 1.349 -> standard deviation, for normal noise
 MEDIAN_SE = 1.2533     # a median's standard error over a mean's, for normal noise
 TIE_RULE = "declared order"
+DEFAULT_MARGIN = 0.03  # a tuned config replaces the kernel's default only when faster by more than this
 EDGE_TIE = 1.0         # a test still at the edge when the rounds are spent is a tie where g <= EDGE_TIE x cap
 
 
@@ -243,17 +244,21 @@ def _gap(logs: list[float]) -> float:
 
 def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate, float], float],
          rule: Rule | BandRule = MEASURED, shipped: Shipped | None = None,
-         clock: Callable[[], float] = time.perf_counter) -> Selection:
+         clock: Callable[[], float] = time.perf_counter, default: Config | None = None) -> Selection:
     """The winner among `candidates` (in declared order, each with its screening time).
 
     `retime(candidate, fraction)` times one candidate on 1/fraction of the kernel's budget. Finalists'
-    times become their round medians."""
+    times become their round medians. With no shipped winner, `default` (the config the kernel runs
+    with no tuned one) is a finalist and stays the winner unless beaten by more than DEFAULT_MARGIN:
+    a tuned config never ships slower than no bundle (`provenance.selection.default`)."""
     ok = [i for i, c in enumerate(candidates) if math.isfinite(c.time_ms)]
     if not ok:
         errors = "; ".join(f"{c.config}: {c.error or 'failed'}" for c in candidates)
         raise SearchError(f"every candidate failed: {errors}", field="configs")
     held, note = _held(candidates, shipped)
-    chosen = finalists(candidates, ok, rule, held)
+    guard = None if shipped is not None or default is None else next(
+        (i for i in ok if candidates[i].config == default), None)
+    chosen = finalists(candidates, ok, rule, held if held is not None else guard)
     fraction = max(len(chosen) * rule.rounds / FINALIST_BUDGET, 1.0)
     if len(chosen) == 1:
         samples = {chosen[0]: {0: candidates[chosen[0]].time_ms}}
@@ -290,6 +295,10 @@ def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate, float], f
     outcome = None
     if shipped is not None:
         winner, why, record["shipped"], outcome = _against(candidates, winner, why, held, note, shipped.margin)
+        record["winner"] = winner
+    elif guard is not None and guard in samples:
+        winner, why, record["default"], _ = _against(candidates, winner, why, guard, None, DEFAULT_MARGIN,
+                                                     "default")
         record["winner"] = winner
     record["why"] = why
     return Selection(candidates[winner], record, outcome)
@@ -387,19 +396,21 @@ def _rounds(candidates, chosen: list[int], retime, rounds: range, fraction: floa
     return samples
 
 
-def _against(candidates, winner: int, why: str, held: int | None, note: str | None, margin: float):
-    """Hysteresis: (winner, why, provenance.selection.shipped, kept | replaced)."""
+def _against(candidates, winner: int, why: str, held: int | None, note: str | None, margin: float,
+             what: str = "shipped"):
+    """Hysteresis against the shipped winner (or the kernel's `default`): (winner, why, the record,
+    kept | replaced)."""
     if held is None:
         return winner, f"{why}; replaced: {note}", {"index": None, "margin": margin, "outcome": "replaced"}, "replaced"
     if held == winner:
-        return winner, f"{why}; the shipped winner", {"index": held, "margin": margin, "gain": 0.0,
+        return winner, f"{why}; the {what} winner", {"index": held, "margin": margin, "gain": 0.0,
                                                       "outcome": "kept"}, "kept"
     gain = candidates[held].time_ms / candidates[winner].time_ms - 1
     record = {"index": held, "margin": margin, "gain": round(gain, 6)}
     if gain > margin:
-        why = f"{why}; replaced the shipped #{held}: +{gain:.1%} faster, over the {margin:.1%} margin"
+        why = f"{why}; replaced the {what} #{held}: +{gain:.1%} faster, over the {margin:.1%} margin"
         return winner, why, {**record, "outcome": "replaced"}, "replaced"
-    why = f"kept the shipped #{held}: this search's winner #{winner} is {gain:+.1%} faster, within the " \
+    why = f"kept the {what} #{held}: this search's winner #{winner} is {gain:+.1%} faster, within the " \
           f"{margin:.1%} margin"
     return held, why, {**record, "outcome": "kept"}, "kept"
 
