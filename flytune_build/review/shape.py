@@ -184,6 +184,12 @@ def _facts(shape: Shape, prov: Mapping) -> None:
             gain = shipped.get("gain")
             out.append(("shipped winner", shipped["outcome"]
                         + (f" (another config {gain * 100:+.1f}%)" if _finite(gain) else "")))
+        default = sel.get("default")
+        if isinstance(default, Mapping) and isinstance(default.get("outcome"), str):
+            gain = default.get("gain")
+            out.append(("against the default", ("the default config kept" if default["outcome"] == "kept" else
+                                                "the winner replaces the default")
+                        + (f" (winner {gain * 100:+.1f}% faster)" if _finite(gain) else "")))
         stab = sel.get("stability")
         if isinstance(stab, Mapping) and isinstance(stab.get("runs"), int):
             out.append(("repeat runs", f"{stab.get('agreed')} of {stab['runs']} agreed"))
