@@ -156,7 +156,7 @@ def _check_entry_value(src: Source, ep, manifest: bundle.Manifest | None, file: 
 
 def _entry_values(manifest: bundle.Manifest, name: str) -> tuple[str, ...]:
     """The values an entry point for this bundle may have: the package's, or an editable wheel's."""
-    return serving.bundle_value(manifest.package), f"{EDITABLE_ROOT}.{name}"
+    return serving.bundle_value(manifest.package), serving.editable_value(name)
 
 
 def _not_a_module(ep, file: str) -> BundleError:

@@ -46,6 +46,11 @@ def bundle_value(package: str) -> str:
     return f"{package}.{DIRNAME}"
 
 
+def editable_value(name: str) -> str:
+    """The entry-point value of an editable wheel's bundle, for the entry point named `name`."""
+    return f"{EDITABLE_ROOT}.{name}"
+
+
 def bundle_prefix(package: str) -> str:
     """Where `package`'s bundle sits in a wheel: `<package path>/_flytune/`."""
     return package.replace(".", "/") + f"/{DIRNAME}/"

@@ -52,5 +52,5 @@ def relocate_for_editable(state: BuildState) -> BuildState:
     old = serving.bundle_prefix(state.project.package)
     new = f"{EDITABLE_ROOT}/{name}/"
     state.files = {new + k[len(old):]: v for k, v in state.files.items()}
-    state.entry_point = (name, f"{EDITABLE_ROOT}.{name}")
+    state.entry_point = (name, serving.editable_value(name))
     return state

@@ -142,7 +142,7 @@ def prepare_metadata(prepare, metadata_directory, config_settings, *, editable: 
     proj = or_exit(project_mod.load, ".")
     if proj is not None:
         ep_name = assemble.entry_point_name(proj.name, proj.package)
-        value = f"{serving.EDITABLE_ROOT}.{ep_name}" if editable else serving.bundle_value(proj.package)
+        value = serving.editable_value(ep_name) if editable else serving.bundle_value(proj.package)
         ep = Path(metadata_directory) / name / "entry_points.txt"
         old = ep.read_text("utf-8") if ep.exists() else ""
         ep.write_text(wheel.add_entry_point(old, bundle.ENTRY_POINT_GROUP, ep_name, value), "utf-8")

@@ -72,8 +72,8 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
     parse_targets(list(targets), Fields(None, InputError), "--target")  # the rule [tool.flytune] targets follow
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():
-        raise InputError(f"has no pyproject.toml: `flytune init` configures an existing package; write its "
-                         f"[project] table first (or pass --project DIR)", file=root)
+        raise InputError("has no pyproject.toml: `flytune init` configures an existing package; write its "
+                         "[project] table first (or pass --project DIR)", file=root)
     doc = project_mod.read_toml(pyproject)  # capped, UTF-8 and TOML checked: the text below is read once more
     text = pyproject.read_bytes().decode("utf-8")  # not read_text: its newline translation would rewrite CRLF
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
@@ -312,7 +312,7 @@ def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path, text: str)
 def _plan_file(s: Scaffold, force: bool) -> None:
     path = s.root / PLAN
     if path.exists() and not force:
-        raise InputError(f"already exists; `flytune init` wrote nothing (--force replaces it)", file=path)
+        raise InputError("already exists; `flytune init` wrote nothing (--force replaces it)", file=path)
     lines = [f"# The shapes to tune {s.package}'s kernels at, for each target (`flytune tune` runs every entry).",
              f"# Each setup, in {s.package}.{SETUPS}, builds inputs of one shape and returns the call to time.",
              "# Replace the sizes by the ones that matter on the device you ship for."]

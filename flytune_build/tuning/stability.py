@@ -10,7 +10,6 @@ config's own time moved between repetitions, (max - min) / min.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,13 +85,9 @@ def _declared(t: job.Tuned) -> dict[bytes, int]:
 
 
 def _time_of(t: job.Tuned, config) -> float | None:
-    from ..core import codec
+    from ..core import serving
 
-    want = config.canonical()
-    for c in (t.artifact.provenance or {}).get("candidates") or []:
-        if codec.canonical(c["config"]) == want and c.get("time_ms") is not None and math.isfinite(c["time_ms"]):
-            return float(c["time_ms"])
-    return None
+    return serving.config_time(t.artifact.provenance, config.to_json())
 
 
 def report(rows: list[tuple[str, str, Stability]]) -> str:
