@@ -36,7 +36,8 @@ def kernel_name(value, f: Fields, path: str) -> str:
     return f.string(value, path, KERNEL_NAME, "a dotted Python name (e.g. pkg.rmsnorm)", KERNEL_NAME_MAX)
 AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FILE_NAME = re.compile(r"(?P<kernel>.+)-(?P<address>[0-9a-f]{16})\.json")
-PROVENANCE_FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "created", "space_hash", "ranking",
+TOOLS = ("triton", "torch", "cuda", "hip")  # the toolchain a winner was found with, as provenance names it
+PROVENANCE_FIELDS = ("flytune", *TOOLS, "created", "space_hash", "ranking",
                      "candidates", "host", "worker", "specialization",  # specialization: core.specialization
                      "measurement", "selection",  # how the winner was timed and chosen: core.choice
                      "outputs",  # what the candidates' outputs were checked against: core.choice
@@ -198,7 +199,7 @@ def read_capped(path, error, cap: int = codec.MAX_DOCUMENT_BYTES) -> bytes:
 
 def _check_provenance(p: Any, f: Fields, config: Config) -> None:
     f.table(p, "provenance", (), PROVENANCE_FIELDS)
-    for name in ("flytune", "triton", "torch", "cuda", "hip", "created", "host", "worker"):  # host, worker: fleet runs
+    for name in ("flytune", *TOOLS, "created", "host", "worker"):  # host, worker: fleet runs
         if p.get(name) is not None:
             f.string(p[name], f"provenance.{name}", max_len=128)
     if p.get("source") is not None:

@@ -5,6 +5,7 @@ import hashlib
 from collections import defaultdict
 
 from ..core import bundle, serving
+from ..core.artifact import TOOLS
 from .state import BuildState
 
 
@@ -29,7 +30,7 @@ def assemble(state: BuildState) -> BuildState:
                                            arts[0].key_axes(), prov_name, hashlib.sha256(prov).hexdigest())
     tuned = defaultdict(set)
     for a in state.artifacts:
-        for tool in ("triton", "torch", "cuda", "hip"):
+        for tool in TOOLS:
             v = (a.provenance or {}).get(tool)
             if v:
                 tuned[tool].add(v)

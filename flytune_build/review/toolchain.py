@@ -10,9 +10,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..core.artifact import Artifact
+from ..core.artifact import TOOLS, Artifact
 
-FIELDS = ("flytune", "triton", "torch", "cuda", "hip", "ranking")
+FIELDS = ("flytune", *TOOLS, "ranking")
 
 
 @dataclass(frozen=True)

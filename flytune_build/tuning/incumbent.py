@@ -25,13 +25,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..core import artifactdir
-from ..core.artifact import Artifact
+from ..core.artifact import TOOLS, Artifact
 from ..core.config import Config
 from ..core.errors import FlytuneError
 from ..runtime import bench, device, selection
 
 MIN_IMPROVEMENT_PCT = 3.0
-TOOLCHAIN = ("triton", "torch", "cuda", "hip", "space_hash")  # what re-writes a kept artifact's provenance
+TOOLCHAIN = (*TOOLS, "space_hash")  # what re-writes a kept artifact's provenance
 
 
 class Incumbents:
