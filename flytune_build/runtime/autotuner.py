@@ -102,8 +102,8 @@ class Autotuned(Kernel):
     def _hot_path(self):
         """`run`, as a closure over what it needs, built once: a hit is a tuple build, one dict lookup,
         the decision's launcher (`_launcher`: the config's pre_hook, where it has one, then the launch)."""
-        memo, key, decide, keywords, refused = self._memo, self._key, self._decide, self._run_keywords, \
-            self.refused_pack
+        memo, key, decide, keywords, failed = self._memo, self._key, self._decide, self._run_keywords, \
+            self.launch_failed
 
         def run(*args, grid, **kwargs):
             if kwargs:
@@ -119,12 +119,8 @@ class Autotuned(Kernel):
                 return d.run(*args, grid=grid, **d.launch)  # the launcher, or the pre_hook then the launcher
             except Exception as e:
                 d.calls -= 1  # a launch that failed served no call (the tier that serves it instead counts it)
-                err = launch_error(d, e)
-                if err is None:
-                    raise
-                if refused(d, e):  # a config pack's config: the next tier serves this call and the key
-                    return run(*args, grid=grid)
-                raise err from e
+                failed(d, e)  # raises, unless a config pack's config was refused: the next tier serves
+                return run(*args, grid=grid)
         return run
 
     def warmup(self, *args, grid, **kwargs) -> list:
@@ -163,12 +159,8 @@ class Autotuned(Kernel):
             return self._launch(*args, grid=grid, **kwargs, **d.launch)
         except Exception as e:
             d.calls -= 1  # as on the hot path: a failed launch served no call
-            err = launch_error(d, e)
-            if err is None:
-                raise
-            if self.refused_pack(d, e):  # a config pack's config: the next tier serves
-                return self._run_keywords(args, kwargs, grid, False)
-            raise err from e
+            self.launch_failed(d, e)  # raises, unless a config pack's config was refused: the next tier serves
+            return self._run_keywords(args, kwargs, grid, False)
 
     def _known(self, args, kwargs) -> Decision | None:
         try:

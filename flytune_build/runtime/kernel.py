@@ -115,6 +115,16 @@ class Kernel:
         """Raise an ArtifactError unless an artifact's key has the axes this kernel keys on."""
         self.binding.check_key(key, file)
 
+    def launch_failed(self, d: Decision | None, e: Exception) -> None:
+        """A launch served by `d` raised `e` (called in its handler): returns where the next tier serves
+        instead (a config pack's config, refused: the caller calls again); raises otherwise, the
+        accepted artifact's failure naming it (`launch_error`), or `e` itself."""
+        err = launch_error(d, e)
+        if err is None:
+            raise e
+        if not self.refused_pack(d, e):
+            raise err from e
+
     def refused_pack(self, d: Decision | None, e: Exception) -> bool:
         """A config pack's config that failed to launch: the owner never accepted it, so it is refused
         with one warning and the key decided again (the next tier serves); True when `d` was one. An

@@ -38,7 +38,7 @@ from ...core.config import Config
 from ...core.errors import FlytuneError
 from .. import bench, device, events, registry
 from ..decision import Decision, Stats
-from ..kernel import Kernel, first_candidate, launch_error
+from ..kernel import Kernel, first_candidate
 from ..offline import TIER, Index, not_served
 from . import triton_search
 from .triton_keys import artifact_key, call_key, optional_keys, seed_key
@@ -109,13 +109,8 @@ class Adopted(Kernel):
                     finally:
                         local.retrying = False
             except Exception as e:
-                d = self.failure(args, kwargs, e)
-                err = launch_error(d, e)
-                if err is None:
-                    raise
-                if self.refused_pack(d, e):  # a config pack's config: decided again, the next tier serves
-                    return run(*args, **kwargs)
-                raise err from e
+                self.launch_failed(self.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
+                return run(*args, **kwargs)  # decided again: the next tier serves
             d = seeded.get(id(tuner.best_config))
             if d is None:
                 self.served(args, kwargs)
