@@ -490,3 +490,23 @@ def test_ownership_is_decided_alike_before_and_after_the_package_is_imported(tmp
     after = [(s.dist, s.package) for s in inst.bundles()]
     assert before == after == [("ownpkg", PKG)]
     assert inst.import_location(PKG) == [site / PKG]
+
+
+def test_a_record_that_lists_the_owners_init_does_not_demote_the_owner(tmp_path, site):
+    """A second distribution whose RECORD lists `ownpkg/__init__.py` (the very file, byte for byte) takes
+    nothing from the owner: the owner's artifact still serves as the owner's, the other's stays an
+    unaccepted pack, and `flytune verify` of the other is a violation naming the file."""
+    from flytune_build.audit import source
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    install(site, pack_project(tmp_path), "Vendor_Configs")
+    info = site / "Vendor_Configs-1.0.dist-info"
+    init = (site / PKG / "__init__.py").read_bytes()
+    line = f"{PKG}/__init__.py,sha256={encode(hashlib.sha256(init).digest())},{len(init)}\n"
+    record = (info / "RECORD").read_text()
+    (info / "RECORD").write_text(line + record)
+    with pytest.warns(FlytuneWarning, match="a config pack, not accepted"):
+        assert served(100) == ("offline", 32, None)
+    assert served(200) == ("heuristic", 16, None)
+    src = source.verify("Vendor_Configs")
+    assert not src.ok and any(f"{PKG}/__init__.py" in str(e) for e in src.errors), src.render()

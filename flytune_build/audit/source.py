@@ -344,7 +344,25 @@ def _installed(name: str) -> Source:
     record = {str(f): f for f in files}
     for ep in eps:
         _installed_bundle(src, name, ep, record)
+    _check_foreign_files(src, name, record)
     return src
+
+
+def _check_foreign_files(src: Source, name: str, record: dict) -> None:
+    """A distribution whose RECORD lists files of a package another installed distribution owns (the
+    runtime's owner: core.installed): installing it overwrites, and uninstalling it removes, the
+    owner's files."""
+    owners = {s.package: s.dist for s in installed_bundles.bundles() if s.package and s.dist}
+    for path in sorted(record):
+        parts = path.replace("\\", "/").split("/")
+        for depth in range(len(parts) - 1, 0, -1):
+            owner = owners.get(".".join(parts[:depth]))
+            if owner is not None and serving.normalize(owner) != serving.normalize(name):
+                src.errors.append(BundleError(f"lists {path} among its own files, a file of package "
+                                              f"{'.'.join(parts[:depth])}, which distribution {owner} owns: "
+                                              f"installing {name} overwrites it, uninstalling removes it",
+                                              file=name, field="RECORD"))
+                return
 
 
 def _installed_bundle(src: Source, name: str, ep, record: dict) -> None:
