@@ -192,10 +192,11 @@ def declared_order(configs: list[Config], declared: Sequence[Config]) -> list[Co
 def _default(kernel, bound: dict, configs: list[Config]) -> Config | None:
     """The config the kernel runs with no tuned one: its `default` for this call, else its first config
     (what FLYTUNE_AUTOTUNE=0 launches); the winner must beat it (`selection.pick`)."""
-    if kernel.default is None:
+    default = getattr(kernel, "default", None)  # an adopted kernel's search has none: its first config
+    if default is None:
         return configs[0] if configs else None
     try:
-        return Config.coerce(kernel.default(bound))
+        return Config.coerce(default(bound))
     except Exception:  # noqa: BLE001 - a default that fails here fails at its own call: no guard then
         return None
 
