@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from buildkit import make_project
+from buildkit import artifact, make_project
 
 from flytune_build import review
 from flytune_build.audit.source import open_source
@@ -375,3 +375,17 @@ def test_the_page_renders_in_headless_chromium(tmp_path):
     blank.write_text("<!DOCTYPE html><html><body></body></html>")
     script.screenshot(blank, tmp_path / "blank.png", (400, 300))
     assert not script.rendered(script.inspect_png(tmp_path / "blank.png")), "a blank page is told apart"
+
+
+def test_a_synthetic_ranking_is_labelled_a_rank_never_milliseconds(tmp_path):
+    from flytune_build.review import shape as shape_mod
+
+    art = artifact(100, 32)  # ranking: synthetic
+    s = shape_mod.read(art.with_provenance({"ranking": "synthetic", "candidates": [
+        {"config": {"kwargs": {"BLOCK": 32}, "num_warps": 4}, "time_ms": 1.25},
+        {"config": {"kwargs": {"BLOCK": 64}, "num_warps": 4}, "time_ms": 1.5}]}))
+    assert s.unit == "rank"
+    from flytune_build.review import page
+
+    html = str(page._table(s))
+    assert "synthetic rank (no time)" in html and "time (ms)" not in html

@@ -43,7 +43,7 @@ def svg(shape: Shape) -> Markup:
     if shape.fastest_ms is not None and shape.band_ms is not None:
         x0, x1 = x(shape.fastest_ms), max(x(shape.band_ms), x(shape.fastest_ms) + 1.5)
         parts.append(_rect(x0, TOP - 2, x1 - x0, height - TOP + 2, "band",
-                           title=f"tie band: {shape.fastest_ms:.6g} to {shape.band_ms:.6g} ms"))
+                           title=f"tie band: {shape.fastest_ms:.6g} to {shape.band_ms:.6g} {shape.unit}"))
     for row, c in enumerate(shown):
         y = TOP + row * ROW_H
         role = "winner" if c.winner else ("previous" if c.previous else None)
@@ -59,7 +59,7 @@ def svg(shape: Shape) -> Markup:
             + (" finalist" if any(f.index == c.index for f in shape.finalists) else "")
         w = x(c.time_ms) - LABEL_W
         parts.append(_rect(LABEL_W, y + 2, max(w, 1.0), ROW_H - 4, cls, role=role,
-                           title=f"#{c.index} {c.label}: {c.time_ms:.6g} ms"))
+                           title=f"#{c.index} {c.label}: {c.time_ms:.6g} {shape.unit}"))
         if c.time_ms > scale_max:
             parts.append(element("text", "›", x=number(WIDTH - VALUE_W - 8), y=number(y + 12), class_="clip"))
         pct = slower_pct(c.time_ms, fastest)
@@ -114,8 +114,8 @@ def _finalists(shape: Shape, top: float) -> tuple[list[Markup], float]:
             parts.append(void("circle", cx=number(x(r)), cy=number(mid), r=2.5, class_="round" + cls))
         parts.append(_rect(x(f.median_ms) - 1, y + 2, 2, ROW_H - 4, "median" + cls,
                            role="winner" if f.winner else None,
-                           title=f"#{f.index}: median {f.median_ms:.6g} ms"
-                                 + (f", dispersion {f.dispersion_ms:.3g} ms" if f.dispersion_ms is not None else "")))
+                           title=f"#{f.index}: median {f.median_ms:.6g} {shape.unit}"
+                                 + (f", dispersion {f.dispersion_ms:.3g} {shape.unit}" if f.dispersion_ms is not None else "")))
         parts.append(element("text", f"{f.median_ms:.4g}" + (" ★" if f.winner else ""), x=number(WIDTH - VALUE_W + 4),
                              y=number(y + 12), class_="value" + cls))
     axis_y = y0 + ROW_H * len(fins) + 12

@@ -259,7 +259,8 @@ def _table(s: shape.Shape) -> Markup:
     if not s.candidates:
         return Markup("")
     fastest = min((c.time_ms for c in s.candidates if c.time_ms is not None), default=None)
-    rows = [element("tr", *(element("th", h) for h in ("#", "config", "time (ms)", "vs fastest", "")))]
+    time = "time (ms)" if s.unit == "ms" else "synthetic rank (no time)"
+    rows = [element("tr", *(element("th", h) for h in ("#", "config", time, "vs fastest", "")))]
     for c in s.candidates:
         pct = shape.slower_pct(c.time_ms, fastest)
         rel = "" if pct is None else f"{pct:+.1f}%"

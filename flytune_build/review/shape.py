@@ -55,6 +55,11 @@ class Shape:
     previous: Config | None = None      # the other source's winner, when it differs
 
     @property
+    def unit(self) -> str:
+        """What the recorded times are: milliseconds, or a synthetic ranking's pseudo-times (a rank)."""
+        return "rank" if (self.artifact.provenance or {}).get("ranking") == "synthetic" else "ms"
+
+    @property
     def winner(self) -> Candidate | None:
         return next((c for c in self.candidates if c.winner), None)
 
