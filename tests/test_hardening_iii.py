@@ -672,3 +672,30 @@ def test_adopting_an_autotuner_whose_cache_is_no_dict_falls_back_with_one_warnin
     with pytest.raises(ft.DeclarationError, match="not a dict"):
         with triton_autotune.recording(k, name="t.sqlitecache"):
             pass
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("member", ["RECORD", "entry_points.txt", "METADATA", "direct_url.json"])
+def test_a_fifo_among_a_distributions_metadata_is_refused_never_read(tmp_path, member):
+    """Every metadata file of an installed distribution is read as a capped regular file: a FIFO named
+    RECORD (or entry_points.txt, METADATA, direct_url.json) is a warning and that distribution is
+    skipped; `inspect --installed`, `verify` and a kernel call end."""
+    import subprocess
+    import sys
+
+    info = tmp_path / "site" / "evil-1.0.dist-info"
+    info.mkdir(parents=True)
+    files = {"METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
+             "entry_points.txt": "[flytune.bundles]\nevil = evil._flytune\n", "RECORD": "", "direct_url.json": "{}"}
+    for name, text in files.items():
+        if name == member:
+            os.mkfifo(info / name)
+        else:
+            (info / name).write_text(text)
+    code = ("from flytune_build.cli.main import main; import sys; "
+            "sys.exit(10 * main(['inspect', '--installed']) + main(['verify', 'evil']))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
+           "FLYTUNE_AUTOTUNE": "0", "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode in (0, 1), r.stderr[-2000:]   # inspect --installed ends with 0; verify ends, 0 or 1
+    assert "Traceback" not in r.stderr

@@ -332,8 +332,13 @@ def _installed(name: str) -> Source:
         src.errors.append(InputError("is not a file, a directory or an installed distribution", file=name))
         return src
     try:
+        for name_ in ("METADATA", "entry_points.txt", "RECORD"):  # regular files, capped: a FIFO is refused, not read
+            installed_bundles.metadata_text(dist, name_)
         eps = [ep for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP]
         files = list(dist.files or [])
+    except FlytuneError as e:
+        src.errors.append(e)
+        return src
     except (ValueError, TypeError, OSError, csv.Error) as e:  # entry_points.txt or RECORD the runtime cannot read
         src.errors.append(BundleError(f"has metadata importlib.metadata cannot read: {type(e).__name__}: {e}",
                                       file=name))

@@ -31,6 +31,24 @@ from .errors import ArtifactError, BundleError, FlytuneError
 from .target import DEFAULT_ACCEPT
 
 Warn = Callable[[tuple, str], Any]
+MAX_METADATA_BYTES = 64 << 20  # a distribution's RECORD, METADATA or entry_points.txt (the largest RECORDs: ~3 MiB)
+
+
+def metadata_text(dist, name: str) -> str | None:
+    """A distribution's metadata file `name` as text, None where it has none: a regular file, capped
+    (a FIFO or a link to /dev/zero named RECORD is a BundleError, never a hang). A distribution that
+    is no directory on disk (an egg, a custom finder's) is read through importlib.metadata."""
+    where = getattr(dist, "_path", None)  # importlib.metadata.PathDistribution: its .dist-info directory
+    if where is None:
+        return dist.read_text(name)
+    path = Path(str(where)) / name
+    if not os.path.lexists(path):
+        return None
+    data = fsutil.read_regular(path, BundleError, MAX_METADATA_BYTES)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BundleError(f"is not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
 
 
 def ignore(cause: tuple, message: str) -> None:
@@ -183,15 +201,15 @@ def entry_points(warn: Warn = ignore) -> list[tuple[str, Any]]:
     header = f"[{bundle.ENTRY_POINT_GROUP}]"
     out, seen = [], set()
     for dist in distributions():
-        try:  # one distribution's unreadable metadata (invalid UTF-8, a line without `=`) skips it alone
-            text = dist.read_text("entry_points.txt")
-        except (ValueError, OSError) as e:
-            warn(("entry-points", str(e)), f"an installed distribution's entry_points.txt cannot be read "
+        try:  # one distribution's unreadable metadata (invalid UTF-8, a FIFO, a line without `=`) skips it alone
+            text = metadata_text(dist, "entry_points.txt")
+            meta = _metadata_text(dist) if text and header in text else ""
+        except (ValueError, OSError, FlytuneError) as e:
+            warn(("entry-points", str(e)), f"an installed distribution's metadata cannot be read "
                  f"({type(e).__name__}: {e}); it is skipped")
             continue
         if not text or header not in text:
             continue
-        meta = _metadata_text(dist)
         found = _NAME.search(meta)  # the one header needed: no full metadata parse
         name = found.group(1) if found else ""
         key = serving.normalize(name)
@@ -203,11 +221,11 @@ def entry_points(warn: Warn = ignore) -> list[tuple[str, Any]]:
         except (PackageNotFoundError, ValueError):
             first = dist
         try:
-            first_text = first.read_text("entry_points.txt")
+            first_text = metadata_text(first, "entry_points.txt")
             if (first_text != text or _metadata_text(first) != meta) and not _build_leftover(first, first_text):
                 dist = first  # the copy earlier on sys.path is the installed one
             out.extend((name, ep) for ep in dist.entry_points if ep.group == bundle.ENTRY_POINT_GROUP)
-        except (ValueError, TypeError, OSError) as e:  # a line without `=` is a TypeError in importlib.metadata
+        except (ValueError, TypeError, OSError, FlytuneError) as e:  # a line without `=`: a TypeError there
             warn(("entry-points", name), f"distribution {name}: entry_points.txt cannot be parsed "
                  f"({type(e).__name__}: {e}); its bundle is ignored")
     return out
@@ -215,12 +233,12 @@ def entry_points(warn: Warn = ignore) -> list[tuple[str, Any]]:
 
 def _build_leftover(dist, entry_points: str | None) -> bool:
     """An egg-info directory (PKG-INFO, no METADATA) that declares no bundle: setuptools' by-product."""
-    return (f"[{bundle.ENTRY_POINT_GROUP}]" not in (entry_points or "") and dist.read_text("METADATA") is None
-            and dist.read_text("PKG-INFO") is not None)
+    return (f"[{bundle.ENTRY_POINT_GROUP}]" not in (entry_points or "") and metadata_text(dist, "METADATA") is None
+            and metadata_text(dist, "PKG-INFO") is not None)
 
 
 def _metadata_text(dist) -> str:
-    return dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    return metadata_text(dist, "METADATA") or metadata_text(dist, "PKG-INFO") or ""
 
 
 def locate(ep, dist_name: str | None = None, warn: Warn = ignore) -> Source | None:
@@ -344,9 +362,9 @@ def _editable_tree(dist) -> Path | None:
     import urllib.request  # only where a bundle is an editable install's: not on every import
 
     try:
-        text = dist.read_text("direct_url.json") if dist is not None else None
+        text = metadata_text(dist, "direct_url.json") if dist is not None else None
         doc = json.loads(text) if text and len(text) < 65536 else None
-    except (ValueError, OSError):
+    except (ValueError, OSError, FlytuneError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("dir_info"), dict) or \
             doc["dir_info"].get("editable") is not True or not isinstance(doc.get("url"), str):
@@ -363,13 +381,13 @@ def record_of(dist, warn: Warn = ignore) -> set[str] | None:
     if dist is None:
         return None
     try:
-        text = dist.read_text("RECORD")
+        text = metadata_text(dist, "RECORD")
         if text is None:
             return None
         # the first column, as importlib.metadata reads it, without making a PackagePath per line
         # (a 14,600-line RECORD: 15 ms instead of 93)
         return {row[0].replace("\\", "/") for row in csv.reader(text.splitlines()) if row}
-    except (ValueError, OSError, csv.Error) as e:
+    except (ValueError, OSError, csv.Error, FlytuneError) as e:
         warn(("record", str(e)), f"a distribution's RECORD cannot be read ({type(e).__name__}: {e}); "
              f"its bundle is ignored")
         return set()
