@@ -699,3 +699,18 @@ def test_a_fifo_among_a_distributions_metadata_is_refused_never_read(tmp_path, m
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode in (0, 1), r.stderr[-2000:]   # inspect --installed ends with 0; verify ends, 0 or 1
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_init_skips_a_fifo_named_like_a_module_and_ends(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    os.mkfifo(tmp_path / "mypkg" / "k.py")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mypkg"\nversion = "0.1"\n')
+    code = "from flytune_build.pipeline import scaffold; import sys; print(scaffold.find_kernels(__import__('pathlib').Path(sys.argv[1]), 'mypkg'))"
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mypkg")], capture_output=True, text=True,
+                       timeout=60, env={**os.environ})
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr[-2000:]

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core import fsutil
 from ..core import project as project_mod
 from ..core.codec import Fields
 from ..core.errors import InputError, ProjectError
@@ -109,17 +110,24 @@ def write(s: Scaffold) -> None:
         atomic_write(path, text.encode("utf-8"))
 
 
+MAX_SOURCE_BYTES = 16 << 20  # a module read to find its kernels
+
+
 def find_kernels(package_dir: Path, package: str) -> list[FoundKernel]:
     """Every `@flytune_build.autotune` and `@triton.autotune` kernel under `package_dir`, in file and line
     order. A file that does not parse is skipped: the build or the import names its error."""
     found = []
-    for path in sorted(package_dir.rglob("*.py")):
-        rel = path.relative_to(package_dir).with_suffix("")
+    # a contained, bounded walk of regular files (a FIFO or a link to /dev/zero named *.py is skipped),
+    # each read capped: reading the source never hangs
+    reached = fsutil.find(package_dir, "**", suffix=".py", error=InputError, file=package_dir, root_name="the package")
+    for rel_posix in sorted(reached.files.values()):
+        path = package_dir / rel_posix
+        rel = Path(rel_posix).with_suffix("")
         parts = [p for p in rel.parts if p != "__init__"]
         module = ".".join([package, *parts])
         try:
-            tree = ast.parse(path.read_text("utf-8"), str(path))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+            tree = ast.parse(fsutil.read_regular(path, InputError, MAX_SOURCE_BYTES).decode("utf-8"), str(path))
+        except (SyntaxError, UnicodeDecodeError, ValueError, InputError):
             continue
         aliases = _aliases(tree)
         adopted = _adopt_names(tree, aliases)
