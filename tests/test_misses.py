@@ -113,3 +113,38 @@ def test_tune_misses_tunes_exactly_the_missed_shapes_with_the_plans_setups(tmp_p
     misses_file.write(only_other, doc)
     with pytest.raises(UsageError, match="no miss names a kernel of the tuning plan"):
         ft.tune(SAMPLE, misses=only_other, output=tmp_path / "out", ranking="synthetic")
+
+
+def test_a_hostile_misses_file_is_a_typed_error_and_never_fails_a_kernel_call(tmp_path, monkeypatch):
+    from flytune_build.runtime import misses
+
+    bad = tmp_path / "bad.json"
+    for doc, field in (({"format": True, "misses": []}, "format"), ({"format": 1, "misses": [], "dropped": "x"},
+                                                                     "dropped")):
+        bad.write_text(json.dumps(doc))
+        with pytest.raises(ft.InputError) as e:
+            misses_file.load(bad)
+        assert e.value.field == field
+    entry = {"kernel": "k", "key": {"n": 1}, "device": "interpreter", "tier": "heuristic", "calls": 1, "decisions": 1}
+    bad.write_text(json.dumps({"format": 1, "misses": [entry, entry]}))
+    with pytest.raises(ft.InputError, match="repeats"):
+        misses_file.load(bad)
+    monkeypatch.setenv("FLYTUNE_MISSES", str(bad))
+    k = make_add("t.misses.hostile", default=lambda a: Config({"BLOCK": 32}))
+    with pytest.warns(ft.FlytuneWarning, match="cannot record"):
+        add(k, 100)  # the call is served all the same
+    misses.flush()
+
+
+def test_the_writer_stays_within_its_own_read_cap_and_writes_through_a_link(tmp_path, monkeypatch):
+    monkeypatch.setattr(misses_file, "MAX_BYTES", 20_000)
+    doc = misses_file.empty()
+    for n in range(400):
+        misses_file.add(doc, "k", {"n": n}, "interpreter", "heuristic", 1, 1)
+    target = tmp_path / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    misses_file.write(link, doc)
+    assert link.is_symlink() and target.stat().st_size <= 20_000
+    back = misses_file.load(link)
+    assert back["dropped"] > 0 and len(back["misses"]) + back["dropped"] == 400

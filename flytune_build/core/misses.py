@@ -15,6 +15,7 @@ Pure: no torch, no triton.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +53,13 @@ def load(path: Path) -> dict:
         if not path.exists():
             return empty()
         raise
-    doc = codec.loads(data, file=path, error=InputError)
+    doc = codec.loads(data, file=path, error=InputError, max_bytes=MAX_BYTES)
     f = Fields(path, InputError)
     f.table(doc, "", ("format", "misses"), ("dropped",))
-    if doc["format"] != FORMAT:
+    if type(doc["format"]) is not int or doc["format"] != FORMAT:
         f.fail("format", f"is unknown format {doc['format']!r} (this flytune reads {FORMAT})")
+    if "dropped" in doc and (type(doc["dropped"]) is not int or doc["dropped"] < 0):
+        f.fail("dropped", "must be a count (an integer >= 0)")
 
     def entry(v, at):
         f.table(v, at, ("kernel", "key", "device", "tier", "calls", "decisions"), ("first_seen", "last_seen"))
@@ -69,6 +72,12 @@ def load(path: Path) -> dict:
                 f.fail(f"{at}.{name}", "must be a count (an integer >= 0)")
 
     f.array(doc["misses"], "misses", entry, max_items=MAX_ENTRIES)
+    seen = set()
+    for i, m in enumerate(doc["misses"]):
+        ident = codec.canonical([m["kernel"], m["key"], m["device"]])
+        if ident in seen:
+            f.fail(f"misses[{i}]", "repeats an earlier entry's kernel, key and device")
+        seen.add(ident)
     return doc
 
 
@@ -91,7 +100,16 @@ def add(doc: dict, kernel: str, key: dict, device: str, tier: str, calls: int, d
 
 
 def write(path: Path, doc: dict) -> None:
-    fsutil.atomic_write(path, codec.canonical(doc) + b"\n")
+    """Write `doc` atomically, through a symlink (the link stays), never over the read cap: the keys
+    most recently seen are kept, the rest counted in `dropped`."""
+    data = codec.canonical(doc) + b"\n"
+    while len(data) > MAX_BYTES and doc["misses"]:
+        cut = max(1, len(doc["misses"]) // 10)
+        doc["misses"].sort(key=lambda m: m.get("last_seen", ""))
+        del doc["misses"][:cut]
+        doc["dropped"] = doc.get("dropped", 0) + cut
+        data = codec.canonical(doc) + b"\n"
+    fsutil.atomic_write(Path(os.path.realpath(path)), data)
 
 
 def misses(doc: dict) -> list[Miss]:

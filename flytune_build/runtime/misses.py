@@ -12,7 +12,6 @@ import threading
 
 from ..core import misses as misses_file
 from ..core import settings
-from ..core.errors import FlytuneError
 from . import warning
 
 SERVED = ("scratch", "offline")  # the tiers that serve tuned configs: anything else is a miss
@@ -30,6 +29,7 @@ def record(kernel: str, d, device: str) -> None:
     path = settings.current().misses
     if path is None or d.first_tier in SERVED:
         return
+    path = path.absolute()  # one file for the process, whatever the working directory becomes
     global _registered
     entry = (path, kernel, dict(d.key), device, tier_of(d), d)
     if _update(path, [(kernel, dict(d.key), device, tier_of(d), 0, 1)]):
@@ -53,7 +53,7 @@ def flush() -> None:
 
 
 def _update(path, rows) -> bool:
-    from filelock import FileLock, Timeout
+    from filelock import FileLock
 
     try:
         with FileLock(str(path) + ".lock", timeout=misses_file.LOCK_TIMEOUT):
@@ -62,7 +62,7 @@ def _update(path, rows) -> bool:
                 misses_file.add(doc, *row)
             misses_file.write(path, doc)
         return True
-    except (FlytuneError, OSError, Timeout) as e:
+    except Exception as e:  # noqa: BLE001 - recording never fails a kernel call: one warning, the call goes on
         warning.once(("misses", str(path)), f"FLYTUNE_MISSES={path}: cannot record this process's misses "
                      f"({type(e).__name__}: {e}); the kernels run as before")
         return False
