@@ -334,3 +334,24 @@ def test_pointwise_and_reduction_kernels_are_served_their_shipped_config(path, s
         serving.before_precompile(k)
     assert [(c.kwargs, c.num_warps, c.num_stages) for c in k.configs] == [
         (shipped.kwargs, shipped.num_warps, shipped.num_stages)]
+
+
+def test_a_harvest_entry_that_exits_or_raises_is_a_tune_error_naming_it(tmp_path, monkeypatch, capsys):
+    (tmp_path / "exits_entry.py").write_text("import sys\nprint('noise')\ndef f():\n    sys.exit(0)\n")
+    (tmp_path / "raises_entry.py").write_text("def f():\n    raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ft.TuneError, match="compile entry exits_entry:f failed: SystemExit"):
+        ft.harvest("exits_entry:f")
+    with pytest.raises(ft.TuneError, match="compile entry raises_entry:f failed: RuntimeError: boom"):
+        ft.harvest("raises_entry:f")
+    assert capsys.readouterr().out == ""  # what the entry printed went to stderr
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"min_improvement": float("nan")}, "UsageError"), ({"min_improvement": "3"}, "ArgumentTypeError"),
+    ({"allow_ci": "no"}, "ArgumentTypeError"), ({"output": None}, "ArgumentTypeError"),
+])
+def test_harvest_refuses_nonsense_arguments(kwargs, error):
+    with pytest.raises(ft.FlytuneError) as e:
+        ft.harvest("os:getcwd", **kwargs)
+    assert type(e.value).__name__ == error

@@ -54,6 +54,22 @@ def count(value: Any, name: str) -> int | None:
     return value
 
 
+def flag(value: Any, name: str) -> bool:
+    """`value` as a yes/no switch: True or False only (`allow_ci="no"` is truthy: refused)."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"must be True or False, not {type(value).__name__} ({value!r})", field=name)
+    return value
+
+
+def percent(value: Any, name: str) -> float:
+    """`value` as a percentage: a finite number from 0 to below 1000."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError(f"must be a number (a percentage), not {type(value).__name__}", field=name)
+    if not (math.isfinite(value) and 0 <= value < 1000):
+        raise UsageError(f"must be a percentage from 0 to below 1000, not {value!r}", field=name)
+    return float(value)
+
+
 def _items(value: Any, name: str, what: str, types: tuple) -> list:
     if isinstance(value, (str, bytes, bytearray, os.PathLike)):
         raise ArgumentTypeError(f"must be a list of {what}, not one {type(value).__name__} ({value!r}); "

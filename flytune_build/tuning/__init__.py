@@ -38,6 +38,10 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     `misses` (a FLYTUNE_MISSES file) tunes exactly the shapes a serving process missed (core.misses).
     """
     job_timeout = arguments.seconds(job_timeout, "job_timeout")  # nan would mean none, -1 fail every job
+    allow_ci, resume = arguments.flag(allow_ci, "allow_ci"), arguments.flag(resume, "resume")
+    workers = arguments.count(workers, "workers")
+    if kernels is not None and not isinstance(kernels, str):
+        kernels = arguments.names(kernels, "kernels")
     plan = plan if plan is None else arguments.path(plan, "plan")
     proj = project if isinstance(project, project_mod.Project) else \
         _load(Path(arguments.path(project, "project")).resolve())

@@ -11,16 +11,18 @@ nothing to ship for it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import artifactdir, inductor, settings
+from ..core import arguments, artifactdir, inductor, settings
 from ..core.artifact import Artifact
 from ..core.config import Config
-from ..core.errors import FlytuneError, UsageError
+from ..core.errors import FlytuneError, TuneError, UsageError, foreign_failure, one_line
 from ..runtime.selection import Shipped
 from .incumbent import MIN_IMPROVEMENT_PCT
 from .layout import expand
@@ -64,8 +66,9 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
     if match is None:
         raise UsageError(f"the compile entry must be `module:function` (a function returning (model, "
                          f"example_inputs)), not {entry!r}")
-    if not 0 <= min_improvement < 1000:  # nan too
-        raise UsageError(f"min_improvement must be a percentage >= 0, not {min_improvement}")
+    min_improvement = arguments.percent(min_improvement, "min_improvement")
+    allow_ci, dynamic = arguments.flag(allow_ci, "allow_ci"), arguments.flag(dynamic, "dynamic")
+    output = arguments.path(output, "output")
     if mode not in inductor.MODES:
         raise UsageError(f"mode must be one of {', '.join(inductor.MODES)}, not {mode!r}")
     if settings.current().ci and not allow_ci:
@@ -80,7 +83,13 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
     held = {key: Shipped(config, min_improvement / 100) for key, config in _shipped(directory, kernel, dev).items()}
     start = time.perf_counter()
     with rt.recording(shipped=held) as rec:
-        rt.compile_once(model, inputs, mode, dynamic)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                rt.compile_once(model, inputs, mode, dynamic)
+        except BaseException as e:
+            if not foreign_failure(e):
+                raise
+            raise TuneError(f"compiling {entry} ({mode}) failed: {one_line(e)}", field="entry") from None
     seconds = time.perf_counter() - start
     arts = rt.artifacts(rec.records.values(), kernel, mode, dev)
     out = Harvest(entry, kernel, mode, dev.spec(), seconds, arts, output=directory)
@@ -112,14 +121,23 @@ def _shipped(directory: Path, kernel: str, dev) -> dict[str, Config]:
 
 
 def _setup(module: str, function: str, entry: str):
+    """(model, example_inputs) from the entry; what its import and call print goes to stderr (stdout is
+    the caller's, `--json`'s), and whatever they raise, `sys.exit` too, is a TuneError naming the entry."""
     try:
-        fn = getattr(importlib.import_module(module), function)
+        with contextlib.redirect_stdout(sys.stderr):
+            fn = getattr(importlib.import_module(module), function)
+            got = fn()
     except ImportError as e:
         raise UsageError(f"compile entry {entry}: module {module} cannot be imported ({e}); install the package "
                          f"(pip install -e .) or run from its directory") from None
-    except AttributeError:
-        raise UsageError(f"compile entry {entry}: module {module} has no {function}") from None
-    got = fn()
+    except AttributeError as e:
+        if "has no attribute" in str(e) and function in str(e):
+            raise UsageError(f"compile entry {entry}: module {module} has no {function}") from None
+        raise TuneError(f"compile entry {entry} failed: {one_line(e)}", field="entry") from None
+    except BaseException as e:
+        if not foreign_failure(e):
+            raise
+        raise TuneError(f"compile entry {entry} failed: {one_line(e)}", field="entry") from None
     if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], (tuple, list))):
         raise UsageError(f"compile entry {entry} must return (model, example_inputs), example_inputs a tuple of "
                          f"tensors; it returned {type(got).__name__}")
