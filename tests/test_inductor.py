@@ -355,3 +355,32 @@ def test_harvest_refuses_nonsense_arguments(kwargs, error):
     with pytest.raises(ft.FlytuneError) as e:
         ft.harvest("os:getcwd", **kwargs)
     assert type(e.value).__name__ == error
+
+
+def test_servings_open_and_closed_in_any_order_leave_the_users_table_as_it_was(bundle_dir):
+    from flytune_build import inductor as ft_inductor
+
+    key = lookup_key()
+    mine = {"ab" * 32: {"XBLOCK": 128, "num_warps": 2, "num_stages": 1}}
+    with torch._inductor.config.patch(autotune_lookup_table=dict(mine)):
+        s1, s2 = ft_inductor.serve(), ft_inductor.serve("mylib")
+        s1.open()
+        s2.open()
+        s1.close()
+        assert key in torch._inductor.config.autotune_lookup_table  # s2 is still open: its winners stay
+        s2.close()
+        assert torch._inductor.config.autotune_lookup_table == mine
+
+
+@pytest.mark.parametrize("args,kwargs", [((5,), {}), ((), {"dev": "cuda"})])
+def test_serve_refuses_arguments_of_the_wrong_type(args, kwargs):
+    from flytune_build import inductor as ft_inductor
+
+    with pytest.raises(ft.ArgumentTypeError):
+        ft_inductor.serve(*args, **kwargs)
+
+
+def test_a_block_size_past_tritons_largest_tensor_is_refused():
+    art = shipped_artifact("ab" * 32, Config({"XBLOCK": 1 << 40}))
+    found = verification.check([art], lambda a: a.filename)
+    assert [e.field for e in found.errors] == ["config.kwargs.XBLOCK"]

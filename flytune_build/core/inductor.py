@@ -26,6 +26,7 @@ AXIS = "inductor_source"
 SHA256 = re.compile(r"[0-9a-f]{64}")
 BLOCK_NAME = re.compile(r"[XYZR][0-9]*_?BLOCK")   # XBLOCK, YBLOCK, ZBLOCK, RBLOCK, R0_BLOCK, R1_BLOCK
 _NAME = re.compile(r"^def [^(]+\(")               # triton_heuristics.triton_name_sub
+MAX_BLOCK = 1 << 20  # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL): no block size is larger
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "aoti")
 PROVENANCE_FIELDS = ("name", "size_hints", "heuristic", "mode", "coordesc")
 
@@ -68,8 +69,8 @@ def problems(key: Mapping[str, Any], config: Config) -> list[tuple[str, str]]:
         if not BLOCK_NAME.fullmatch(name):
             out.append((f"config.kwargs.{name}", "is not a block size (XBLOCK, R0_BLOCK, ...): Inductor's "
                         "lookup keeps block sizes, num_warps and num_stages only"))
-        elif type(value) is not int or value < 1 or value & (value - 1):
-            out.append((f"config.kwargs.{name}", f"must be a power of two, not {value!r}"))
+        elif type(value) is not int or value < 1 or value & (value - 1) or value > MAX_BLOCK:
+            out.append((f"config.kwargs.{name}", f"must be a power of two of at most {MAX_BLOCK}, not {value!r}"))
     if config.num_ctas != 1 or config.maxnreg is not None:
         out.append(("config", "sets num_ctas or maxnreg, which Inductor's lookup does not carry"))
     return out

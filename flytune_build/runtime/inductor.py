@@ -35,7 +35,7 @@ from ..core.artifact import Artifact
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.device import DeviceIdentity
-from ..core.errors import ArtifactError, FlytuneError, TierMissError
+from ..core.errors import ArgumentTypeError, ArtifactError, FlytuneError, TierMissError
 from . import device as running_device
 from . import warning
 
@@ -168,7 +168,6 @@ class Serving:
         self.problems = problems
         self.unsupported = unsupported    # the hooks this torch lacks: then nothing is changed
         self.kernels: dict[str, Kernel] = {}
-        self._saved: dict | None = None
         self._open = False
 
     # a context, or a handle closed by hand
@@ -181,27 +180,20 @@ class Serving:
     def open(self) -> Serving:
         if self._open or self.unsupported:
             return self
-        import torch._inductor.config as inductor_config
-
         _install()
-        self._saved = dict(inductor_config.autotune_lookup_table)
-        table = {k: s.entry for k, s in self.shipped.items()}
-        table.update(self._saved)  # the user's own entries stay theirs
-        inductor_config.autotune_lookup_table = table
         _active.append(self)
         if self not in _serving:
             _serving.append(self)
         self._open = True
+        _set_table()
         return self
 
     def close(self) -> None:
         if not self._open:
             return
-        import torch._inductor.config as inductor_config
-
-        inductor_config.autotune_lookup_table = self._saved
         _active.remove(self)
         self._open = False
+        _set_table()
         self.tell()
 
     def before_precompile(self, autotuner) -> None:
@@ -273,6 +265,28 @@ class Serving:
                      f"Inductor (not in the bundle{': ' + names if names else ''}){where}{drift}")
 
 
+_user_table: list = []  # the user's own lookup table, saved while any serving is open
+
+
+def _set_table() -> None:
+    """Inductor's lookup table: the user's own entries, over every open serving's shipped winners (in
+    the order opened); the user's table alone again once the last serving closes."""
+    import torch._inductor.config as inductor_config
+
+    open_ = [s for s in _active if isinstance(s, Serving)]
+    if not open_:
+        if _user_table:
+            inductor_config.autotune_lookup_table = _user_table.pop()
+        return
+    if not _user_table:
+        _user_table.append(dict(inductor_config.autotune_lookup_table))
+    table: dict = {}
+    for s in open_:
+        table.update({k: shipped.entry for k, shipped in s.shipped.items() if k not in table})
+    table.update(_user_table[0])  # the user's own entries stay theirs
+    inductor_config.autotune_lookup_table = table
+
+
 def _triton_config(entry: dict):
     import triton
 
@@ -303,8 +317,13 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
 
     A torch without the hooks (`missing()`) gets one warning and an unchanged compile; under
     FLYTUNE_AUTOTUNE=strict that is a `TierMissError`."""
+    from ..core import arguments
     from .offline import TIER
 
+    kernels = (kernels,) if isinstance(kernels, str) else tuple(arguments.names(kernels, "kernels"))
+    if dev is not None and not isinstance(dev, DeviceIdentity):
+        raise ArgumentTypeError(f"must be a DeviceIdentity (or None: this device), not {type(dev).__name__}",
+                                field="dev")
     lacking = missing()
     if lacking:
         message = (f"this torch lacks {', '.join(lacking)} (flytune serves Inductor winners with {SUPPORTED}): "
