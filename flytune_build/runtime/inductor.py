@@ -23,7 +23,6 @@ tests pin them. Nothing here changes a compile outside `serve()` or `recording()
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import math
@@ -104,7 +103,7 @@ def _install() -> None:
 
 
 def _precompile(original, self, warm_cache_only=False, *args, **kwargs):
-    if warm_cache_only or not _active:  # a compile worker's, or no flytune context: Inductor's own
+    if warm_cache_only or not _active or not isinstance(_active[-1], Serving):  # a worker's, or not serving
         return original(self, warm_cache_only, *args, **kwargs)
     ctx = _active[-1]
     ctx.before_precompile(self)
@@ -435,12 +434,6 @@ class Recording:
             _active.remove(self)
             self._open = False
 
-    def before_precompile(self, autotuner) -> None:
-        pass
-
-    def after_precompile(self, autotuner) -> None:
-        pass
-
     def benchmark(self, original, autotuner, *args, **kwargs) -> dict:
         from . import selection
         from .bench import Candidate
@@ -519,8 +512,4 @@ def compile_once(model, inputs: tuple, mode: str, dynamic: bool = False) -> None
                 torch.cuda.synchronize()
 
 
-@contextlib.contextmanager
-def recording(rule=None, shipped: dict | None = None):
-    """`with recording() as r:` compiles made inside are autotuned by flytune's selection and recorded."""
-    with Recording(rule, shipped) as r:
-        yield r
+recording = Recording  # `with recording() as r:` compiles made inside are chosen by flytune's selection and recorded
