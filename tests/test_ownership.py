@@ -510,3 +510,21 @@ def test_a_record_that_lists_the_owners_init_does_not_demote_the_owner(tmp_path,
     assert served(200) == ("heuristic", 16, None)
     src = source.verify("Vendor_Configs")
     assert not src.ok and any(f"{PKG}/__init__.py" in str(e) for e in src.errors), src.render()
+
+
+def test_an_imported_package_that_sets_its_own_path_is_found_where_it_imports_from(tmp_path, monkeypatch):
+    from flytune_build.core import installed as inst
+
+    (tmp_path / "a" / "pathpkg").mkdir(parents=True)
+    (tmp_path / "b" / "sub").mkdir(parents=True)
+    (tmp_path / "a" / "pathpkg" / "sub").mkdir()
+    (tmp_path / "b" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "a" / "pathpkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "a" / "pathpkg" / "__init__.py").write_text(f"__path__ = [{str(tmp_path / 'b')!r}]\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    monkeypatch.delitem(sys.modules, "pathpkg", raising=False)
+    importlib.import_module("pathpkg")
+    try:
+        assert inst.import_location("pathpkg.sub") == [tmp_path / "b" / "sub"]
+    finally:
+        sys.modules.pop("pathpkg", None)

@@ -319,12 +319,14 @@ def import_location(package: str) -> list[Path]:
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         module = sys.modules.get(name)
-        spec = getattr(module, "__spec__", None) if module is not None else _find(name, path)
-        if spec is None:
-            if module is not None and getattr(module, "__file__", None):
-                return [Path(module.__file__).parent]
-            return []
-        path = spec.submodule_search_locations
+        if module is not None:  # imported: where it really imports from (a package may set its own __path__)
+            path = getattr(module, "__path__", None)
+            if path is None:
+                return [Path(module.__file__).parent] if getattr(module, "__file__", None) else []
+            path = list(path)
+            continue
+        spec = _find(name, path)
+        path = spec.submodule_search_locations if spec is not None else None
         if path is None:
             return []
     return [Path(p) for p in path]

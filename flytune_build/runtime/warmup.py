@@ -139,6 +139,8 @@ def warmup(*distributions: str, background: bool = False, workers: int | None = 
     """
     distributions = arguments.names(distributions, "distributions")  # warmup(["a", "b"]): one list, no name
     workers = arguments.count(workers, "workers")
+    background, align_variants = arguments.flag(background, "background"), arguments.flag(align_variants,
+                                                                                        "align_variants")
     if background:
         worker = Background(distributions, workers, processes, align_variants)
         worker.start()
