@@ -315,7 +315,6 @@ def import_location(package: str) -> list[Path]:
     parents included, without importing anything. [] where it cannot be found."""
     parts = package.split(".")
     path = None
-    spec = None
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         module = sys.modules.get(name)
