@@ -528,3 +528,19 @@ def test_an_imported_package_that_sets_its_own_path_is_found_where_it_imports_fr
         assert inst.import_location("pathpkg.sub") == [tmp_path / "b" / "sub"]
     finally:
         sys.modules.pop("pathpkg", None)
+
+
+def test_a_hand_made_dist_info_naming_another_owners_bundle_owns_nothing(tmp_path, site):
+    """No RECORD (laid out by hand) and an entry point naming `ownpkg._flytune`, which an installed
+    distribution owns: the hand-made one is no owner, and `inspect --installed` names one owner."""
+    from flytune_build.audit import inspection
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    info = site / "evil-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[flytune.bundles]\nevil = {PKG}._flytune\n")
+    assert served(100) == ("offline", 32, None)
+    (k,) = [k for k in inspection.installed()["kernels"] if k["kernel"] == KERNEL_NAME]
+    assert [s["role"] for s in k["sources"] if s["dist"] == "ownpkg"] == ["owner"]
+    assert [s["role"] for s in k["sources"] if s["dist"] == "evil"] in ([], ["pack, not accepted"])

@@ -382,6 +382,8 @@ def _installed_bundle(src: Source, name: str, ep, record: dict) -> None:
         return
     _check_entry_value(src, ep, loc.manifest, name)
     rel = "/".join(parts) + "/"
+    if not loc.recorded and loc.package is not None:  # laid out by hand: no owner where an installed one is
+        loc = next((s for s in installed_bundles.bundles() if s.dist == loc.dist and s.root == loc.root), loc)
     _check_owner(src, ep, loc.manifest, loc.package is not None, str(loc.root / bundle.MANIFEST))
     blobs: dict[str, bytes | None] = {}
     read_member = bundle.member_reader(loc.root)  # capped, regular files only

@@ -14,6 +14,7 @@ audit lists it.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -63,6 +64,7 @@ class Source:
     manifest: bundle.Manifest | None = None # None for a plain artifact directory
     dist: str | None = None                 # the distribution that installed the bundle
     package: str | None = ""                # the package whose kernels it owns (default: the manifest's); None: none
+    recorded: bool = True                   # its distribution has a RECORD (an installer laid it out)
 
     def __post_init__(self):
         if self.package == "":
@@ -118,11 +120,20 @@ def artifact_dirs(warn: Warn = ignore) -> list[Source]:
 
 
 def bundles(warn: Warn = ignore) -> list[Source]:
+    """Every installed bundle. A distribution without a RECORD (laid out by hand) owns its package only
+    where no distribution an installer laid out owns it too: a hand-made dist-info naming another's
+    `pkg._flytune` is no owner."""
     out = []
     for dist_name, ep in sorted(entry_points(warn), key=lambda t: (t[1].name, t[1].value)):
         src = locate(ep, dist_name, warn)
         if src is not None:
             out.append(src)
+    recorded = {s.package for s in out if s.recorded and s.package}
+    for i, s in enumerate(out):
+        if not s.recorded and s.package in recorded:
+            warn(("owner", s.label), f"{s.label}: its distribution has no RECORD and package {s.package} is "
+                 f"another distribution's (installed with a RECORD): it owns no kernel")
+            out[i] = dataclasses.replace(s, package=None)
     return out
 
 
@@ -282,7 +293,7 @@ def locate(ep, dist_name: str | None = None, warn: Warn = ignore) -> Source | No
              f"it itself, another distribution installs its __init__.py, or an editable install's source "
              f"tree does not hold it), so the bundle owns no kernel (its artifacts serve only as an "
              f"accepted config pack)")
-    return Source(label, root, manifest, name, package)
+    return Source(label, root, manifest, name, package, record is not None)
 
 
 def owned_package(value: str, manifest: bundle.Manifest, record: set[str] | None, dist=None) -> str | None:
