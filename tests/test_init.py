@@ -179,3 +179,17 @@ def test_init_checks_a_target_by_the_rule_tool_flytune_follows_before_writing(tm
     assert init(root, "--target", "sm 90") == 1
     assert "Field `--target[0]` must be" in capsys.readouterr().err
     assert snapshot(root) == before
+
+
+def test_force_never_cuts_text_that_only_looks_like_a_tool_flytune_header(tmp_path):
+    from flytune_build.core.errors import ProjectError
+    from flytune_build.pipeline import scaffold
+
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    text = ('[project]\nname = "mypkg"\nversion = "0.1"\ndescription = """Usage:\n[tool.flytune]\nsecret text\n'
+            '[x]\n"""\n\n[tool.flytune]\npackage = "mypkg"\n')
+    (tmp_path / "pyproject.toml").write_text(text)
+    with pytest.raises(ProjectError, match="header-like line inside a string"):
+        scaffold.scaffold(tmp_path, force=True)
+    assert (tmp_path / "pyproject.toml").read_text() == text

@@ -264,10 +264,19 @@ def _tool_flytune(s: Scaffold, pyproject: Path, text: str, tool: dict, targets: 
         spans = [(i, headers[n + 1][0] if n + 1 < len(headers) else len(lines))
                  for n, (i, name) in enumerate(headers) if _ours(name)]
         kept = [line for i, line in enumerate(lines) if not any(a <= i < b for a, b in spans)]
-        if not spans or "flytune" in project_mod.tomllib.loads("".join(kept)).get("tool", {}):
-            raise ProjectError("holds [tool.flytune] as dotted keys or an inline table, which `flytune init "
-                               "--force` cannot replace; remove it by hand and run `flytune init` again",
-                               file=pyproject)
+        # the cut must remove [tool.flytune] and nothing else (a header-like line inside a multi-line
+        # string is no header): the rest parses to exactly what it was
+        before = {**project_mod.tomllib.loads(text)}
+        before["tool"] = {k: v for k, v in before.get("tool", {}).items() if k != "flytune"}
+        before = {k: v for k, v in before.items() if k != "tool" or v}
+        try:
+            after = project_mod.tomllib.loads("".join(kept))
+        except project_mod.tomllib.TOMLDecodeError:
+            after = None
+        if not spans or after != before:
+            raise ProjectError("holds [tool.flytune] as dotted keys, an inline table or beside a header-like line "
+                               "inside a string, which `flytune init --force` cannot replace; remove it by hand "
+                               "and run `flytune init` again", file=pyproject)
         text = "".join(kept)
         s.actions.append(f"replaced [tool.flytune] in {pyproject.name} (--force)")
     else:
