@@ -39,7 +39,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     """
     job_timeout = arguments.seconds(job_timeout, "job_timeout")  # nan would mean none, -1 fail every job
     allow_ci, resume = arguments.flag(allow_ci, "allow_ci"), arguments.flag(resume, "resume")
-    workers = arguments.count(workers, "workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)):
+        arguments.count(workers, "workers")  # the type, by the one rule; the range is the executor's to say
     if kernels is not None and not isinstance(kernels, str):
         kernels = arguments.names(kernels, "kernels")
     plan = plan if plan is None else arguments.path(plan, "plan")
