@@ -175,12 +175,17 @@ def test_artifacts_made_before_specialization_still_load_and_are_skipped_with_a_
     old = load_dir(ROOT / "sample_pkg" / "artifacts" / "interpreter", canonical=True)
     assert old and all("specialization" not in a.provenance for a in old)
     site = tmp_path / "site"
+    # laid out as installed: the package itself, then its bundle (the owner is the package imported from site)
+    shutil.copytree(ROOT / "sample_pkg" / "sample_pkg", site / "sample_pkg",
+                    ignore=shutil.ignore_patterns("_flytune", "__pycache__"))
     directory.write(pipeline.run(ROOT / "sample_pkg", out=io.StringIO()), site / "sample_pkg")
     info = site / "sample_pkg-0.1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sample-pkg\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text("[flytune.bundles]\nsample-pkg = sample_pkg._flytune\n")
     monkeypatch.syspath_prepend(str(site))
+    for name in [m for m in sys.modules if m == "sample_pkg" or m.startswith("sample_pkg.")]:
+        monkeypatch.delitem(sys.modules, name)  # another test's import of the checkout's sample_pkg
     report = ft.warmup("sample-pkg")
     assert report.ok and {u.status for u in report.units} == {"skipped"}
     assert sum(len(u.keys) for u in report.units) == len(old)  # only this device's (interpreter) artifacts
