@@ -193,3 +193,34 @@ def test_force_never_cuts_text_that_only_looks_like_a_tool_flytune_header(tmp_pa
     with pytest.raises(ProjectError, match="header-like line inside a string"):
         scaffold.scaffold(tmp_path, force=True)
     assert (tmp_path / "pyproject.toml").read_text() == text
+
+
+def _plain_project(root):
+    (root / "mypkg").mkdir(parents=True)
+    (root / "mypkg" / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text('[project]\nname = "mypkg"\nversion = "0.1"\n')
+    return root
+
+
+def test_init_writes_nothing_through_a_link(tmp_path):
+    from flytune_build.core.errors import InputError
+    from flytune_build.pipeline import scaffold
+
+    root = _plain_project(tmp_path / "p")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "tune").symlink_to(outside)
+    with pytest.raises(InputError, match="symlink"):
+        scaffold.write(scaffold.scaffold(root))
+    assert not list(outside.iterdir())
+    assert "[tool.flytune]" not in (root / "pyproject.toml").read_text()  # nothing written before the refusal
+
+
+def test_init_refuses_a_package_that_is_no_dotted_name(tmp_path):
+    from flytune_build.core.errors import InputError
+    from flytune_build.pipeline import scaffold
+
+    root = _plain_project(tmp_path / "p")
+    with pytest.raises(InputError, match="dotted Python package name") as e:
+        scaffold.scaffold(root, package=str(root / "mypkg"))
+    assert e.value.field == "--package"

@@ -88,6 +88,9 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
         field_hint = ""
     else:
         field_hint = " (--package)"
+        if not isinstance(package, str) or not PACKAGE_NAME.fullmatch(package):
+            raise InputError(f"--package must be a dotted Python package name (mylib, or mylib.ops), not "
+                             f"{package!r}", file=root, field="--package")
     package_dir = _package_dir(root, doc, package)
     if package_dir is None:
         raise InputError(f"package {package!r}{field_hint} is not under the project root or src/: no "
@@ -105,12 +108,19 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
 
 
 def write(s: Scaffold) -> None:
-    """Write what `scaffold` planned, each file atomically."""
+    """Write what `scaffold` planned, each file atomically, each inside the project: a file that is a
+    symlink, or a path through one that leaves the project, is refused before anything is written."""
+    root = s.root.resolve()
+    for path in s.files:
+        if path.is_symlink() or not path.resolve().is_relative_to(root):
+            raise InputError("is a symlink, or reached through one that leaves the project: `flytune init` "
+                             "wrote nothing (write it by hand, or replace the link with a file)", file=path)
     for path, text in s.files.items():
         atomic_write(path, text.encode("utf-8"))
 
 
 MAX_SOURCE_BYTES = 16 << 20  # a module read to find its kernels
+PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def find_kernels(package_dir: Path, package: str) -> list[FoundKernel]:
