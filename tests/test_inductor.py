@@ -8,6 +8,7 @@ table and where flytune counts and enforces, so these tests run Inductor's own c
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -384,3 +385,18 @@ def test_a_block_size_past_tritons_largest_tensor_is_refused():
     art = shipped_artifact("ab" * 32, Config({"XBLOCK": 1 << 40}))
     found = verification.check([art], lambda a: a.filename)
     assert [e.field for e in found.errors] == ["config.kwargs.XBLOCK"]
+
+
+def test_an_unreadable_artifact_in_the_directory_is_said_not_served(tmp_path, monkeypatch):
+    from flytune_build import inductor as ft_inductor
+
+    d = tmp_path / "artifacts"
+    path = shipped_artifact(lookup_key()).save(d)
+    doc = json.loads(path.read_text())
+    doc["provenance"]["torch"] = ["2.5"]  # not a string: the artifact reader refuses it
+    path.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n")
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    with pytest.warns(FlytuneWarning, match="provenance.torch.*not served to torch.compile"):
+        serving = ft_inductor.serve()
+    assert serving.shipped == {}

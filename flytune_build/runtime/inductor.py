@@ -37,6 +37,7 @@ from ..core.device import DeviceIdentity
 from ..core.errors import ArgumentTypeError, ArtifactError, FlytuneError, TierMissError
 from . import device as running_device
 from . import warning
+from .offline import Index
 
 # (module, attribute path) of every private PyTorch name used here; torch 2.9 and later hold them all
 HOOKS = (
@@ -335,7 +336,7 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
     shipped: dict[str, Shipped] = {}
     other: set[str] = set()
     problems: list[str] = []
-    for name in compile_entries(TIER):
+    for name in compile_entries(TIER, problems):
         if kernels and name not in kernels and not any(name.startswith(k + ".") for k in kernels):
             continue
         idx = TIER.index(name, (inductor.AXIS,), dev)
@@ -359,17 +360,21 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
     return Serving(shipped, dev, other, problems, [])
 
 
-def compile_entries(tier) -> list[str]:
-    """Every kernel name the offline tier's sources hold Inductor artifacts for."""
+def compile_entries(tier, problems: list[str] | None = None) -> list[str]:
+    """Every kernel name the offline tier's sources hold Inductor artifacts for; a directory's kernel
+    none of whose files can be read is added to `problems` (it may be an Inductor kernel: say so)."""
     names = set()
     for src in tier.sources():
         if src.manifest is not None:
             names |= {k for k, info in src.manifest.kernels.items() if tuple(info.axes) == (inductor.AXIS,)}
             continue
         for kernel in tier.kernels(src):
-            doc = next(tier.documents(src, kernel), None)
+            idx = Index()
+            doc = next(tier.documents(src, kernel, idx), None)
             if doc is not None and inductor.is_inductor(doc[0]["key"]):
                 names.add(kernel)
+            elif doc is None and problems is not None:
+                problems += idx.problems
     return sorted(names)
 
 
