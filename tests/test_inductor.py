@@ -400,3 +400,12 @@ def test_an_unreadable_artifact_in_the_directory_is_said_not_served(tmp_path, mo
     with pytest.warns(FlytuneWarning, match="provenance.torch.*not served to torch.compile"):
         serving = ft_inductor.serve()
     assert serving.shipped == {}
+
+
+def test_a_harvest_reads_the_winners_its_output_already_holds_for_this_device(tmp_path):
+    from flytune_build.tuning.harvest import _shipped
+
+    shipped_artifact(lookup_key()).save(tmp_path)
+    shipped_artifact("ab" * 32, dev=A100).save(tmp_path)  # another device's: not this harvest's to keep
+    assert _shipped(tmp_path, "mylib.block", H200) == {lookup_key(): SHIPPED}
+    assert _shipped(tmp_path / "none", "mylib.block", H200) == {}

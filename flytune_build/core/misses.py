@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import codec, fsutil
@@ -120,8 +120,6 @@ def misses(doc: dict) -> list[Miss]:
 def plan(found: list[Miss], entries, file: object) -> tuple[tuple, list[str]]:
     """(plan entries with exactly the missed shapes, notes on misses no plan entry can tune). `entries`
     are the project's plan entries (core.project.TuneEntry): a missed kernel takes its entry's setup."""
-    from dataclasses import replace
-
     by_kernel = {e.kernel: e for e in entries}
     shapes: dict[str, list[dict]] = {}
     notes = []

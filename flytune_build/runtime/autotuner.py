@@ -446,18 +446,19 @@ def stats() -> dict:
     searching, fallbacks with reasons; under "torch.compile", how the generated kernels of compiles
     made under `flytune_build.inductor.serve()` were served (runtime.inductor)."""
     out = registry.stats()
-    if "flytune_build.runtime.inductor" in sys.modules:  # loaded only by a process that serves compiles
-        compiled = sys.modules["flytune_build.runtime.inductor"].stats()
-        if compiled is not None:
-            out[sys.modules["flytune_build.runtime.inductor"].STATS_NAME] = compiled
+    inductor = sys.modules.get("flytune_build.runtime.inductor")  # loaded only by a process that serves compiles
+    compiled = inductor.stats() if inductor is not None else None
+    if compiled is not None:
+        out[inductor.STATS_NAME] = compiled
     return out
 
 
 def reset_stats() -> None:
     """Reset every kernel's decisions and counters, rediscover bundles and the device (tests)."""
     registry.reset()
-    if "flytune_build.runtime.inductor" in sys.modules:
-        sys.modules["flytune_build.runtime.inductor"].reset()
+    inductor = sys.modules.get("flytune_build.runtime.inductor")
+    if inductor is not None:
+        inductor.reset()
     settings.reload()
     TIER.reset()
     device.reset()

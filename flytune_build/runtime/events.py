@@ -85,11 +85,10 @@ def emit(kernel: str, d: Decision) -> None:
     if d.search is not None:
         event.update(artifact=d.artifact, candidates=d.search.candidates, winner=d.search.winner,
                      seconds=d.search.seconds)
-    for sub in tuple(_subscriptions):  # a callback may unregister itself
-        sub.callback(event)
+    tell(event)
 
 
 def tell(event: dict) -> None:
-    """Tell every subscriber an event made elsewhere (runtime.inductor: how a generated kernel was served)."""
-    for sub in tuple(_subscriptions):
+    """Tell every subscriber `event` (a decision's, or runtime.inductor's: how a generated kernel was served)."""
+    for sub in tuple(_subscriptions):  # a callback may unregister itself
         sub.callback(event)

@@ -37,7 +37,7 @@ from ..core.device import DeviceIdentity
 from ..core.errors import ArgumentTypeError, ArtifactError, FlytuneError, TierMissError
 from . import device as running_device
 from . import warning
-from .offline import Index
+from .offline import TIER, Index
 
 # (module, attribute path) of every private PyTorch name used here; torch 2.9 and later hold them all
 HOOKS = (
@@ -318,7 +318,6 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
     A torch without the hooks (`missing()`) gets one warning and an unchanged compile; under
     FLYTUNE_AUTOTUNE=strict that is a `TierMissError`."""
     from ..core import arguments
-    from .offline import TIER
 
     kernels = (kernels,) if isinstance(kernels, str) else tuple(arguments.names(kernels, "kernels"))
     if dev is not None and not isinstance(dev, DeviceIdentity):

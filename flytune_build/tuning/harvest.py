@@ -19,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import arguments, artifactdir, inductor, settings
+from ..core import arguments, inductor, installed, settings
 from ..core.artifact import Artifact
 from ..core.config import Config
-from ..core.errors import FlytuneError, TuneError, UsageError, foreign_failure, one_line
+from ..core.codec import Fields
+from ..core.errors import ArtifactError, TuneError, UsageError, foreign_failure, one_line
 from ..runtime.selection import Shipped
 from .incumbent import MIN_IMPROVEMENT_PCT
 from .layout import expand
@@ -105,18 +106,12 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
 def _shipped(directory: Path, kernel: str, dev) -> dict[str, Config]:
     """The winners `directory` already holds for `kernel` on `dev`, by lookup hash (unreadable files are
     the build's and `flytune verify`'s to report)."""
-    out = {}
+    out: dict[str, Config] = {}
     if not directory.is_dir():
         return out
-    for path in artifactdir.listing(directory):
-        if not path.name.startswith(kernel + "-"):
-            continue
-        try:
-            art = Artifact.from_bytes(artifactdir.read(path), file=path)
-        except FlytuneError:
-            continue
-        if art.kernel == kernel and art.device == dev and inductor.is_inductor(art.key):
-            out[art.key[inductor.AXIS]] = art.config
+    for doc, device, _, _ in installed.documents(installed.Source(str(directory), directory), kernel, []):
+        if device == dev and inductor.is_inductor(doc["key"]):  # read and checked by the one directory reader
+            out[doc["key"][inductor.AXIS]] = Config.from_json(doc["config"], Fields(directory, ArtifactError))
     return out
 
 
