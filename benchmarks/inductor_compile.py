@@ -135,7 +135,9 @@ def run_step(name: str, phase: str, work: Path, artifacts: Path, timeout: float)
         return {"step": name, "phase": phase, "error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
         return {"step": name, "phase": phase, "error": proc.stderr[-3000:]}
-    return json.loads(record.read_text())
+    got = json.loads(record.read_text())
+    got["stderr_tail"] = proc.stderr[-1500:]  # flytune's warnings, Inductor's notes
+    return got
 
 
 def compare(phase: str, steps: dict) -> dict:
@@ -211,8 +213,9 @@ def main(argv=None) -> int:
         summary["phases"].append({"compare": result, "steps": steps})
         lines.append(json.dumps(result, sort_keys=True))
         print(lines[-1], flush=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-    (out / "table.txt").write_text("\n".join(lines) + "\n")
+        # written after each phase: a run stopped at a time limit keeps the phases it finished
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        (out / "table.txt").write_text("\n".join(lines) + "\n")
     return 0
 
 
