@@ -94,6 +94,8 @@ def step(args) -> dict:
                 pt2 = Path(args.live) / "model.pt2"
                 torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2))
                 out["pt2_sha256"] = hashlib.sha256(pt2.read_bytes()).hexdigest()
+                out["pt2_members"] = members(pt2)
+                shutil.copyfile(pt2, Path(args.live).parent / f"{args.phase}_{args.step}.pt2")
             else:
                 torch.compile(model, mode=mode)(*inputs)
                 if torch.cuda.is_available():
@@ -113,6 +115,34 @@ def step(args) -> dict:
                            "num_warps": c.num_warps, "num_stages": c.num_stages}
     out["kernels"] = chosen
     return out
+
+
+def members(pt2: Path) -> dict:
+    """Each member of a .pt2 archive (a zip): its sha256, size and stored date."""
+    import zipfile
+
+    with zipfile.ZipFile(pt2) as z:
+        return {i.filename: {"sha256": hashlib.sha256(z.read(i)).hexdigest(), "size": i.file_size,
+                             "date": list(i.date_time)} for i in z.infolist()}
+
+
+def member_diff(work: Path, phase: str, x: str, y: str, name: str) -> str:
+    """Where one member differs between two steps' archives: a text diff, or the differing bytes."""
+    import difflib
+    import zipfile
+
+    with zipfile.ZipFile(work / f"{phase}_{x}.pt2") as zx, zipfile.ZipFile(work / f"{phase}_{y}.pt2") as zy:
+        bx, by = zx.read(name), zy.read(name)
+    try:
+        if b"\0" in bx + by:
+            raise UnicodeDecodeError("utf-8", b"", 0, 1, "a NUL byte: binary")
+        tx, ty = bx.decode(), by.decode()
+        return "\n".join(list(difflib.unified_diff(tx.splitlines(), ty.splitlines(), lineterm="", n=1))[:60])
+    except UnicodeDecodeError:
+        at = [i for i in range(min(len(bx), len(by))) if bx[i] != by[i]]
+        first = at[0] if at else min(len(bx), len(by))
+        return (f"binary: sizes {len(bx)} / {len(by)}, {len(at)} bytes differ, first at {first}: "
+                f"{bx[max(0, first - 32):first + 64]!r} / {by[max(0, first - 32):first + 64]!r}")
 
 
 def run_step(name: str, phase: str, work: Path, artifacts: Path, timeout: float) -> dict:
@@ -140,7 +170,7 @@ def run_step(name: str, phase: str, work: Path, artifacts: Path, timeout: float)
     return got
 
 
-def compare(phase: str, steps: dict) -> dict:
+def compare(phase: str, steps: dict) -> dict:  # noqa: C901 (one report, read top to bottom)
     a, b = steps.get("A", {}), steps.get("B", {})
     out: dict = {"phase": phase}
     if "kernels" in a and "kernels" in b:
@@ -174,6 +204,11 @@ def compare(phase: str, steps: dict) -> dict:
         hx, hy = steps.get(x, {}).get("pt2_sha256"), steps.get(y, {}).get("pt2_sha256")
         if hx and hy:
             out[f"{x}_{y}_pt2_identical"] = hx == hy
+            mx, my = steps[x].get("pt2_members", {}), steps[y].get("pt2_members", {})
+            differ = sorted(n for n in set(mx) | set(my) if mx.get(n) != my.get(n))
+            out[f"{x}_{y}_pt2_members_differ"] = {
+                n: member_diff(Path(steps["_work"]), phase, x, y, n) if n in mx and n in my else "only in one"
+                for n in differ[:20]}
     return out
 
 
@@ -182,6 +217,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="inductor-out")
     p.add_argument("--phases", default="tc,aoti,ma")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--steps", default="A,B,H,S1,S2", help="which steps to run, of A,B,H,S1,S2")
+    p.add_argument("--artifacts-from", help="a directory of harvested artifacts per phase "
+                   "(artifacts-PHASE/), used instead of step H")
     p.add_argument("--small", action="store_true", help="a tiny block (COMPILED_MODEL_SMALL=1)")
     for hidden in ("--_step", "--_phase", "--_live", "--_artifacts", "--_record"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
@@ -200,8 +238,10 @@ def main(argv=None) -> int:
     for phase in args.phases.split(","):
         artifacts = work / f"artifacts-{phase}"
         shutil.rmtree(artifacts, ignore_errors=True)
-        steps: dict = {"_artifacts": str(artifacts)}
-        for name in ("A", "B", "H", "S1", "S2"):
+        steps: dict = {"_artifacts": str(artifacts), "_work": str(work)}
+        if args.artifacts_from:
+            shutil.copytree(Path(args.artifacts_from) / f"artifacts-{phase}", artifacts)
+        for name in args.steps.split(","):
             t = time.perf_counter()
             steps[name] = run_step(name, phase, work, artifacts, args.timeout)
             lines.append(f"{phase} {name}: {time.perf_counter() - t:.1f} s, autotune "
