@@ -11,7 +11,8 @@ Inductor and Triton caches are empty and at the same paths:
 
   A, B   cold compiles without flytune (what a user gets today; how many kernels B chose differently)
   H      `flytune_build.harvest(...)`: every autotuned kernel recorded, chosen by flytune's selection
-  S1, S2 cold compiles under `flytune_build.inductor.serve()` with H's artifacts (FLYTUNE_ARTIFACT_DIR)
+  S1, S2 cold compiles under `flytune_build.inductor.serve()` with H's artifacts (FLYTUNE_ARTIFACT_DIR),
+         or, with --installed, with the installed compiled-model wheel's bundle
 
 Per step: autotune seconds (the time inside CachingAutotuner.benchmark_all_configs and
 coordinate_descent_tuning; GEMM template selection separately), each generated kernel's chosen
@@ -39,7 +40,8 @@ MODES = {"tc": "default", "aoti": "aoti", "ma": "max-autotune-no-cudagraphs"}
 
 def step(args) -> dict:
     """One compile in this (fresh) process; returns its record."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "compiled_model")]
+    if not os.environ.get("INDUCTOR_BENCH_INSTALLED"):
+        sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "compiled_model")]
     import torch
     from torch._inductor.runtime import triton_heuristics as th
 
@@ -154,7 +156,9 @@ def run_step(name: str, phase: str, work: Path, artifacts: Path, timeout: float)
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples" / "compiled_model"),
                                            os.environ.get("PYTHONPATH", "")]))
     env.pop("FLYTUNE_ARTIFACT_DIR", None)
-    if name.startswith("S"):
+    if env.get("INDUCTOR_BENCH_INSTALLED"):  # flytune-build and compiled-model installed wheels, nothing else
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    elif name.startswith("S"):
         env["FLYTUNE_ARTIFACT_DIR"] = str(artifacts)
     record = work / f"{phase}_{name}.json"
     cmd = [sys.executable, __file__, "--_step", name, "--_phase", phase, "--_live", str(live),
@@ -218,6 +222,9 @@ def main(argv=None) -> int:
     p.add_argument("--phases", default="tc,aoti,ma")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--steps", default="A,B,H,S1,S2", help="which steps to run, of A,B,H,S1,S2")
+    p.add_argument("--installed", action="store_true", help="S steps serve the installed compiled-model wheel's "
+                   "bundle (flytune-build and compiled-model installed, the checkout off the path); the shipped "
+                   "configs compared are examples/compiled_model/artifacts/sm_90")
     p.add_argument("--artifacts-from", help="a directory of harvested artifacts per phase "
                    "(artifacts-PHASE/), used instead of step H")
     p.add_argument("--small", action="store_true", help="a tiny block (COMPILED_MODEL_SMALL=1)")
@@ -239,7 +246,10 @@ def main(argv=None) -> int:
         artifacts = work / f"artifacts-{phase}"
         shutil.rmtree(artifacts, ignore_errors=True)
         steps: dict = {"_artifacts": str(artifacts), "_work": str(work)}
-        if args.artifacts_from:
+        if args.installed:
+            os.environ["INDUCTOR_BENCH_INSTALLED"] = "1"
+            shutil.copytree(ROOT / "examples" / "compiled_model" / "artifacts" / "sm_90", artifacts)
+        elif args.artifacts_from:
             shutil.copytree(Path(args.artifacts_from) / f"artifacts-{phase}", artifacts)
         for name in args.steps.split(","):
             t = time.perf_counter()

@@ -192,6 +192,20 @@ def test_a_torch_without_the_hooks_changes_nothing_and_says_so_once(bundle_dir, 
         rt.serve()
 
 
+def test_where_no_gpu_is_visible_serving_changes_nothing_and_says_so_once(bundle_dir, monkeypatch):
+    """A CPU compile generates no Triton kernel to autotune: serve() neither raises nor touches Inductor."""
+    from flytune_build import inductor as ft_inductor
+
+    monkeypatch.delenv("FLYTUNE_DEVICE")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(FlytuneWarning, match="no GPU is visible.*nothing is served to torch.compile"):
+        with ft_inductor.serve() as serving:
+            assert torch._inductor.config.autotune_lookup_table == {}
+            assert len(load_kernel().configs) > 1
+    assert serving.stats()["device"] is None and ft.stats().get("torch.compile") is None
+
+
 def test_serving_is_only_what_the_user_opened():
     """Importing flytune (or its runtime) never touches Inductor: no table entry, no patched method."""
     import flytune_build.runtime.autotuner  # noqa: F401

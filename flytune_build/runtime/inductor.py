@@ -15,8 +15,7 @@ how many kernels hit and missed and what differs (device, toolchain) when any mi
 Recording (`recording()`, for `flytune harvest` on the target GPU): where Inductor benchmarks a
 kernel's candidates, flytune's selection (runtime.selection: the sequential test, its tie rule) picks
 the winner from Inductor's own timings and re-timings (`CachingAutotuner.bench`), and Inductor is told
-that winner; coordinate-descent results are taken as Inductor found them. Each kernel becomes one
-`Record`.
+that winner; coordinate-descent results are taken as Inductor found them. Each kernel becomes a `Record`.
 
 The hooks are private to PyTorch: `HOOKS` names each one, `missing()` says which this torch lacks, and
 tests pin them. Nothing here changes a compile outside `serve()` or `recording()`.
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +34,7 @@ from ..core.artifact import Artifact
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.device import DeviceIdentity
-from ..core.errors import ArgumentTypeError, ArtifactError, FlytuneError, TierMissError
+from ..core.errors import ArgumentTypeError, ArtifactError, DeviceError, FlytuneError, TierMissError
 from . import device as running_device
 from . import warning
 from .offline import TIER, Index
@@ -55,8 +55,6 @@ STATS_NAME = "torch.compile"  # the name flytune_build.stats() and on_decision g
 
 def missing() -> list[str]:
     """The hooks (`HOOKS`) the installed torch lacks; [] where every one is there."""
-    import importlib
-
     out = []
     for module, path in HOOKS:
         try:
@@ -130,8 +128,7 @@ def _coordinate_descent_tuning(original, self, launcher, *args, **kwargs):
 
 def _same(triton_config, entry: dict) -> bool:
     """Whether a triton.Config is the lookup-table entry `entry` (block sizes, warps, stages)."""
-    blocks = {k: v for k, v in triton_config.kwargs.items() if "BLOCK" in k}
-    want = {k: v for k, v in entry.items() if "BLOCK" in k}
+    blocks, want = ({k: v for k, v in d.items() if "BLOCK" in k} for d in (triton_config.kwargs, entry))
     return (blocks == want and triton_config.num_warps == entry["num_warps"]
             and triton_config.num_stages == entry["num_stages"])
 
@@ -160,13 +157,13 @@ class Shipped:
 class Serving:
     """The installed bundles' Inductor winners served to the compiles made while it is open."""
 
-    def __init__(self, shipped: dict[str, Shipped], device: DeviceIdentity, other_devices: set[str],
+    def __init__(self, shipped: dict[str, Shipped], device: DeviceIdentity | None, other_devices: set[str],
                  problems: list[str], unsupported: list[str]):
         self.shipped = shipped
         self.device = device
         self.other_devices = other_devices
         self.problems = problems
-        self.unsupported = unsupported    # the hooks this torch lacks: then nothing is changed
+        self.unsupported = unsupported    # the hooks this torch lacks, or "a GPU": then nothing is changed
         self.kernels: dict[str, Kernel] = {}
         self._open = False
 
@@ -246,7 +243,7 @@ class Serving:
         tiers = {"offline": 0, "autotune": 0, "single": 0}
         for k in self.kernels.values():
             tiers[k.tier] += 1
-        return {"kernels": tiers, "shipped": len(self.shipped), "device": self.device.spec(),
+        return {"kernels": tiers, "shipped": len(self.shipped), "device": self.device and self.device.spec(),
                 "other_devices": sorted(self.other_devices),
                 "autotuned": sorted(k.name for k in self.kernels.values() if k.tier == "autotune")}
 
@@ -330,8 +327,12 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
         if settings.current().autotune == "strict":
             raise TierMissError(f"FLYTUNE_AUTOTUNE=strict: {message}", field="FLYTUNE_AUTOTUNE")
         warning.once(("inductor-hooks",), message)
-        return Serving({}, dev or running_device.current(), set(), [], lacking)
-    dev = dev or running_device.current()
+        return Serving({}, dev, set(), [], lacking)
+    try:
+        dev = dev or running_device.current()
+    except DeviceError as e:  # no GPU: Inductor generates no Triton kernel to autotune, nothing to serve
+        warning.once(("inductor-device",), f"{e}: nothing is served to torch.compile, which compiles as usual")
+        return Serving({}, None, set(), [], ["a GPU"])
     shipped: dict[str, Shipped] = {}
     other: set[str] = set()
     problems: list[str] = []
