@@ -76,7 +76,9 @@ def step(args) -> dict:
     th.CachingAutotuner.precompile = precompile
 
     mode = MODES[args.phase]
-    out: dict = {"step": args.step, "phase": args.phase, "torch": torch.__version__}
+    out: dict = {"step": args.step, "phase": args.phase, "torch": torch.__version__,
+                 # Triton's line info names each kernel's .py file, whose mtime ptxas writes into the cubin
+                 "line_info": os.environ.get("TRITON_DISABLE_LINE_INFO") != "1"}
     start = time.perf_counter()
     if args.step == "H":
         import flytune_build as ft
