@@ -132,6 +132,26 @@ def test_no_engine_lives_under_the_cli():
                     f"{module}:{node.lineno} does an engine's work ({names})"
 
 
+# where a name `render`/`render_*` may be defined: the CLI, core.table (the table layout), core.errors (an
+# error's message, raised by every layer) and review (its product is a page: `review.render`, documented)
+RENDERERS = ("flytune_build.cli", "flytune_build.core.table", "flytune_build.core.errors", "flytune_build.review")
+# who may lay out a table: the CLI, and the report a build prints (the PEP 517 backend has no CLI)
+TABLE_USERS = ("flytune_build.cli", "flytune_build.pipeline.report")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_engines_hold_no_rendering(module):
+    """An engine returns data; the text a command prints is made in cli/ (cli.render) from it."""
+    mine = module.startswith(RENDERERS)
+    for node in ast.walk(ast.parse(MODULES[module].read_text("utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not mine:
+            assert node.name != "render" and not node.name.startswith("render_"), \
+                f"{module}:{node.lineno} defines {node.name}: text belongs to cli.render"
+    if not module.startswith(TABLE_USERS):
+        for target, _, line, _ in imports(module):
+            assert target != "flytune_build.core.table", f"{module}:{line} lays out a table: that is cli.render's"
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_private_name_crosses_modules(module):
     tree = ast.parse(MODULES[module].read_text("utf-8"))

@@ -16,6 +16,7 @@ from buildkit import KERNEL, artifact, install
 
 import flytune_build as ft
 from flytune_build import FlytuneWarning, pipeline
+from flytune_build.cli import render
 from flytune_build.core import bundle, installed, serving, settings
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
@@ -242,7 +243,7 @@ def test_verify_refuses_an_editable_bundle_in_a_wheel_that_is_not_editable(tmp_p
     files.update(extra, **{"ownpkg-1.0.dist-info/entry_points.txt":
                            b"[flytune.bundles]\nownpkg = __flytune_editable__.ownpkg\n"})
     src = source.verify(str(wheel(tmp_path / "ownpkg-1.0-py3-none-any.whl", files)))
-    assert src.ok is ok, src.render()
+    assert src.ok is ok, render.render_verify(src)
     if not ok:
         assert any("an editable install whose source tree does not hold it" in str(e) for e in src.errors)
 
@@ -287,7 +288,6 @@ def test_flytune_packs_must_name_distributions():
 
 def test_inspect_installed_says_which_bundle_serves_each_kernel(tmp_path, site):
     from flytune_build.audit import inspection
-    from flytune_build.cli import render
 
     install(site, owner_project(tmp_path), "ownpkg")
     install(site, pack_project(tmp_path), "Vendor_Configs")
@@ -318,7 +318,7 @@ def test_verify_reports_a_pack_and_refuses_a_path_entry_point(tmp_path, site):
 
     install(site, pack_project(tmp_path), "Vendor_Configs")
     src = source.verify("Vendor_Configs")
-    assert src.ok, src.render()
+    assert src.ok, render.render_verify(src)
     assert any("a config pack" in w for w in src.warnings)
 
 
@@ -362,7 +362,7 @@ def test_verify_refuses_a_path_entry_point_and_a_bundle_in_a_package_the_wheel_l
     files[f"{PKG}/__init__.py"] = b""
     files["ownpkg-1.0.dist-info/entry_points.txt"] = f"[flytune.bundles]\nownpkg = {value}\n".encode()
     src = source.verify(str(wheel(tmp_path / "ownpkg-1.0-py3-none-any.whl", files)))
-    assert not src.ok and any(rule in str(e) for e in src.errors), src.render()
+    assert not src.ok and any(rule in str(e) for e in src.errors), render.render_verify(src)
 
 
 def test_a_refused_pack_hit_leaves_the_key_to_the_next_tier(tmp_path, site, monkeypatch):
@@ -509,7 +509,7 @@ def test_a_record_that_lists_the_owners_init_does_not_demote_the_owner(tmp_path,
         assert served(100) == ("offline", 32, None)
     assert served(200) == ("heuristic", 16, None)
     src = source.verify("Vendor_Configs")
-    assert not src.ok and any(f"{PKG}/__init__.py" in str(e) for e in src.errors), src.render()
+    assert not src.ok and any(f"{PKG}/__init__.py" in str(e) for e in src.errors), render.render_verify(src)
 
 
 def test_an_imported_package_that_sets_its_own_path_is_found_where_it_imports_from(tmp_path, monkeypatch):

@@ -56,9 +56,10 @@ def run(py, tmp, shapes, **env):
 
 def test_sample_wheel_verifies(installed):
     from flytune_build.audit import source as audit
+    from flytune_build.cli import render
 
     src = audit.verify(str(installed[1]))
-    assert src.ok, src.render()
+    assert src.ok, render.render_verify(src)
     assert {a.device.arch for a in src.artifacts} == {"sm_90", "interpreter"}
 
 

@@ -16,6 +16,7 @@ from buildkit import H200, artifact, make_project
 
 from flytune_build import pipeline
 from flytune_build.audit import source as audit
+from flytune_build.cli.render import render_verify
 from flytune_build.core import codec, project, table, verification
 from flytune_build.core.device import INTERPRETER
 from flytune_build.dist.wheel import record_hash
@@ -208,4 +209,4 @@ def test_verify_deep_of_a_project_not_installed_says_to_install_it(tmp_path):
                                          '[tool.flytune]\npackage = "notinstalledpkg_xyz"\nsources = ["artifacts"]\n'
                                          'targets = ["interpreter"]\ncoverage = "none"\n')
     src = verify(root, deep=True)
-    assert any("install the project first" in str(e) for e in src.errors), src.render()
+    assert any("install the project first" in str(e) for e in src.errors), render_verify(src)

@@ -19,6 +19,7 @@ from conftest import python_env
 
 import flytune_build as ft
 from flytune_build import pipeline
+from flytune_build.cli import render
 from flytune_build.core import settings
 from flytune_build.core.artifact import Artifact, load_dir
 from flytune_build.core.config import Config
@@ -199,7 +200,7 @@ def test_under_the_interpreter_each_config_is_reported_with_nothing_to_compile(i
     assert report.ok and len(report.units) == 2  # n=100 and n=256 specialise differently (alignment of n)
     assert all(u.status == "interpreter" and u.note == "interpreter: nothing to compile" for u in report.units)
     assert "fixpkg" in sys.modules  # resolved: the package's own kernel was imported and matched
-    assert "2 on the interpreter" in report.render()
+    assert "2 on the interpreter" in render.render_warmup(report)
 
 
 def test_warmup_imports_nothing_outside_the_bundles_package(installed, tmp_path):

@@ -5,8 +5,8 @@ Bundles are read by core.bundle and judged by core.verification, the rules the b
 defect reads the same here as in the build; toolchain drift is a warning unless `--strict`. A wheel
 is read as installers and the runtime read it (dist.wheelfile); every file is read through
 core.fsutil (regular files only, capped) and every directory walked by core.fsutil.find (contained,
-loop-free, bounded). Anything that holds no bundle is a violation, never "ok". Rendered text escapes
-control characters in names; JSON output stays JSON.
+loop-free, bounded). Anything that holds no bundle is a violation, never "ok". A Source is data: its
+text is cli.render's (which escapes control characters in names), its JSON `to_json`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from ..core.errors import (
     FlytuneError,
     InputError,
     ProjectError,
-    printable,
 )
 from ..core.target import Target
 from ..dist import wheelfile
@@ -60,16 +59,6 @@ class Source:
         return {"path": self.path, "kind": self.kind, "ok": self.ok, "kernels": len(kernels),
                 "artifacts": len(self.artifacts), "errors": [e.to_json() for e in self.errors],
                 "warnings": list(self.warnings), **({} if self.execution is None else {"execution": self.execution})}
-
-    def render(self) -> str:
-        head = "ok" if self.ok else f"{len(self.errors)} violation(s)"
-        lines = [f"{printable(self.path)} ({self.kind}): {head}; {len(self.artifacts)} artifact(s), "
-                 f"{len({a.kernel for a in self.artifacts})} kernel(s)"]
-        lines += [f"  error: {printable(str(e))}" for e in self.errors]
-        lines += [f"  warning: {printable(w)}" for w in self.warnings]
-        return "\n".join(lines)
-
-
 
 
 def open_source(path: str) -> Source:

@@ -1,5 +1,8 @@
-"""The text of `flytune inspect`, `inspect --installed` and `diff`, from the documents audit.inspection
-makes (the same documents `--json` prints). Every name quoted from data is made printable."""
+"""The text the commands print, from the data the engines return: `flytune inspect`, `inspect --installed`
+and `diff` from the documents audit.inspection makes (the same documents `--json` prints); `verify` from an
+audit.source.Source, `warmup` from a runtime.warmup.Report, and `tune --repeat`'s stability table from
+tuning.stability.Stability. The engines hold no text of their own. Every name quoted from data is made
+printable."""
 from __future__ import annotations
 
 from ..core import table
@@ -50,3 +53,48 @@ def render_installed(info: dict) -> str:
                  "  no installed bundle holds any artifact")
     lines += [printable(f"  {k['kernel']}: {p}") for k in info["kernels"] for p in k["problems"]]
     return "\n".join(lines)
+
+
+def render_verify(src) -> str:
+    """One audit.source.Source: its verdict and counts, then each error and warning."""
+    head = "ok" if src.ok else f"{len(src.errors)} violation(s)"
+    lines = [f"{printable(src.path)} ({src.kind}): {head}; {len(src.artifacts)} artifact(s), "
+             f"{len({a.kernel for a in src.artifacts})} kernel(s)"]
+    lines += [f"  error: {printable(str(e))}" for e in src.errors]
+    lines += [f"  warning: {printable(w)}" for w in src.warnings]
+    return "\n".join(lines)
+
+
+def render_warmup(report) -> str:
+    """A runtime.warmup.Report: one row per unit, its notes, then the counts."""
+    rows = [("kernel", "config", "tuned keys", "status", "seconds", "here", "note")]
+    for u in report.units:
+        keys = ",".join(f"{k}={v}" for k, v in u.keys[0].items()) if u.keys else ""
+        keys += f" (+{len(u.keys) - 1})" if len(u.keys) > 1 else ""
+        keys += f" [{','.join(u.variant)} unaligned]" if u.variant else ""
+        here = "ready" if u.loaded else "-"
+        here += f", {u.primed} decided" if u.primed else ""
+        rows.append((u.kernel, str(u.config), keys, u.status + (f" ({u.where})" if u.where else ""),
+                     f"{u.seconds:.2f}", here, u.note))
+    c = report.counts()
+    lines = [table.render(rows, align="    >")] if report.units else []
+    lines += [f"note: {n}" for n in report.notes]
+    ready = sum(u.loaded for u in report.units)
+    lines.append(f"flytune: warm-up for {report.target}: {c['compiled']} compiled, {c['cached']} already cached, "
+                 f"{c['interpreter']} on the interpreter, {c['skipped']} skipped, {c['failed']} failed, "
+                 f"{ready} ready in this process, {sum(u.primed for u in report.units)} tuned keys decided, "
+                 f"in {report.seconds:.1f} s" + (f"; Triton cache: {report.cache_dir}" if report.cache_dir else ""))
+    return "\n".join(lines)
+
+
+def render_stability(rows) -> str:
+    """`tune --repeat`'s table, from (kernel, shape, tuning.stability.Stability) rows: agreement, spread,
+    and the other winners."""
+    out = [("kernel", "shape", "agree", "spread", "other winners")]
+    for kernel, shape, s in rows:
+        spread = "-" if s.spread is None else f"{s.spread:.1%}"
+        others = "; ".join(f"{c} x{n}" for c, n in s.others) or "-"
+        out.append((kernel, shape, s.label, spread, others))
+    unstable = sum(s.agreed < s.runs for _, _, s in rows)
+    return table.render(out) + f"\nflytune: {unstable} of {len(rows)} shape(s) chose different winners across " \
+                               f"repetitions"

@@ -6,7 +6,7 @@ import sys
 
 from ..core import table
 from ..core.errors import UsageError, printable
-from . import flags
+from . import flags, render
 from .progress import Progress
 from .output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, dump
 
@@ -96,7 +96,6 @@ def time_text(time_ms: float | None, ranking: str | None) -> str:
 
 def summary(report) -> str:
     """The table of outcomes; with repeat > 1, followed by the stability table; then each failure."""
-    from ..tuning import stability
     from ..tuning.job import shape_text
 
     several = len(report.directories) > 1
@@ -112,7 +111,7 @@ def summary(report) -> str:
     lines = [table.render(rows)]
     stable = [(o.job.entry.kernel, shape_text(o.job.shape), o.stable) for o in report.outcomes if o.stable]
     if stable:
-        lines.append("\n" + stability.report(stable))
+        lines.append("\n" + render.render_stability(stable))
     for o in report.failed:
         on = f" on {o.job.device}" if several else ""
         lines.append(printable(f"failed: {o.job.label()}{on}: {o.reason}"))

@@ -3,6 +3,7 @@ rules (audit.source).
 """
 from __future__ import annotations
 
+from . import render
 from .output import EXIT_OK, EXIT_VIOLATIONS, JSON_FORMAT, dump
 
 
@@ -26,5 +27,5 @@ def command(args) -> int:
         print(dump({"ok": ok, "reports": [r.to_json() for r in reports]}))
     else:
         for r in reports:
-            print(r.render())
+            print(render.render_verify(r))
     return EXIT_OK if ok else EXIT_VIOLATIONS

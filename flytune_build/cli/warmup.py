@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 
-from . import flags
+from . import flags, render
 from .output import EXIT_OK, EXIT_VIOLATIONS, dump
 
 
@@ -35,7 +35,7 @@ def command(args) -> int:
 
     if not args.json:
         report = run()
-        print(report.render())
+        print(render.render_warmup(report))
         return EXIT_OK if report.ok else EXIT_VIOLATIONS
     with stdout_captured() as captured:  # a compiler prints (Triton prints a failed kernel's PTX): not into the JSON
         report = run()

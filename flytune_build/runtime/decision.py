@@ -64,7 +64,7 @@ class Stats:
         self.searches += 1
         self.search_seconds += seconds
 
-    def render(self) -> dict:
+    def to_json(self) -> dict:
         """Calls per tier, offline calls per match level, the heuristic tier's calls the first config served
         (no `default` callback: `first_config`), searches, seconds searching, fallback reasons."""
         calls = dict(self.served)

@@ -152,7 +152,7 @@ class Kernel:
 
     def stats(self) -> dict:
         """This kernel's counters (see `flytune_build.stats()`)."""
-        return self._stats.render()
+        return self._stats.to_json()
 
 
 def rediscover() -> None:

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import arguments, bundle, codec, installed, serving, settings, table
+from ..core import arguments, bundle, codec, installed, serving, settings
 from ..core import specialization as spec_format
 from ..core.artifact import Artifact
 from ..core.codec import Fields
@@ -104,26 +104,6 @@ class Report:
                 "counts": self.counts(), "loaded": sum(u.loaded for u in self.units),
                 "primed": sum(u.primed for u in self.units), "notes": self.notes,
                 "units": [u.to_json() for u in self.units]}
-
-    def render(self) -> str:
-        rows = [("kernel", "config", "tuned keys", "status", "seconds", "here", "note")]
-        for u in self.units:
-            keys = ",".join(f"{k}={v}" for k, v in u.keys[0].items()) if u.keys else ""
-            keys += f" (+{len(u.keys) - 1})" if len(u.keys) > 1 else ""
-            keys += f" [{','.join(u.variant)} unaligned]" if u.variant else ""
-            here = "ready" if u.loaded else "-"
-            here += f", {u.primed} decided" if u.primed else ""
-            rows.append((u.kernel, str(u.config), keys, u.status + (f" ({u.where})" if u.where else ""),
-                         f"{u.seconds:.2f}", here, u.note))
-        c = self.counts()
-        lines = [table.render(rows, align="    >")] if self.units else []
-        lines += [f"note: {n}" for n in self.notes]
-        ready = sum(u.loaded for u in self.units)
-        lines.append(f"flytune: warm-up for {self.target}: {c['compiled']} compiled, {c['cached']} already cached, "
-                     f"{c['interpreter']} on the interpreter, {c['skipped']} skipped, {c['failed']} failed, "
-                     f"{ready} ready in this process, {sum(u.primed for u in self.units)} tuned keys decided, "
-                     f"in {self.seconds:.1f} s" + (f"; Triton cache: {self.cache_dir}" if self.cache_dir else ""))
-        return "\n".join(lines)
 
 
 def warmup(*distributions: str, background: bool = False, workers: int | None = None,

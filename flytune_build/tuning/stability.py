@@ -5,8 +5,8 @@ Every repetition is a whole search, as one `flytune tune` would make it (the shi
 hysteresis included); the kernel forgets its decisions between repetitions. The artifact written is
 the majority winner's: the config chosen most often (on a tie in count, the earliest declared), with
 the provenance of the last repetition that chose it and `selection.stability = {"runs": K, "agreed":
-n}`. The report gives, per shape, how many of the K agreed and the spread: how far the written
-config's own time moved between repetitions, (max - min) / min.
+n}`. Each key's Stability gives how many of the K agreed and the spread: how far the written config's
+own time moved between repetitions, (max - min) / min (the table `tune --repeat` prints is cli.render's).
 """
 from __future__ import annotations
 
@@ -89,16 +89,3 @@ def _time_of(t: job.Tuned, config) -> float | None:
 
     return serving.config_time(t.artifact.provenance, config.to_json())
 
-
-def report(rows: list[tuple[str, str, Stability]]) -> str:
-    """The stability table: kernel, shape, agreement, spread, and the other winners."""
-    from ..core import table
-
-    out = [("kernel", "shape", "agree", "spread", "other winners")]
-    for kernel, shape, s in rows:
-        spread = "-" if s.spread is None else f"{s.spread:.1%}"
-        others = "; ".join(f"{c} x{n}" for c, n in s.others) or "-"
-        out.append((kernel, shape, s.label, spread, others))
-    unstable = sum(s.agreed < s.runs for _, _, s in rows)
-    return table.render(out) + f"\nflytune: {unstable} of {len(rows)} shape(s) chose different winners across " \
-                                f"repetitions"
