@@ -203,7 +203,7 @@ def test_flydsl_files_that_become_one_identity_with_two_configs_are_refused(tmp_
     """Two FlyDSL kernels imported under one --kernel name: one identity, two configs. Nothing is written."""
     from flytune_build.core.config import Config
     from flytune_build.core.device import DeviceIdentity
-    from flytune_build.runtime.adapters.flydsl import to_flydsl
+    from flytune_build.interop.flydsl import to_flydsl
 
     mi300x = DeviceIdentity("hip", "gfx942", "AMD Instinct MI300X", 304)
     paths = []
