@@ -82,6 +82,12 @@ def make_project(root: Path, *, tool=True, extra="", artifacts=None, backend="fl
     return root
 
 
+def spoil_num_warps(project: Path, art: Artifact) -> None:
+    """`art`'s file under the project's artifacts rewritten with num_warps 0, which verification refuses."""
+    path = project / "artifacts" / art.filename
+    path.write_bytes(path.read_bytes().replace(b'"num_warps":4', b'"num_warps":0'))
+
+
 def pip_wheel(project: Path, out: Path, env=None, isolation=False):
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(project), "-w", str(out)]
     if not isolation:
@@ -113,6 +119,30 @@ def run_child(py: Path, code: str, **env):
     e = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     e.update({k: str(v) for k, v in env.items()})
     return subprocess.run([str(py), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e, cwd="/")
+
+
+def lay_out(site: Path, state) -> Path:
+    """A build's bundle laid out in `site` beside a fixpkg dist-info (METADATA, the entry point, no RECORD),
+    as a plain install leaves it; returns `site`."""
+    for name, data in state.files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(data)
+    info = site / "fixpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fixpkg\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[flytune.bundles]\nfixpkg = fixpkg._flytune\n")
+    return site
+
+
+def install_fake_dist(tmp_path: Path, monkeypatch, state) -> Path:
+    """The build's bundle installed under tmp_path/site, importable by this process (stats reset);
+    returns the bundle directory."""
+    from flytune_build.runtime import autotuner
+
+    site = lay_out(tmp_path / "site", state)
+    monkeypatch.syspath_prepend(str(site))
+    autotuner.reset_stats()
+    return site / "fixpkg" / "_flytune"
 
 
 def install(site: Path, root: Path, dist: str, *, ep_value: str | None = None, record: bool = True,

@@ -66,6 +66,24 @@ def python_env(**extra):
     return env
 
 
+def flytune(*args, cwd=None, **env):
+    """`flytune ARGS` in a child process that imports this checkout's flytune_build; env: variables added."""
+    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
+                          text=True, env=python_env(**env), cwd=cwd)
+
+
+def counting_bench():
+    """A do_bench that runs each candidate once and times it by call order: the first timed is the fastest.
+    Returns (do_bench, seen), one entry in seen a call."""
+    seen = []
+
+    def do_bench(fn, quantiles=None):
+        fn()
+        seen.append(1)
+        return [float(len(seen))] * 3
+    return do_bench, seen
+
+
 def shared_dir(tmp_path_factory) -> Path:
     """A directory every process of the run shares: pytest-xdist's workers each have a base temp
     directory of their own, under one they share."""

@@ -8,8 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from buildkit import TOOL, artifact, child_install, child_venv, make_project, run_child
-from conftest import python_env
+from buildkit import TOOL, artifact, child_install, child_venv, make_project, run_child, spoil_num_warps
+from conftest import flytune, python_env
 
 from flytune_build import pipeline
 
@@ -64,11 +64,6 @@ def build(proj: Path, out: Path, *args, isolation=False, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=proj, env=env or dict(os.environ))
 
 
-def flytune(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
-                          text=True, env=python_env(), cwd=cwd)
-
-
 def bundle_of(whl: Path) -> dict:
     with zipfile.ZipFile(whl) as zf:
         return {n: zf.read(n) for n in zf.namelist() if "/_flytune/" in n}
@@ -108,8 +103,7 @@ def test_hatchling_hook_bundles_verifies_and_the_installed_wheel_serves_offline(
 def test_hatchling_hook_failed_verification_is_one_line_per_problem_and_no_wheel(tmp_path):
     bad = artifact(100, 32)
     proj = project(tmp_path / "p", HATCH, artifacts=[bad])
-    path = proj / "artifacts" / bad.filename
-    path.write_bytes(path.read_bytes().replace(b'"num_warps":4', b'"num_warps":0'))
+    spoil_num_warps(proj, bad)
     r = build(proj, tmp_path / "dist", "--wheel")
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "flytune: error:" in out and "config.num_warps" in out
@@ -148,8 +142,7 @@ def test_bundle_command_then_flit_builds_a_wheel_that_verifies_and_serves_offlin
 def test_bundle_command_failed_verification_exits_1_and_writes_nothing(tmp_path):
     bad = artifact(100, 32)
     proj = project(tmp_path / "p", FLIT, artifacts=[bad])
-    path = proj / "artifacts" / bad.filename
-    path.write_bytes(path.read_bytes().replace(b'"num_warps":4', b'"num_warps":0'))
+    spoil_num_warps(proj, bad)
     r = flytune("bundle", "--output", proj / "fixpkg", "--project", proj)
     assert r.returncode == 1 and "config.num_warps" in r.stderr and "Traceback" not in r.stderr
     assert not (proj / "fixpkg" / "_flytune").exists()

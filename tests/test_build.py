@@ -18,6 +18,7 @@ from buildkit import (
     make_project,
     pip_wheel,
     run_child,
+    spoil_num_warps,
 )
 
 from flytune_build import pipeline
@@ -333,8 +334,7 @@ def test_bundle_is_the_same_made_beside_setuptools_or_in_line(tmp_path):
 def test_failed_verification_leaves_nothing_in_the_wheel_directory(tmp_path, mode):
     bad = artifact(100, 32)
     proj = make_project(tmp_path / "p", artifacts=[bad])
-    path = proj / "artifacts" / bad.filename
-    path.write_bytes(path.read_bytes().replace(b'"num_warps":4', b'"num_warps":0'))
+    spoil_num_warps(proj, bad)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-c", MODES, str(proj), str(out), mode], capture_output=True, text=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr

@@ -13,12 +13,7 @@ from pathlib import Path
 
 import pytest
 from buildkit import ROOT, artifact, make_project, pip_wheel
-from conftest import python_env
-
-
-def flytune(*args, cwd=None, **env):
-    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
-                          text=True, env=python_env(**env), cwd=cwd)
+from conftest import flytune, python_env
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def test_export_skips_non_hip_and_maxnreg(tmp_path):
 
 def test_installed_bundle_is_materialised_for_flydsl(tmp_path, monkeypatch, fake_device):
     from buildkit import make_project
-    from test_hardening import install_fake_dist
+    from buildkit import install_fake_dist
 
     proj = make_project(tmp_path / "p", extra='coverage = "none"', artifacts=[hip_artifact()])
     text = (proj / "pyproject.toml").read_text().replace('targets = ["interpreter", ', 'targets = ["gfx942", ')

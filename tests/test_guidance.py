@@ -5,17 +5,12 @@ import sys
 
 import pytest
 from buildkit import make_project
-from conftest import python_env
+from conftest import flytune, python_env
 
 import flytune_build
 from flytune_build.core import codec
 from flytune_build.core import project as project_mod
 from flytune_build.core.errors import ArtifactError, DeclarationError, ProjectError
-
-
-def flytune(*args, cwd=None, **env):
-    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
-                          text=True, env=python_env(**env), cwd=cwd)
 
 
 def test_a_failed_strict_build_lists_its_problems_one_per_line_and_names_a_missing_source_as_a_declaration_problem(

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from buildkit import artifact, make_project
+from buildkit import artifact, install_fake_dist, make_project
 from conftest import ROOT, python_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -256,20 +256,6 @@ def test_process_killed_mid_write_leaves_previous_file_intact(tmp_path, monkeypa
 
 
 # -- runtime corruption through a discovered bundle ------------------------------------------------------------
-def install_fake_dist(tmp_path, monkeypatch, state):
-    site = tmp_path / "site"
-    for name, data in state.files.items():
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        (site / name).write_bytes(data)
-    info = site / "fixpkg-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fixpkg\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[flytune.bundles]\nfixpkg = fixpkg._flytune\n")
-    monkeypatch.syspath_prepend(str(site))
-    autotuner.reset_stats()
-    return site / "fixpkg" / "_flytune"
-
-
 @pytest.mark.parametrize("damage", ["truncate-manifest", "flip-manifest", "flip-shard", "delete-shard"])
 def test_corrupt_bundle_warns_once_and_next_tier_serves(tmp_path, monkeypatch, damage):
     import torch

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from buildkit import H200, artifact, make_project
+from buildkit import H200, artifact, lay_out, make_project
 from conftest import ROOT, python_env
 
 from flytune_build import FlytuneWarning, pipeline
@@ -552,16 +552,7 @@ def test_scratch_file_that_is_not_a_file_never_hangs_a_kernel_call(tmp_path, kin
 
 
 def installed_bundle(tmp_path) -> Path:
-    state = pipeline.run(make_project(tmp_path / "p"), out=io.StringIO())
-    site = tmp_path / "site"
-    for name, data in state.files.items():
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        (site / name).write_bytes(data)
-    info = site / "fixpkg-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fixpkg\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[flytune.bundles]\nfixpkg = fixpkg._flytune\n")
-    return site
+    return lay_out(tmp_path / "site", pipeline.run(make_project(tmp_path / "p"), out=io.StringIO()))
 
 
 @pytest.mark.parametrize("target,kind", [("fixpkg.add.json", "fifo"), ("fixpkg.add.json", "devzero"),

@@ -1,12 +1,10 @@
 """`flytune import --format vllm|sglang`: fused-MoE config files, written exactly as vLLM's and SGLang's
 tuning scripts write them (json.dump(configs, f, indent=4)), become flytune artifacts."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import python_env
+from conftest import flytune
 
 from flytune_build.interop import moe as importers
 from flytune_build.core.artifact import Artifact, load_dir
@@ -31,11 +29,6 @@ def write(directory: Path, name: str, doc) -> Path:
         json.dump(doc, f, indent=4)
         f.write("\n")
     return path
-
-
-def flytune(*args):
-    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
-                          text=True, env=python_env())
 
 
 def test_vllm_file_becomes_one_artifact_per_batch_size(tmp_path):
@@ -203,7 +196,7 @@ def test_flydsl_files_that_become_one_identity_with_two_configs_are_refused(tmp_
     """Two FlyDSL kernels imported under one --kernel name: one identity, two configs. Nothing is written."""
     from flytune_build.core.config import Config
     from flytune_build.core.device import DeviceIdentity
-    from flytune_build.runtime.adapters.flydsl import to_flydsl
+    from flytune_build.interop.flydsl import to_flydsl
 
     mi300x = DeviceIdentity("hip", "gfx942", "AMD Instinct MI300X", 304)
     paths = []

@@ -4,13 +4,11 @@ always search and emit, must hit; the interpreter gives adopted kernels a workin
 `verify --deep --execute` fails when it executed nothing, saying in `--json` what ran."""
 import json
 import os
-import subprocess
-import sys
 
 import feature_kernels as fk
 import pytest
 import triton
-from conftest import ROOT, python_env
+from conftest import ROOT, counting_bench, flytune
 
 import flytune_build as ft
 from flytune_build import Config, FlytuneWarning
@@ -22,16 +20,6 @@ from flytune_build.runtime import autotuner
 
 KINDS = ("ported", "adopted")
 NAME = "m.total"
-
-
-def counting_bench():
-    seen = []
-
-    def do_bench(fn, quantiles=None):
-        fn()
-        seen.append(1)
-        return [float(len(seen))] * 3  # the first candidate timed is the fastest
-    return do_bench, seen
 
 
 def make(kind, **kw):
@@ -155,11 +143,6 @@ def test_always_search_on_the_interpreter_times_an_adopted_kernel_on_the_wall_cl
     (art,) = [Artifact.load(p) for p in (tmp_path / "emit").glob("*.json")]
     assert art.provenance["ranking"] == "measured" and all(c["time_ms"] > 0 for c in art.provenance["candidates"])
     assert "do_bench" not in vars(k) and stats()["searches"] == 1  # Triton's own timer again after the search
-
-
-def flytune(*args, **env):
-    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True,
-                          text=True, env=python_env(**env))
 
 
 def test_verify_execute_that_ran_nothing_fails_and_says_why(tmp_path):

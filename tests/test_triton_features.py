@@ -13,7 +13,7 @@ import feature_kernels as fk
 import pytest
 import torch
 import triton
-from conftest import ROOT, python_env
+from conftest import ROOT, counting_bench, flytune, python_env
 
 import flytune_build as ft
 from flytune_build import Config, FlytuneWarning
@@ -33,16 +33,6 @@ def arts_dir(tmp_path, monkeypatch, *arts):
     monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
     autotuner.reset_stats()
     return d
-
-
-def counting_bench():
-    seen = []
-
-    def do_bench(fn, quantiles=None):
-        fn()
-        seen.append(1)
-        return [float(len(seen))] * 3
-    return do_bench, seen
 
 
 def search_synthetic(monkeypatch):
@@ -216,11 +206,6 @@ def adopting_project(tmp_path, entries):
         entries = {entries}
         '''))
     return proj
-
-
-def flytune(*args, **env):
-    return subprocess.run([sys.executable, "-m", "flytune_build.cli", *map(str, args)], capture_output=True, text=True,
-                          env=python_env(**env))
 
 
 def test_flytune_tune_ships_both_variants_of_an_optional_tensor_and_deep_execute_checks_them(tmp_path):

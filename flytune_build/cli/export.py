@@ -16,7 +16,7 @@ def add_command(command) -> None:
 
 def command(args) -> int:
     from ..audit import source
-    from ..runtime.adapters import flydsl
+    from ..interop import flydsl
 
     src = source.open_source(args.path)
     if src.errors:

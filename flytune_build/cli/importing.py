@@ -30,7 +30,7 @@ def command(args) -> int:
                   "device)", file=sys.stderr)
             return EXIT_USAGE
         from ..interop.moe import save_all
-        from ..runtime.adapters import flydsl
+        from ..interop import flydsl
 
         arts = [flydsl.from_flydsl(p, name=args.kernel) for p in args.paths]  # all or nothing
         written, there = save_all(arts, args.output)

@@ -1,2 +1,3 @@
-"""Other tools' tuned-config formats turned into flytune artifacts (`moe`: vLLM and SGLang fused-MoE
-config files); FlyDSL's format lives with its runtime adapter (`runtime.adapters.flydsl`)."""
+"""Other tools' tuned-config formats turned into flytune artifacts and back: `moe` (vLLM and SGLang
+fused-MoE config files) and `flydsl` (FlyDSL's offline configs; its run-time part is
+`runtime.adapters.flydsl`)."""
