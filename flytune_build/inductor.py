@@ -11,6 +11,7 @@ the target GPU with `flytune harvest` (`flytune_build.harvest(...)`).
 """
 from __future__ import annotations
 
-from .runtime.inductor import SUPPORTED, Serving, missing, recording, serve
+from .runtime.inductor import SUPPORTED, Serving, missing, serve
+from .runtime.recording import recording
 
 __all__ = ["SUPPORTED", "Serving", "missing", "recording", "serve"]

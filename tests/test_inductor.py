@@ -23,6 +23,7 @@ from flytune_build.core.errors import FlytuneWarning, TierMissError
 
 torch = pytest.importorskip("torch")
 heuristics = pytest.importorskip("torch._inductor.runtime.triton_heuristics")
+triton = pytest.importorskip("triton")
 
 DATA = Path(__file__).parent / "data" / "inductor"
 GELU = DATA / "triton_poi_fused_gelu_0.py"
@@ -227,13 +228,13 @@ def test_the_build_refuses_an_inductor_artifact_inductor_would_not_serve_as_writ
 
 
 def test_an_inductor_artifact_round_trips_and_verifies(tmp_path):
-    from flytune_build.runtime import inductor as rt
+    from flytune_build.runtime import recording
     from flytune_build.runtime.bench import Candidate
 
-    rec = rt.Record("triton_poi_fused_gelu_0", lookup_key(), "{'x': 1048576}", "pointwise",
-                    [Candidate(Config({"XBLOCK": 1024}, num_warps=4), 0.011), Candidate(SHIPPED, 0.010)],
-                    SHIPPED, {"winner": 1})
-    (art,) = rt.artifacts([rec], "mylib.block", "aoti", H200)
+    rec = recording.Record("triton_poi_fused_gelu_0", lookup_key(), "{'x': 1048576}", "pointwise",
+                           [Candidate(Config({"XBLOCK": 1024}, num_warps=4), 0.011), Candidate(SHIPPED, 0.010)],
+                           SHIPPED, {"winner": 1})
+    (art,) = recording.artifacts([rec], "mylib.block", "aoti", H200)
     path = art.save(tmp_path)
     back = Artifact.load(path, canonical=True)
     assert back.config == SHIPPED and back.key == {inductor.AXIS: lookup_key()}
@@ -277,8 +278,7 @@ class _Launcher:
 def _recorded(times_ms: dict, shipped=None):
     """Run Recording.benchmark over the gelu kernel's real candidates, each timed `times_ms[XBLOCK]`
     (a deterministic synthetic ranking: every re-timing gives the same figure)."""
-    from flytune_build.runtime import inductor as rt
-    from flytune_build.runtime import selection
+    from flytune_build.runtime import recording, selection
 
     k = load_kernel()
     launchers = [_Launcher(c) for c in k.configs]
@@ -288,7 +288,7 @@ def _recorded(times_ms: dict, shipped=None):
     def inductor_benchmark(autotuner, *a, **kw):
         return {lc: autotuner.bench(lc) for lc in launchers}
 
-    rec = rt.Recording(selection.CPU_TIME, shipped)
+    rec = recording.Recording(selection.CPU_TIME, shipped)
     timings = rec.benchmark(inductor_benchmark, k)
     chosen = min(timings, key=timings.get).config  # what Inductor then keeps
     (record,) = rec.records.values()
@@ -314,6 +314,40 @@ def test_a_harvest_keeps_the_shipped_winner_unless_beaten_by_the_margin():
     assert chosen.kwargs == {"XBLOCK": 512} and record.outcome == "kept"
     chosen, record = _recorded({1024: 0.0050, 512: 0.0100}, held)  # twice as fast: replaced
     assert chosen.kwargs == {"XBLOCK": 1024} and record.outcome == "replaced"
+
+
+def _coordesc(times_ms: dict, shipped=None):
+    """Recording.coordesc after Inductor's coordinate descent moved the gelu kernel from XBLOCK 1024 (the
+    benchmark's winner) to 2048, each timed `times_ms[XBLOCK]` (deterministic synthetic ranking)."""
+    from flytune_build.runtime import recording, selection
+
+    k = load_kernel()
+    k.bench = lambda launcher, *a, **kw: times_ms[launcher.config.kwargs["XBLOCK"]]
+    k.reset_to_zero_args = lambda *a, **kw: None
+    start = _Launcher(triton.Config({"XBLOCK": 1024}, num_warps=4, num_stages=1))
+    found = _Launcher(triton.Config({"XBLOCK": 2048}, num_warps=4, num_stages=1))
+    rec = recording.Recording(selection.CPU_TIME, shipped)
+    kept = rec.coordesc(k, start, found, (), {})
+    (record,) = rec.records.values()
+    assert record.coordesc and record.winner.kwargs == kept.config.kwargs
+    return kept.config.kwargs["XBLOCK"], record
+
+
+def test_a_coordinate_descent_move_within_the_noise_is_not_taken_so_harvests_agree():
+    block, record = _coordesc({1024: 0.0100, 2048: 0.0099})   # 1% apart: a tie, the start stays
+    assert block == 1024 and [c.time_ms for c in record.candidates] == [0.0100, 0.0099]
+    block, record = _coordesc({1024: 0.0100, 2048: 0.0050})   # clearly faster: the move is taken
+    assert block == 2048 and record.selection["winner"] == 1
+
+
+def test_a_coordinate_descent_move_replaces_a_shipped_winner_only_past_the_margin():
+    from flytune_build.runtime.selection import Shipped
+
+    held = {lookup_key(): Shipped(Config({"XBLOCK": 1024}, num_warps=4, num_stages=1), 0.03)}
+    block, record = _coordesc({1024: 0.0100, 2048: 0.00975}, held)   # 2.6% faster: within the 3% margin
+    assert block == 1024 and record.outcome == "kept"
+    block, record = _coordesc({1024: 0.0100, 2048: 0.0050}, held)
+    assert block == 2048 and record.outcome == "replaced"
 
 
 def test_a_directory_artifact_inductor_would_not_serve_as_written_is_refused_with_a_warning(tmp_path, monkeypatch):

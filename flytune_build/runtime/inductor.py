@@ -12,10 +12,8 @@ marked as coordinate-descent-tuned so Inductor tunes it no further. Under FLYTUN
 kernel that would be autotuned raises `TierMissError` naming it. Closing says once, in one warning,
 how many kernels hit and missed and what differs (device, toolchain) when any missed.
 
-Recording (`recording()`, for `flytune harvest` on the target GPU): where Inductor benchmarks a
-kernel's candidates, flytune's selection (runtime.selection: the sequential test, its tie rule) picks
-the winner from Inductor's own timings and re-timings (`CachingAutotuner.bench`), and Inductor is told
-that winner; coordinate-descent results are taken as Inductor found them. Each kernel becomes a `Record`.
+Recording (runtime.recording, for `flytune harvest` on the target GPU) is called from the same
+patched methods; `compile_once()` is the harvest's compile.
 
 The hooks are private to PyTorch: `HOOKS` names each one, `missing()` says which this torch lacks, and
 tests pin them. Nothing here changes a compile outside `serve()` or `recording()`.
@@ -23,14 +21,11 @@ tests pin them. Nothing here changes a compile outside `serve()` or `recording()
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..core import codec, inductor, settings
-from ..core.artifact import Artifact
+from ..core import inductor, settings
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.device import DeviceIdentity
@@ -76,7 +71,7 @@ def kernel_name(autotuner) -> str:
 
 
 # -- the one patch: CachingAutotuner's parent-side methods call the active serving or recording ---------------
-_active: list = []  # the innermost serve() or recording() is the last
+active: list = []  # the innermost serve() or recording() is the last
 
 
 def _patched(name: str, wrapper):
@@ -95,35 +90,36 @@ def _patched(name: str, wrapper):
     setattr(CachingAutotuner, name, method)
 
 
-def _install() -> None:
+def install_hooks() -> None:
     _patched("precompile", _precompile)
     _patched("benchmark_all_configs", _benchmark_all_configs)
     _patched("coordinate_descent_tuning", _coordinate_descent_tuning)
 
 
 def _precompile(original, self, warm_cache_only=False, *args, **kwargs):
-    if warm_cache_only or not _active or not isinstance(_active[-1], Serving):  # a worker's, or not serving
+    if warm_cache_only or not active or not isinstance(active[-1], Serving):  # a worker's, or not serving
         return original(self, warm_cache_only, *args, **kwargs)
-    ctx = _active[-1]
+    ctx = active[-1]
     ctx.before_precompile(self)
     out = original(self, warm_cache_only, *args, **kwargs)
     ctx.after_precompile(self)
     return out
 
 
+def _recording():
+    """The innermost open runtime.recording.Recording, or None (a serving, or nothing, is open)."""
+    return active[-1] if active and not isinstance(active[-1], Serving) else None
+
+
 def _benchmark_all_configs(original, self, *args, **kwargs):
-    ctx = _active[-1] if _active else None
-    if not isinstance(ctx, Recording):
-        return original(self, *args, **kwargs)
-    return ctx.benchmark(original, self, *args, **kwargs)
+    ctx = _recording()
+    return original(self, *args, **kwargs) if ctx is None else ctx.benchmark(original, self, *args, **kwargs)
 
 
 def _coordinate_descent_tuning(original, self, launcher, *args, **kwargs):
-    out = original(self, launcher, *args, **kwargs)
-    ctx = _active[-1] if _active else None
-    if isinstance(ctx, Recording):
-        ctx.coordesc(self, out)
-    return out
+    found = original(self, launcher, *args, **kwargs)
+    ctx = _recording()
+    return found if ctx is None else ctx.coordesc(self, launcher, found, args, kwargs)
 
 
 def _same(triton_config, entry: dict) -> bool:
@@ -177,8 +173,8 @@ class Serving:
     def open(self) -> Serving:
         if self._open or self.unsupported:
             return self
-        _install()
-        _active.append(self)
+        install_hooks()
+        active.append(self)
         if self not in _serving:
             _serving.append(self)
         self._open = True
@@ -188,7 +184,7 @@ class Serving:
     def close(self) -> None:
         if not self._open:
             return
-        _active.remove(self)
+        active.remove(self)
         self._open = False
         _set_table()
         self.tell()
@@ -270,7 +266,7 @@ def _set_table() -> None:
     the order opened); the user's table alone again once the last serving closes."""
     import torch._inductor.config as inductor_config
 
-    open_ = [s for s in _active if isinstance(s, Serving)]
+    open_ = [s for s in active if isinstance(s, Serving)]
     if not open_:
         if _user_table:
             inductor_config.autotune_lookup_table = _user_table.pop()
@@ -398,102 +394,6 @@ def reset() -> None:
         s.kernels.clear()
 
 
-# -- recording (flytune harvest) -----------------------------------------------------------------------------
-@dataclass
-class Record:
-    """One generated kernel's autotune, as harvested."""
-    name: str
-    key: str
-    size_hints: str
-    heuristic: str
-    candidates: list = field(default_factory=list)   # bench.Candidate, in Inductor's order
-    winner: Config | None = None
-    selection: dict | None = None
-    coordesc: bool = False
-    outcome: str | None = None                       # kept | replaced against a shipped winner
-
-
-class Recording:
-    """While open, every kernel Inductor autotunes in this process is chosen by flytune's selection and
-    recorded (`records`, by lookup hash). `shipped` maps a lookup hash to the winner an output already
-    holds (runtime.selection.Shipped): it stays unless beaten by more than its margin (hysteresis)."""
-
-    def __init__(self, rule=None, shipped: dict | None = None):
-        self.records: dict[str, Record] = {}
-        self.rule = rule
-        self.shipped = shipped or {}
-        self._open = False
-
-    def __enter__(self) -> Recording:
-        missing_hooks = missing()
-        if missing_hooks:
-            raise TierMissError(f"this torch lacks {', '.join(missing_hooks)}: Inductor winners can be harvested "
-                                f"with {SUPPORTED}", field="torch")
-        _install()
-        _active.append(self)
-        self._open = True
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._open:
-            _active.remove(self)
-            self._open = False
-
-    def benchmark(self, original, autotuner, *args, **kwargs) -> dict:
-        from . import selection
-        from .bench import Candidate
-
-        timings = original(autotuner, *args, **kwargs)
-        launchers = list(timings)
-        candidates = [Candidate(inductor.config_of(lc.config.kwargs, lc.config.num_warps, lc.config.num_stages),
-                                float(timings[lc])) for lc in launchers]
-        by_candidate = {id(c): lc for c, lc in zip(candidates, launchers)}
-
-        def retime(candidate, fraction):
-            return float(autotuner.bench(by_candidate[id(candidate)], *args, **kwargs))
-
-        rec = self._record(autotuner)
-        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED, self.shipped.get(rec.key))
-        autotuner.reset_to_zero_args(*args, **kwargs)
-        rec.candidates, rec.winner, rec.selection = candidates, chosen.winner.config, chosen.record
-        rec.outcome = chosen.outcome
-        winner = by_candidate[id(chosen.winner)]
-        # Inductor keeps the least time: the selection's winner is given it, every other its own median
-        out = {lc: c.time_ms for c, lc in zip(candidates, launchers)}
-        out[winner] = math.nextafter(min(out.values()), -math.inf)
-        return out
-
-    def coordesc(self, autotuner, launcher) -> None:
-        rec = self._record(autotuner)
-        c = launcher.config
-        rec.winner = inductor.config_of(c.kwargs, c.num_warps, c.num_stages)
-        rec.coordesc = True
-
-    def _record(self, autotuner) -> Record:
-        key = kernel_key(autotuner)
-        if key not in self.records:
-            heuristic = getattr(autotuner.heuristic_type, "name", str(autotuner.heuristic_type)).lower()
-            self.records[key] = Record(kernel_name(autotuner), key, str(autotuner.size_hints), heuristic)
-        return self.records[key]
-
-
-def artifacts(records, kernel: str, mode: str, dev: DeviceIdentity | None = None) -> list[Artifact]:
-    """The records of one compile entry (`kernel`, the entry's dotted name) as artifacts for `dev`."""
-    from .identity import provenance
-
-    dev = dev or running_device.current()
-    out = []
-    for rec in sorted(records, key=lambda r: r.key):
-        if rec.winner is None:
-            continue
-        space = hashlib.sha256(codec.canonical([c.config.to_json() for c in rec.candidates])).hexdigest()
-        prov = provenance(rec.candidates, space, "measured", selection=rec.selection)
-        prov["inductor"] = {"name": rec.name, "size_hints": rec.size_hints, "heuristic": rec.heuristic,
-                            "mode": mode, "coordesc": rec.coordesc}
-        out.append(Artifact(kernel, {inductor.AXIS: rec.key}, dev, rec.winner, prov))
-    return out
-
-
 def compile_once(model, inputs: tuple, mode: str, dynamic: bool = False) -> None:
     """Compile `model` for `inputs` as `mode` asks (a torch.compile mode, or "aoti"), with Inductor's
     caches off, so every kernel is autotuned here and none is read from an earlier compile."""
@@ -516,5 +416,3 @@ def compile_once(model, inputs: tuple, mode: str, dynamic: bool = False) -> None
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
 
-
-recording = Recording  # `with recording() as r:` compiles made inside are chosen by flytune's selection and recorded

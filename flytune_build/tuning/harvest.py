@@ -76,14 +76,14 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
         raise UsageError("refusing to harvest where CI is set: shared runners do not choose winners (harvest on "
                          "the intended GPU; allow_ci=True or --allow-ci overrides)")
     model, inputs = _setup(match["module"], match["function"], entry)
-    from ..runtime import device, inductor as rt
+    from ..runtime import device, inductor as rt, recording
 
     dev = device.current()
     kernel = f"{match['module']}.{match['function']}"
     directory = expand(output, dev)
     held = {key: Shipped(config, min_improvement / 100) for key, config in _shipped(directory, kernel, dev).items()}
     start = time.perf_counter()
-    with rt.recording(shipped=held) as rec:
+    with recording.Recording(shipped=held) as rec:
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 rt.compile_once(model, inputs, mode, dynamic)
@@ -92,7 +92,7 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
                 raise
             raise TuneError(f"compiling {entry} ({mode}) failed: {one_line(e)}", field="entry") from None
     seconds = time.perf_counter() - start
-    arts = rt.artifacts(rec.records.values(), kernel, mode, dev)
+    arts = recording.artifacts(rec.records.values(), kernel, mode, dev)
     out = Harvest(entry, kernel, mode, dev.spec(), seconds, arts, output=directory)
     out.outcomes = {r.name: r.outcome or "new" for r in rec.records.values() if r.winner is not None}
     out.written = [a.save(out.output) for a in arts]

@@ -1,0 +1,141 @@
+"""Inductor winners recorded on the target GPU (`flytune harvest`): while a `Recording` is open, flytune's
+selection decides what Inductor autotunes in this process.
+
+Where Inductor benchmarks a kernel's candidates (`CachingAutotuner.benchmark_all_configs`), the selection
+(runtime.selection: the sequential test, its tie rule, hysteresis against a winner the output already
+holds) picks the winner from Inductor's own timings and re-timings (`CachingAutotuner.bench`), and
+Inductor is told that winner. Where Inductor's coordinate descent then moves from that winner to
+another config, the same selection decides between the two, the start first on a tie: a move within
+the noise, or within the margin of a shipped winner, is not taken. So two harvests agree, and a
+re-harvest keeps what ships unless it is beaten. Each kernel becomes one `Record`; `artifacts()` turns
+a compile entry's records into artifacts. The patched methods are runtime.inductor's.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+from ..core import codec, inductor
+from ..core.artifact import Artifact
+from ..core.config import Config
+from ..core.device import DeviceIdentity
+from ..core.errors import TierMissError
+from . import device as running_device
+from .inductor import SUPPORTED, active, install_hooks, kernel_key, kernel_name, missing
+
+
+@dataclass
+class Record:
+    """One generated kernel's autotune, as harvested."""
+    name: str
+    key: str
+    size_hints: str
+    heuristic: str
+    candidates: list = field(default_factory=list)   # bench.Candidate, in Inductor's order
+    winner: Config | None = None
+    selection: dict | None = None
+    coordesc: bool = False
+    outcome: str | None = None                       # kept | replaced against a shipped winner
+
+
+class Recording:
+    """While open, every kernel Inductor autotunes in this process is chosen by flytune's selection and
+    recorded (`records`, by lookup hash). `shipped` maps a lookup hash to the winner an output already
+    holds (runtime.selection.Shipped): it stays unless beaten by more than its margin (hysteresis)."""
+
+    def __init__(self, rule=None, shipped: dict | None = None):
+        self.records: dict[str, Record] = {}
+        self.rule = rule
+        self.shipped = shipped or {}
+        self._open = False
+
+    def __enter__(self) -> Recording:
+        missing_hooks = missing()
+        if missing_hooks:
+            raise TierMissError(f"this torch lacks {', '.join(missing_hooks)}: Inductor winners can be harvested "
+                                f"with {SUPPORTED}", field="torch")
+        install_hooks()
+        active.append(self)
+        self._open = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._open:
+            active.remove(self)
+            self._open = False
+
+    def benchmark(self, original, autotuner, *args, **kwargs) -> dict:
+        from . import selection
+        from .bench import Candidate
+
+        timings = original(autotuner, *args, **kwargs)
+        launchers = list(timings)
+        candidates = [Candidate(_config(lc), float(timings[lc])) for lc in launchers]
+        by_candidate = {id(c): lc for c, lc in zip(candidates, launchers)}
+
+        def retime(candidate, fraction):
+            return float(autotuner.bench(by_candidate[id(candidate)], *args, **kwargs))
+
+        rec = self._record(autotuner)
+        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED, self.shipped.get(rec.key))
+        autotuner.reset_to_zero_args(*args, **kwargs)
+        rec.candidates, rec.winner, rec.selection = candidates, chosen.winner.config, chosen.record
+        rec.outcome = chosen.outcome
+        winner = by_candidate[id(chosen.winner)]
+        # Inductor keeps the least time: the selection's winner is given it, every other its own median
+        out = {lc: c.time_ms for c, lc in zip(candidates, launchers)}
+        out[winner] = math.nextafter(min(out.values()), -math.inf)
+        return out
+
+    def coordesc(self, autotuner, start, found, args: tuple, kwargs: dict):
+        """Inductor's coordinate descent went from `start` (the benchmark's winner) to `found`: the
+        selection decides between the two by re-timing both; returns the launcher Inductor keeps."""
+        from . import selection
+        from .bench import Candidate
+
+        rec = self._record(autotuner)
+        rec.coordesc = True
+        if found is not None and found is not start and _config(found) != _config(start):
+            pair = [Candidate(_config(lc), float(autotuner.bench(lc, *args, **kwargs))) for lc in (start, found)]
+            by_candidate = {id(c): lc for c, lc in zip(pair, (start, found))}
+            chosen = selection.pick(pair, lambda c, _: float(autotuner.bench(by_candidate[id(c)], *args, **kwargs)),
+                                    self.rule or selection.MEASURED, self.shipped.get(rec.key))
+            autotuner.reset_to_zero_args(*args, **kwargs)
+            rec.candidates, rec.selection, rec.outcome = pair, chosen.record, chosen.outcome
+            found = by_candidate[id(chosen.winner)]
+        rec.winner = _config(found or start)
+        return found or start
+
+    def _record(self, autotuner) -> Record:
+        key = kernel_key(autotuner)
+        if key not in self.records:
+            heuristic = getattr(autotuner.heuristic_type, "name", str(autotuner.heuristic_type)).lower()
+            self.records[key] = Record(kernel_name(autotuner), key, str(autotuner.size_hints), heuristic)
+        return self.records[key]
+
+
+def artifacts(records, kernel: str, mode: str, dev: DeviceIdentity | None = None) -> list[Artifact]:
+    """The records of one compile entry (`kernel`, the entry's dotted name) as artifacts for `dev`."""
+    from .identity import provenance
+
+    dev = dev or running_device.current()
+    out = []
+    for rec in sorted(records, key=lambda r: r.key):
+        if rec.winner is None:
+            continue
+        space = hashlib.sha256(codec.canonical([c.config.to_json() for c in rec.candidates])).hexdigest()
+        prov = provenance(rec.candidates, space, "measured", selection=rec.selection)
+        prov["inductor"] = {"name": rec.name, "size_hints": rec.size_hints, "heuristic": rec.heuristic,
+                            "mode": mode, "coordesc": rec.coordesc}
+        out.append(Artifact(kernel, {inductor.AXIS: rec.key}, dev, rec.winner, prov))
+    return out
+
+
+def _config(launcher) -> Config:
+    """The flytune config of an Inductor launcher (its triton.Config)."""
+    c = launcher.config
+    return inductor.config_of(c.kwargs, c.num_warps, c.num_stages)
+
+
+recording = Recording  # `with recording() as r:` compiles made inside are chosen by flytune's selection and recorded
