@@ -63,8 +63,18 @@ def test_cold_searches_agree_each_winner_within_the_cap_and_a_re_tune_keeps_them
             # within the cap of the run's fastest, round for round (the finalists' medians are over
             # different rounds: the extra blocks time the edge finalists and the fastest alone)
             assert sel["winner"] == sel["fastest"] or won["gap"] <= selection.CPU_TIME.cap, (n, sel)
-            assert r["config"].num_warps == 1, (n, sel)   # an exact tie goes to the earliest declared
+            # the tie rule, whatever the timings read: every finalist declared before the winner was judged
+            # apart from the fastest, or at the edge and past the tie, in this run
+            for f in sel["finalists"]:
+                if f["index"] < sel["winner"]:
+                    assert f["verdict"] == "apart" or (f["verdict"] == "edge" and f["gap"] > selection.EDGE_TIE
+                                                       * selection.CPU_TIME.cap), (n, sel)
             assert isinstance(sel["resolved"], bool) and 0.5 <= sel["confidence"] <= 1
+    # exact ties read as ties: the earliest declared (num_warps=1) wins. A loaded machine can read an exact
+    # tie more than the cap apart in a round block (seen once in 20 runs beside three other test runs), so
+    # this is asserted as agreement is: on nine shapes in ten
+    first_declared = [n for run in (first, second) for n, r in run.items() if r["config"].num_warps == 1]
+    assert len(first_declared) >= 0.9 * 2 * len(SHAPES), {n: (first[n]["config"], second[n]["config"]) for n in SHAPES}
     assert all(third[n]["selection"]["shipped"]["outcome"] == "kept" for n in SHAPES)   # churn 0
     assert {n: r["config"] for n, r in third.items()} == kept
     resolved = statistics.mean(r["selection"]["resolved"] for run in (first, second) for r in run.values())
