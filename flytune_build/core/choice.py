@@ -24,7 +24,8 @@ have neither). Data only; indices name entries of `provenance.candidates`:
                     "noise": 0.011,               the run's pooled relative dispersion of paired rounds
                     "shipped": {"index": 2, "margin": 0.03, "gain": 0.004, "outcome": "kept"},
                     "stability": {"runs": 3, "agreed": 3}}     `flytune tune --repeat`
-    "outputs":     {"reference": {"kwargs": {...}, ...},   the config every candidate's outputs were compared with
+    "outputs":     {"reference": {"kwargs": {...}, ...},   the config every candidate's outputs were compared with,
+                    or "function": "mylib.ref:add",       the plan entry's reference function, where it named one
                     "rtol": null, "atol": null,  the plan entry's tolerances (null: by dtype, runtime.outputs)
                     "rejected": 1}               candidates whose outputs differed (each one's `error` says where)
                    or {"note": "not checked: ..."}
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .codec import Fields
+from .codec import FUNCTION, Fields
 from .config import check_json
 
 TIMERS = ("cuda-graph", "cuda-events", "cpu-time", "user", "synthetic")
@@ -123,9 +124,13 @@ def _shipped(v: Any, f: Fields, path: str) -> None:
 
 def check_outputs(value: Any, f: Fields, path: str = "provenance.outputs") -> dict:
     """Raise unless `value` is an output-check record of the form above; returns it."""
-    f.table(value, path, (), ("reference", "rtol", "atol", "rejected", "note"))
+    f.table(value, path, (), ("reference", "function", "rtol", "atol", "rejected", "note"))
+    if "reference" in value and "function" in value:
+        f.fail(f"{path}.function", "must not be given with `reference`: the outputs were compared with one of them")
     if "reference" in value:
         check_json(value["reference"], f, f"{path}.reference")
+    if "function" in value:
+        f.string(value["function"], f"{path}.function", FUNCTION, "`module:function`")
     for name in ("rtol", "atol"):
         if name in value:
             f.number(value[name], f"{path}.{name}", nullable=True)

@@ -14,6 +14,10 @@ FLOAT_MAX = sys.float_info.max  # a JSON number past it is no measurement: float
 
 MAX_DOCUMENT_BYTES = 1 << 20  # one artifact with hundreds of candidate timings stays far below this
 
+# `module:function`, dotted ASCII names (in the dialect both `re` and JSON Schema read): a tuning plan
+# entry's `reference`, the provenance that names it, and `flytune harvest`'s compile entry
+FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+
 
 # one encoder for every call (json.dumps builds a new one per call with these options); only
 # JSON trees are encoded here, never cyclic objects, so the cycle check is skipped

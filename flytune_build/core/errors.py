@@ -90,6 +90,12 @@ class UsageError(FlytuneError, ValueError):
     nothing was done. The CLI's exit code 2."""
 
 
+class PlanError(ProjectError, UsageError):
+    """A tuning plan entry `flytune tune` cannot use as written (a `reference` that is malformed, does not
+    import or is not a function); nothing was tuned. A ProjectError naming the file and field, and a
+    UsageError: the CLI's exit code 2."""
+
+
 class ArgumentTypeError(UsageError, TypeError):
     """An argument of the wrong type (one string where a list of paths goes): refused, never iterated.
     A UsageError (the CLI's exit code 2) and a TypeError."""

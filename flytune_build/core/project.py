@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
-from .codec import Fields
+from .codec import FUNCTION, Fields
 from .device import ARCH, NAME, backend_of
-from .errors import ProjectError
+from .errors import PlanError, ProjectError
 from .fsutil import read_regular
 from .schema.rules import (
     Array,
@@ -70,6 +70,16 @@ TARGET = Either(ARCH_RULE, Table({
     "accept": Key(Array(Choice(LEVELS), 1, "must name at least one match level",
                         description="Match levels served at run time."), default=list(DEFAULT_ACCEPT)),
 }))
+REFERENCE = Text(FUNCTION.pattern, "`module:function` (dotted Python names)",
+                 description="A function called as the kernel is, writing the outputs every candidate's are "
+                             "compared with (default: the kernel's default or first config).")
+
+
+def _reference(value: Any, f: Fields, path: str) -> str:
+    # a PlanError: `flytune tune` refuses the plan as a usage error (exit 2) before any job runs
+    return REFERENCE.check(value, path, Fields(f.file, PlanError, f.root))
+
+
 ENTRY = Table({
     "kernel": Key(KERNEL, required=True),
     "setup": Key(Text(SETUP.pattern, "`module:function`",
@@ -82,6 +92,7 @@ ENTRY = Table({
     "check": Key(Boolean(description="false: candidates' outputs are not compared with the reference "
                                      "config's (a kernel whose outputs legitimately depend on its config)."),
                  default=True),
+    "reference": Key(Parsed(_reference, REFERENCE.schema(), description=REFERENCE.description)),
 })
 TUNE = Table({
     "plan": Key(replace(PATH, description="A TOML file of `[[entries]]`.")),
@@ -123,11 +134,12 @@ class TuneEntry:
     check: bool = True            # False: candidates' outputs are not compared with the reference's
     # (file, dotted field) of the entry: the plan file or pyproject.toml, which an error names
     origin: tuple[str, str] | None = field(default=None, compare=False)
+    reference: str | None = None  # "module:function" the outputs are compared with (None: a config's)
 
     @classmethod
     def from_checked(cls, entry: dict, origin: tuple[str, str] | None = None) -> TuneEntry:
         return cls(entry["kernel"], entry["setup"], tuple(entry["shapes"]), entry["autotuner"], entry["rtol"],
-                   entry["atol"], entry["check"], origin)
+                   entry["atol"], entry["check"], origin, entry["reference"])
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
 """Checked outputs: during a tuning search (`flytune tune`: inside `checking`), each candidate's outputs
-are compared with a reference config's, computed on the same inputs, so that a fast config that
-computes the wrong thing never wins. A search a process runs on its own (FLYTUNE_AUTOTUNE=1, a first
-call with no other tier) launches and calls hooks exactly as Triton's Autotuner would, unchecked.
+are compared with a reference's, computed on the same inputs, so that a fast config that computes the
+wrong thing never wins. A search a process runs on its own (FLYTUNE_AUTOTUNE=1, a first call with no
+other tier) launches and calls hooks exactly as Triton's Autotuner would, unchecked.
 
-Invariants (pinned by tests/test_selection.py):
-- the reference is the kernel's `default` config for the call, else the first candidate in declared
-  order; where it fails to launch, the next candidate that launches;
+Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
+- the reference is the plan entry's reference function where it names one (`reference = "module:function"`),
+  else the kernel's `default` config for the call, else the first candidate in declared order; where a
+  config fails to launch, the next candidate that launches;
+- a reference function is called as the kernel is (`fn(*args, **kwargs)`, the arguments the call passed,
+  without grid or config), on the call's tensors as found, and writes its outputs into them in place; what
+  it returns is ignored. Where it raises, the search fails (`TuneError` naming it): a plan that names a
+  reference never ships a winner that was not checked against it;
 - every candidate (and the reference) launches on the caller's tensors as the search found them:
   each tensor argument is restored from a copy taken before the first launch, so a config that leaves
   part of an output unwritten leaves the found bytes there, not another candidate's result;
@@ -13,7 +18,8 @@ Invariants (pinned by tests/test_selection.py):
   within the tolerance of their dtype (`TOLERANCES`) or the plan entry's `rtol`/`atol`; NaN equals NaN;
 - a candidate that differs raises `WrongOutput` where it is timed: it times as infinity, can never win,
   and `provenance.candidates[i].error` says where it differed; `provenance.outputs` records the
-  reference and the tolerances (or, in `note`, why nothing was checked);
+  reference config (or, as `function`, the reference function's name) and the tolerances (or, in
+  `note`, why nothing was checked);
 - the caller's tensors are as the search found them once the check pass ends.
 
 Outputs are not checked when the plan entry says `check = false`, when no tensor is passed, or when
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.config import Config
+from ..core.errors import TuneError, foreign_failure, one_line
 
 # (rtol, atol) by dtype name; a dtype not listed and not floating compares exactly
 TOLERANCES = {"float64": (1e-7, 1e-9), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3),
@@ -37,7 +44,7 @@ MAX_BYTES = 2 << 30                  # tensor bytes a call may pass and still be
 
 
 class WrongOutput(Exception):
-    """A candidate's outputs differ from the reference config's on the same inputs."""
+    """A candidate's outputs differ from the reference's on the same inputs."""
 
 
 @dataclass(frozen=True)
@@ -45,16 +52,19 @@ class Policy:
     check: bool = True
     rtol: float | None = None     # None: by dtype
     atol: float | None = None
+    reference: Callable | None = None   # the plan entry's reference function (None: a config is the reference)
+    reference_name: str | None = None   # its `module:function`, as the plan names it
 
 
 _policies: list[Policy] = []
 
 
 @contextlib.contextmanager
-def checking(check: bool = True, rtol: float | None = None, atol: float | None = None) -> Iterator[None]:
+def checking(check: bool = True, rtol: float | None = None, atol: float | None = None,
+             reference: Callable | None = None, reference_name: str | None = None) -> Iterator[None]:
     """A context in which searches check their candidates' outputs under this policy (a tuning plan
-    entry's `check`, `rtol`, `atol`)."""
-    p = Policy(bool(check), rtol, atol)
+    entry's `check`, `rtol`, `atol`, and its `reference` function, imported, with the name it gave)."""
+    p = Policy(bool(check), rtol, atol, reference, reference_name)
     _policies.append(p)
     try:
         yield
@@ -75,15 +85,22 @@ def tolerance(dtype: Any, p: Policy) -> tuple[float, float]:
 
 
 class Check:
-    """One search's output check: the inputs as found, and the reference config's outputs."""
+    """One search's output check: the inputs as found, and the reference's outputs."""
 
     def __init__(self, tensors: dict[str, Any], launch: Callable[[Config], None], p: Policy):
         self.tensors, self.launch, self.policy = tensors, launch, p
         self.found = {n: t.clone() for n, t in tensors.items()}
-        self.reference: Config | None = None
-        self.expected: dict[str, Any] = {}
+        self.reference: Config | None = None   # the reference config, where no function is the reference
+        self.expected: dict[str, Any] | None = None   # None: nothing to compare with
         self.note: str | None = None
         self.rejected: list[Config] = []
+
+    @property
+    def against(self) -> str:
+        """The reference, as an error names it."""
+        if self.policy.reference is not None:
+            return f"function {self.policy.reference_name}"
+        return str(self.reference)
 
     def restore(self) -> None:
         """Every tensor argument as the search found it."""
@@ -104,10 +121,24 @@ class Check:
             return
         self.note = "not checked: no config launched for the reference (" + "; ".join(errors)[:400] + ")"
 
+    def call_reference(self, args: tuple, kwargs: dict) -> None:
+        """The reference function's outputs: it is called as the kernel was, on the inputs as found. A
+        TuneError where it raises: no candidate can be checked, and the plan asked for this check."""
+        self.restore()
+        try:
+            self.policy.reference(*args, **kwargs)
+        except BaseException as e:
+            if not foreign_failure(e):
+                raise
+            self.restore()
+            raise TuneError(f"the reference function {self.policy.reference_name} raised on the call's inputs, "
+                            f"so no candidate can be checked against it: {one_line(e)}") from None
+        self.expected = {n: t.clone() for n, t in self.tensors.items()}
+
     def __call__(self, cfg: Config) -> None:
         """Launch `cfg` on the inputs as found and raise `WrongOutput` unless its outputs are the reference's."""
-        if self.reference is None or cfg == self.reference:
-            if self.reference is None:
+        if self.expected is None or cfg == self.reference:  # the reference config's outputs are the expected
+            if self.expected is None:
                 self.launch(cfg)
             return
         self.restore()
@@ -116,7 +147,7 @@ class Check:
             why = differs(t, self.expected[n], self.policy)
             if why is not None:
                 self.rejected.append(cfg)
-                raise WrongOutput(f"`{n}` differs from the reference {self.reference}'s: {why}")
+                raise WrongOutput(f"`{n}` differs from the reference {self.against}'s: {why}")
 
     def screen(self, configs: Sequence[Config]) -> dict[Config, str]:
         """Each config checked once: {config: why} of those whose outputs differ (a config that fails to
@@ -136,20 +167,23 @@ class Check:
 
     def record(self, candidates: Sequence[Any]) -> dict:
         """`provenance.outputs`."""
-        if self.reference is None:
+        if self.expected is None:
             return {"note": (self.note or "not checked")[:500]}
-        out: dict = {"reference": self.reference.to_json(), "rtol": self.policy.rtol, "atol": self.policy.atol,
-                     "rejected": sum(1 for c in candidates if c.config in self.rejected)}
-        return out
+        against = {"function": self.policy.reference_name} if self.reference is None else \
+            {"reference": self.reference.to_json()}
+        return {**against, "rtol": self.policy.rtol, "atol": self.policy.atol,
+                "rejected": sum(1 for c in candidates if c.config in self.rejected)}
 
 
-def start(kernel, bound: dict, configs: Sequence[Config], launch: Callable[[Config], None]) -> tuple[Check | None, dict | None]:
-    """The check for this search (None when none is made) and, when none is, `provenance.outputs` saying why."""
+def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], None]) -> tuple[Check | None, dict | None]:
+    """The check for this search (None when none is made) and, when none is, `provenance.outputs` saying
+    why. `site`: the call as placed (`placement.Site`: its args, kwargs and bound parameters)."""
     p = policy()
     if p is None:
         return None, None
     if not p.check:
         return None, {"note": "not checked: the plan entry says check = false"}
+    bound = site.bound
     tensors = {n: v for n, v in bound.items() if _is_tensor(v)}
     if not tensors:
         return None, {"note": "not checked: the call passes no tensor"}
@@ -159,9 +193,12 @@ def start(kernel, bound: dict, configs: Sequence[Config], launch: Callable[[Conf
                               f"{MAX_BYTES / 2**30:.0f} GiB"}
     try:
         check = Check(tensors, launch, p)
-        check.find_reference(_reference_order(kernel, bound, configs))
+        if p.reference is None:
+            check.find_reference(_reference_order(kernel, bound, configs))
     except Exception as e:  # noqa: BLE001 - no memory for the copies: the search goes on unchecked, and says so
         return None, {"note": f"not checked: {type(e).__name__}: {e}"[:500]}
+    if p.reference is not None:
+        check.call_reference(site.args, site.kwargs)
     return check, None
 
 

@@ -10,8 +10,8 @@ Invariants (pinned by tests/test_runtime.py):
 - with FLYTUNE_RANKING=synthetic each candidate still runs once (one that cannot launch never wins),
   but the ranking is a deterministic hash, never a measurement;
 - inside `outputs.checking` (`flytune tune`), each candidate's outputs are checked against a reference
-  config's on the same inputs: one that differs times as infinity and never wins, its error saying
-  where it differed;
+  (a config's, or the plan entry's reference function's) on the same inputs: one that differs times as
+  infinity and never wins, its error saying where it differed;
 - candidates are timed in declared order (the tie rule's order, `selection`), with one `bench.Measurement`
   chosen before any is timed; inside `selection.keeping` the shipped winner is a finalist;
 - on a GPU the passes and rounds rotate over `placement` copies of the inputs: the caller's tensors are
@@ -102,7 +102,7 @@ def run(kernel, args: tuple, kwargs: dict, bound: dict, key: dict, grid) -> Sear
         try:
             if not kernel.interpreted and rank != "synthetic":
                 _precompile(kernel, args, kwargs, grid, configs, sources)
-            check, checked = outputs.start(kernel, placements.sites[0].bound, configs, launch)
+            check, checked = outputs.start(kernel, placements.sites[0], configs, launch)
             if rank == "synthetic":
                 candidates, chosen, measure = _synthetic(kernel, key, configs, check or launch, shipped, default)
                 if check is not None:

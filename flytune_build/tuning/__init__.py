@@ -17,7 +17,7 @@ from ..core import settings
 from ..core.errors import ProjectError, UsageError
 from . import fingerprint
 from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
-from .job import unknown_kernels
+from .job import load_references, unknown_kernels
 
 __all__ = ["MIN_IMPROVEMENT_PCT", "Outcome", "Report", "Reporter", "tune"]
 
@@ -33,8 +33,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     Returns the `Report`: an `Outcome` per job and artifact (status, winner, change against the
     output's incumbents, stability with `repeat` > 1, failures with their reason). Prints nothing;
     `reporter` hears of progress as it happens. Raises UsageError when the run cannot start as asked
-    (nothing is written), ProjectError for a project without `[tool.flytune]`; a job that fails is
-    an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.
+    (nothing is written; a PlanError for an entry's `reference` that cannot be used is one), ProjectError
+    for a project without `[tool.flytune]`; a job that fails is an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.
     `misses` (a FLYTUNE_MISSES file) tunes exactly the shapes a serving process missed (core.misses).
     """
     job_timeout = arguments.seconds(job_timeout, "job_timeout")  # nan would mean none, -1 fail every job
@@ -63,6 +63,7 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
                          "intended GPU; allow_ci=True or --allow-ci overrides)")
     options = Options(executor or "inprocess", workers, address, job_timeout, resume, ranking,
                       str(Path(output).resolve()) if output else None, repeat, margin)
+    load_references(proj.root, entries)  # a plan naming a reference that cannot be used is refused first
     fingerprints = fingerprint.of_plan(proj.root, entries)
     report = _run(proj, entries, options, reporter, fingerprints)
     report.notes[:0] = missed_notes

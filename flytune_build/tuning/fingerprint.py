@@ -1,8 +1,9 @@
 """What a finished job depended on, so that a resumed run re-tunes a job whose inputs changed.
 
 A job's winner holds only while its kernel's declared configs (the config space), the kernel's source,
-the setup that builds its call, the output check's tolerances and the toolchain (Triton, torch,
-CUDA/HIP and the compiler-relevant environment) are what they were. `of_plan` reads them once per
+the setup that builds its call, the output check (its tolerances, and the code of the reference function
+a plan entry names) and the toolchain (Triton, torch, CUDA/HIP and the compiler-relevant environment)
+are what they were. `of_plan` reads them once per
 plan entry, in the driver, by importing each setup's module (the kernels it declares register as it
 imports); `.flytune-tune-state` keeps them with each finished job, and `changed` says which moved.
 
@@ -62,7 +63,8 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
                 configs = None if kernel is None else kernel.configs
                 fn = None if kernel is None else getattr(kernel, "base_fn", None) or getattr(kernel, "fn", None) \
                     or getattr(getattr(kernel, "tuner", None), "fn", None)  # an adopted Autotuner's kernel
-            if setup is None or configs is None or fn is None:
+            reference = _reference(root, e)
+            if setup is None or configs is None or fn is None or reference is None:
                 out[entry_name(e)] = None
                 continue
             tools = identity.toolchain(_function(fn))
@@ -70,7 +72,7 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
                 "space": space_hash(configs)[:16],
                 "source": _digest(_code(fn)),
                 "setup": _digest(_code(setup)),
-                "check": _digest(codec.canonical(list(job.check_options(e).values())).decode()),
+                "check": _digest(codec.canonical(list(job.check_options(e).values()) + reference).decode()),
                 "toolchain": _digest(codec.canonical({k: v for k, v in tools.items()
                                                       if k not in ("flytune", "source")}).decode()),
             }
@@ -96,6 +98,17 @@ def _load(spec: str):
     except ProjectError:
         return None
     except Exception:  # noqa: BLE001 - a setup module that raises on import: its jobs fail with the error
+        return None
+
+
+def _reference(root: Path, entry: TuneEntry) -> list | None:
+    """What the check part holds of the entry's reference function: its code (nothing where the entry
+    names none, so such an entry's part is what it always was); None where it cannot be loaded."""
+    if entry.reference is None:
+        return []
+    try:
+        return [_code(job.load_reference(root, entry))]
+    except Exception:  # noqa: BLE001 - `tune` refused it before the run; a Driver built directly fails its jobs
         return None
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,13 +21,11 @@ from pathlib import Path
 from ..core import arguments, inductor, installed, settings
 from ..core.artifact import Artifact
 from ..core.config import Config
-from ..core.codec import Fields
+from ..core.codec import FUNCTION, Fields
 from ..core.errors import ArtifactError, TuneError, UsageError, foreign_failure, one_line
 from ..runtime.selection import Shipped
 from .incumbent import MIN_IMPROVEMENT_PCT
 from .layout import expand
-
-ENTRY = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<function>[A-Za-z_][A-Za-z0-9_]*)")
 
 
 @dataclass
@@ -63,10 +60,10 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
     unless this run's is faster by more than `min_improvement` percent (as `flytune tune`). Prints
     nothing. Raises UsageError for an entry that cannot be used, and where CI is set unless `allow_ci`
     (shared runners do not choose winners)."""
-    match = ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
-    if match is None:
+    if not (isinstance(entry, str) and FUNCTION.fullmatch(entry.strip())):
         raise UsageError(f"the compile entry must be `module:function` (a function returning (model, "
                          f"example_inputs)), not {entry!r}")
+    module, _, function = entry.strip().partition(":")
     min_improvement = arguments.percent(min_improvement, "min_improvement")
     allow_ci, dynamic = arguments.flag(allow_ci, "allow_ci"), arguments.flag(dynamic, "dynamic")
     output = arguments.path(output, "output")
@@ -75,11 +72,11 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
     if settings.current().ci and not allow_ci:
         raise UsageError("refusing to harvest where CI is set: shared runners do not choose winners (harvest on "
                          "the intended GPU; allow_ci=True or --allow-ci overrides)")
-    model, inputs = _setup(match["module"], match["function"], entry)
+    model, inputs = _setup(module, function, entry)
     from ..runtime import device, inductor as rt, recording
 
     dev = device.current()
-    kernel = f"{match['module']}.{match['function']}"
+    kernel = f"{module}.{function}"
     directory = expand(output, dev)
     held = {key: Shipped(config, min_improvement / 100) for key, config in _shipped(directory, kernel, dev).items()}
     start = time.perf_counter()

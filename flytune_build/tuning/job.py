@@ -17,7 +17,7 @@ from pathlib import Path
 from ..core import codec, settings
 from ..core.artifact import Artifact
 from ..core.codec import did_you_mean
-from ..core.errors import ProjectError, UsageError
+from ..core.errors import PlanError, ProjectError, UsageError, foreign_failure, one_line
 from ..core.project import TuneEntry
 
 
@@ -59,8 +59,10 @@ def unknown_kernels(names, known, where: str, listing: str = "its kernels") -> U
 
 
 def check_options(entry: TuneEntry) -> dict:
-    """How a search of `entry` checks its candidates' outputs (`runtime.outputs.checking`)."""
-    return {"check": entry.check, "rtol": entry.rtol, "atol": entry.atol}
+    """How a search of `entry` checks its candidates' outputs (`runtime.outputs.checking`); `reference`
+    only where the entry names one (so an entry without one keeps the fingerprint it always had)."""
+    options = {"check": entry.check, "rtol": entry.rtol, "atol": entry.atol}
+    return options if entry.reference is None else {**options, "reference": entry.reference}
 
 
 def shape_text(shape: dict) -> str:
@@ -90,8 +92,10 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     from ..runtime import outputs, registry, search
 
     file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
+    reference = load_reference(root, entry)
     call = load_setup(entry.setup, file, f"{path}.setup" if path else "setup")(**shape)
-    with search.collecting() as found, outputs.checking(**check_options(entry)):  # outputs checked
+    with search.collecting() as found, outputs.checking(entry.check, entry.rtol, entry.atol, reference,
+                                                        entry.reference):  # outputs checked
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
             from ..runtime.adapters.triton_autotune import recording
 
@@ -131,6 +135,50 @@ def load_setup(spec: str, file: Path | str, field: str = "setup"):
     except (ImportError, AttributeError) as e:
         raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}{_missing_hint(e, module)}", file=file,
                            field=field) from None
+
+
+def load_references(root: Path, entries) -> None:
+    """Every reference function the entries name, imported (the project root importable) before any job
+    runs: a PlanError naming the first that cannot be used."""
+    saved = list(sys.path)
+    sys.path.insert(0, str(root))
+    try:
+        for entry in entries:
+            load_reference(root, entry)
+    finally:
+        sys.path[:] = saved
+
+
+def load_reference(root: Path, entry: TuneEntry):
+    """The function `entry.reference` names (None where it names none). A PlanError naming the entry's
+    `reference` field where the entry cannot use one, its module cannot be imported (whatever the import
+    raises), or the name is missing or not callable."""
+    if entry.reference is None:
+        return None
+    file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
+    field = f"{path}.reference" if path else "reference"
+    if not entry.check:
+        raise PlanError("names a reference function, but the entry says check = false: nothing would be "
+                        "compared with it", file=file, field=field)
+    if entry.autotuner:
+        raise PlanError("names a reference function, but the entry's `autotuner` search is Triton's own, whose "
+                        "candidates flytune records unchecked", file=file, field=field)
+    module, _, name = entry.reference.partition(":")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is the report's (`--json`)
+            obj = importlib.import_module(module)
+    except BaseException as e:
+        if not foreign_failure(e):
+            raise
+        raise PlanError(f"names {entry.reference!r}, whose module {module} cannot be imported: {one_line(e)}"
+                        f"{_missing_hint(e, module)}", file=file, field=field) from None
+    fn = getattr(obj, name, None)
+    if fn is None:
+        raise PlanError(f"names {entry.reference!r}, but module {module} has no {name}", file=file, field=field)
+    if not callable(fn):
+        raise PlanError(f"names {entry.reference!r}, which is {type(fn).__name__}, not a function", file=file,
+                        field=field)
+    return fn
 
 
 def _missing_hint(e: BaseException, module: str) -> str:

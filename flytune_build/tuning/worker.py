@@ -6,7 +6,7 @@ worker sends is executed by the driver):
 
     driver -> worker   ["setup", project root, ranking, name], then ["job", job id, kernel, setup,
                        autotuner, shape, {"repeat", "min_improvement", "winners", "check", "rtol",
-                       "atol"}] ...
+                       "atol", "reference"?, "origin"?}] ...
     worker -> driver   ["hello", device spec, host, pid] | ["start-failed", reason]
                        ["done", job id, device spec, [{"file", "artifact", "winner", "time_ms", "margin",
                        "change", "write", "stability"}, ...]]
@@ -93,7 +93,7 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
 
     origin = options.get("origin")
     entry = TuneEntry(kernel, setup, (shape,), autotuner, options.get("rtol"), options.get("atol"),
-                      options.get("check", True), tuple(origin) if origin else None)
+                      options.get("check", True), tuple(origin) if origin else None, options.get("reference"))
     held = Incumbents({n: text.encode() for n, text in (options.get("winners") or {}).items()},
                       options.get("min_improvement", MIN_IMPROVEMENT_PCT))
     try:

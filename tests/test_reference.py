@@ -1,0 +1,264 @@
+"""A plan entry's reference function (`reference = "module:function"`): every candidate's outputs are
+compared with what it writes, called as the kernel is on the same inputs; a plan naming one that cannot
+be used is refused before any job runs (exit 2); one that raises fails its job, never ships unchecked."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+from flytune_build.core import codec
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.errors import ArtifactError, PlanError, ProjectError, UsageError
+from flytune_build.pipeline import reader
+from flytune_build.runtime import bench
+
+# `refpkg.off` computes x + y + 1 with BLOCK=16, its first declared config (the reference without a
+# function) and the one a synthetic ranking puts first: only a reference function can refuse it.
+KERNELS = '''
+import torch, triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+
+def _configs():
+    return [Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)]
+
+@ft.autotune(_configs(), ["x", "n"], name="refpkg.add")
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+@ft.autotune(_configs(), ["x", "n"], name="refpkg.off")
+@triton.jit
+def off_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m)
+    if BLOCK == 16:
+        v = v + 1.0
+    tl.store(out + offs, v, mask=m)
+
+def _call(kernel, n):
+    x, y, out = torch.arange(n, dtype=torch.float32), torch.ones(n), torch.full((n,), -1.0)
+    return lambda: kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+
+def add(n):
+    return _call(add_kernel, n)
+
+def off(n):
+    return _call(off_kernel, n)
+'''
+REFERENCE = '''
+def add(x, y, out, n):
+    out.copy_(x + y)          # in place, as the kernel writes `out`
+
+def boom(x, y, out, n):
+    raise ValueError("no reference for n=%d" % n)
+
+VALUE = 3
+'''
+OFF = Config({"BLOCK": 16}, num_warps=1)
+
+
+@pytest.fixture(autouse=True)
+def _forget_refpkg():
+    """Each test's project is its own `refpkg`: none is served from an earlier test's import."""
+    yield
+    for name in [m for m in sys.modules if m == "refpkg" or m.startswith("refpkg.")]:
+        del sys.modules[name]
+
+
+def project(root: Path, *entries: str, plan: bool = False) -> Path:
+    (root / "refpkg").mkdir(parents=True)
+    (root / "refpkg" / "__init__.py").write_text(KERNELS)
+    (root / "refpkg" / "reference.py").write_text(REFERENCE)
+    tables = "\n".join(f"[[entries]]\n{e}\n" for e in entries)
+    inline = "entries = [" + ", ".join("{ " + e.replace("\n", ", ") + " }" for e in entries) + "]"
+    if plan:
+        (root / "plan.toml").write_text(tables)
+    (root / "pyproject.toml").write_text(textwrap.dedent('''
+        [project]
+        name = "refpkg"
+        version = "1.0"
+
+        [tool.flytune]
+        sources = ["artifacts"]
+        targets = ["interpreter"]
+
+        [tool.flytune.tune]
+        output = "artifacts/{arch}"
+        ''') + ('plan = "plan.toml"\n' if plan else inline + "\n"))
+    return root
+
+
+def entry(kernel: str, extra: str = "") -> str:
+    return f'kernel = "refpkg.{kernel}"\nsetup = "refpkg:{kernel}"\nshapes = [{{ n = 100 }}]' + (f"\n{extra}" if extra else "")
+
+
+def tune(proj: Path, out: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / f"cache-{out.name}")
+    env.pop("FLYTUNE_RANKING", None)
+    return subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project", str(proj), "--output",
+                           str(out), "--allow-ci", "--no-progress", *args], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)
+
+
+def artifacts(out: Path) -> dict[str, Artifact]:
+    return {a.kernel: a for a in (reader.load(str(p)) for p in sorted(out.glob("*.json")))}
+
+
+def candidate(art: Artifact, config: Config) -> dict:
+    return next(c for c in art.provenance["candidates"]
+                if Config.from_json(c["config"], codec.Fields("t", ArtifactError)) == config)
+
+
+def test_the_fastest_first_config_is_the_wrong_one():
+    key = {"x": "float32", "n": 100}
+    ranks = {b: bench.synthetic_ms("refpkg.off", key, Config({"BLOCK": b}, num_warps=1)) for b in (16, 32, 64)}
+    assert ranks[16] < min(ranks[32], ranks[64])  # what the tests below rely on
+
+
+@pytest.mark.parametrize("ranking", ["synthetic", "measured"])
+def test_candidates_are_checked_against_the_reference_function_and_a_wrong_one_never_wins(tmp_path, ranking):
+    out = tmp_path / "out"
+    ref = 'reference = "refpkg.reference:add"'
+    r = tune(project(tmp_path / "p", entry("add", ref), entry("off", ref)), out, tmp_path, "--ranking", ranking)
+    assert r.returncode == 0, r.stderr[-3000:]
+    arts = artifacts(out)
+    agreed = arts["refpkg.add"].provenance
+    assert agreed["outputs"] == {"function": "refpkg.reference:add", "rtol": None, "atol": None, "rejected": 0}
+    assert all(c["time_ms"] is not None and "error" not in c for c in agreed["candidates"])
+    off = arts["refpkg.off"]
+    assert off.config != OFF and off.config.kwargs["BLOCK"] in (32, 64), r.stdout
+    wrong = candidate(off, OFF)
+    assert wrong["time_ms"] is None
+    assert wrong["error"].startswith("WrongOutput: `out` differs from the reference function refpkg.reference:add's: "
+                                     "100 of 100 elements (rtol 0.0001, atol 1e-05); first at [0]: 2 vs 1"), wrong
+    assert off.provenance["outputs"] == {"function": "refpkg.reference:add", "rtol": None, "atol": None,
+                                         "rejected": 1}
+    assert all(f["index"] != 0 for f in off.provenance["selection"].get("finalists", []))  # never a finalist
+
+
+def test_without_a_reference_function_the_first_config_is_the_reference_and_its_error_ships(tmp_path):
+    """The case a reference function exists for: the default reference is itself wrong, so the right
+    configs read as differing from it."""
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", entry("off")), out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 0, r.stderr[-3000:]
+    art = artifacts(out)["refpkg.off"]
+    assert art.config == OFF and art.provenance["outputs"]["reference"] == OFF.to_json()
+    assert art.provenance["outputs"]["rejected"] == 2
+
+
+def test_a_reference_function_travels_with_its_jobs_to_local_workers(tmp_path):
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", entry("off", 'reference = "refpkg.reference:add"')), out, tmp_path,
+             "--ranking", "synthetic", "--executor", "local", "--workers", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    art = artifacts(out)["refpkg.off"]
+    assert art.config != OFF and art.provenance["worker"] == "local:0"
+    assert art.provenance["outputs"]["function"] == "refpkg.reference:add"
+
+
+def test_a_reference_function_that_raises_fails_its_job_and_ships_nothing(tmp_path):
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:boom"'), entry("off")), out,
+             tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 1, r.stderr[-3000:]
+    why = ("TuneError: the reference function refpkg.reference:boom raised on the call's inputs, so no candidate "
+           "can be checked against it: ValueError: no reference for n=100")
+    assert f"failed: refpkg.add n=100: {why}" in r.stdout, r.stdout
+    assert set(artifacts(out)) == {"refpkg.off"}  # the other entry's job still ran
+
+
+def test_a_changed_reference_function_re_tunes_its_jobs(tmp_path):
+    out = tmp_path / "out"
+    proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:add"'))
+    assert tune(proj, out, tmp_path, "--ranking", "synthetic").returncode == 0
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic")
+    assert "0 tuned, 1 resumed" in r.stdout, r.stdout
+    ref = proj / "refpkg" / "reference.py"
+    ref.write_text(ref.read_text().replace("out.copy_(x + y)", "out.copy_(y + x)"))
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic")
+    assert "1 tuned, 0 resumed" in r.stdout and "re-tuned: output check changed" in r.stdout, r.stdout
+
+
+# -- refused before any job runs ------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, rule", [
+    ('"refpkg.reference"', "must be `module:function` (dotted Python names), not 'refpkg.reference'"),
+    ('"refpkg/reference.py:add"', "must be `module:function` (dotted Python names)"),
+    ('"refpkg.reference:add.inner"', "must be `module:function` (dotted Python names)"),
+    ("3", "must be a string, not an integer"),
+    ('"refpkg.absent:add"', "names 'refpkg.absent:add', whose module refpkg.absent cannot be imported: "
+                            "ModuleNotFoundError: No module named 'refpkg.absent'"),
+    ('"refpkg.reference:nope"', "names 'refpkg.reference:nope', but module refpkg.reference has no nope"),
+    ('"refpkg.reference:VALUE"', "names 'refpkg.reference:VALUE', which is int, not a function"),
+])
+def test_a_reference_that_cannot_be_used_is_refused_naming_its_field(tmp_path, value, rule):
+    from flytune_build import tuning
+
+    proj = project(tmp_path / "p", entry("add"), entry("off", f"reference = {value}"))
+    out = tmp_path / "out"
+    with pytest.raises(PlanError) as e:
+        tuning.tune(proj, output=out, allow_ci=True, ranking="synthetic")
+    assert isinstance(e.value, UsageError) and isinstance(e.value, ProjectError)
+    assert (e.value.file, e.value.field) == (str(proj / "pyproject.toml"), "tool.flytune.tune.entries[1].reference")
+    assert e.value.rule.startswith(rule), e.value.rule
+    assert not out.exists()  # nothing was tuned
+
+
+def test_a_plan_files_reference_is_named_in_the_plan_and_the_cli_exits_2(tmp_path):
+    proj = project(tmp_path / "p", entry("off", 'reference = "refpkg.reference:nope"'), plan=True)
+    out = tmp_path / "out"
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"flytune: error: {proj / 'plan.toml'}: Field `entries[0].reference` names "
+                                f"'refpkg.reference:nope', but module refpkg.reference has no nope"), r.stderr
+    assert "Traceback" not in r.stderr and not out.exists() and r.stdout == ""
+
+
+@pytest.mark.parametrize("extra, rule", [
+    ("check = false", "names a reference function, but the entry says check = false"),
+    ('autotuner = "refpkg:add_kernel"', "names a reference function, but the entry's `autotuner` search is "
+                                        "Triton's own"),
+])
+def test_a_reference_the_entry_would_never_use_is_refused(tmp_path, extra, rule):
+    from flytune_build import tuning
+
+    proj = project(tmp_path / "p", entry("add", f'reference = "refpkg.reference:add"\n{extra}'))
+    with pytest.raises(PlanError, match="entries\\[0\\].reference") as e:
+        tuning.tune(proj, output=tmp_path / "out", allow_ci=True, ranking="synthetic")
+    assert e.value.rule.startswith(rule), e.value.rule
+
+
+def test_the_provenance_names_the_reference_function_or_config_never_both():
+    from flytune_build.core.choice import check_outputs
+
+    f = codec.Fields("a.json", ArtifactError)
+    record = {"function": "mylib.ref:add", "rtol": None, "atol": 0.5, "rejected": 1}
+    assert check_outputs(record, f) == record
+    with pytest.raises(ArtifactError, match="provenance.outputs.function` must be `module:function`"):
+        check_outputs({"function": "mylib ref"}, f)
+    with pytest.raises(ArtifactError, match="must not be given with `reference`"):
+        check_outputs({"function": "mylib.ref:add", "reference": Config({"BLOCK": 16}).to_json()}, f)
+
+
+def test_harvest_and_the_plan_read_module_function_by_one_rule():
+    from flytune_build.core.codec import FUNCTION
+    from flytune_build.core.project import REFERENCE
+    from flytune_build.tuning.harvest import harvest
+
+    assert REFERENCE.pattern == FUNCTION.pattern
+    for bad in ("mylib", "mylib:", "my-lib:f", "mylib:f.g", "1lib:f"):
+        assert not FUNCTION.fullmatch(bad)
+        with pytest.raises(UsageError, match="the compile entry must be `module:function`"):
+            harvest(bad)
+    assert FUNCTION.fullmatch("my_lib.models:block")
+    assert json.loads(json.dumps(REFERENCE.schema()))["pattern"] == f"^(?:{FUNCTION.pattern})$"
