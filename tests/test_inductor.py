@@ -207,6 +207,44 @@ def test_where_no_gpu_is_visible_serving_changes_nothing_and_says_so_once(bundle
     assert serving.stats()["device"] is None and ft.stats().get("torch.compile") is None
 
 
+def test_an_artifact_whose_block_sizes_are_not_the_kernels_is_not_served_and_said_so(tmp_path, monkeypatch):
+    """The gelu kernel takes XBLOCK: a config of other block names would not compile as the kernel's."""
+    from flytune_build import inductor as ft_inductor
+
+    d = tmp_path / "artifacts"
+    shipped_artifact(lookup_key(), Config({"YBLOCK": 64, "R0_BLOCK": 8}, num_warps=8, num_stages=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    k = load_kernel()
+    configs = [(c.kwargs, c.num_warps) for c in k.configs]
+    with pytest.warns(FlytuneWarning, match="takes block sizes \\['XBLOCK'\\], the artifact holds "
+                                            "\\['R0_BLOCK', 'YBLOCK'\\]: not served"):
+        with ft_inductor.serve() as serving:
+            serving.before_precompile(k)
+    assert [(c.kwargs, c.num_warps) for c in k.configs] == configs
+    assert serving.stats()["kernels"] == {"offline": 0, "autotune": 1, "single": 0}
+
+
+def test_serving_a_compile_entry_no_bundle_holds_says_so(bundle_dir):
+    from flytune_build import inductor as ft_inductor
+
+    with pytest.warns(FlytuneWarning, match="no installed bundle holds Inductor winners of 'mylib.blokc' "
+                                            "\\(installed: mylib.block\\)"):
+        with ft_inductor.serve(("mylib.blokc",)):
+            assert torch._inductor.config.autotune_lookup_table == {}
+
+
+def test_a_harvest_that_autotunes_no_kernel_writes_nothing_and_exits_1(tmp_path, monkeypatch, capsys):
+    """On a CPU Inductor emits C++ and autotunes nothing: an empty harvest is no success."""
+    from flytune_build.cli.main import main
+
+    (tmp_path / "tiny_entry.py").write_text("import torch\ndef f():\n    return torch.nn.ReLU(), (torch.randn(8),)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    assert main(["harvest", "tiny_entry:f", "--output", str(tmp_path / "out"), "--allow-ci"]) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_serving_is_only_what_the_user_opened():
     """Importing flytune (or its runtime) never touches Inductor: no table entry, no patched method."""
     import flytune_build.runtime.autotuner  # noqa: F401

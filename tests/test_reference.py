@@ -190,6 +190,44 @@ def test_a_changed_reference_function_re_tunes_its_jobs(tmp_path):
     assert "1 tuned, 0 resumed" in r.stdout and "re-tuned: output check changed" in r.stdout, r.stdout
 
 
+def test_an_edit_beside_the_reference_function_re_tunes_too(tmp_path):
+    """A helper the function calls is part of what it computes: the module's code is in the fingerprint."""
+    out = tmp_path / "out"
+    proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:add"'))
+    assert tune(proj, out, tmp_path, "--ranking", "synthetic").returncode == 0
+    ref = proj / "refpkg" / "reference.py"
+    ref.write_text(ref.read_text().replace("VALUE = 3", "VALUE = 4"))
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic")
+    assert "1 tuned, 0 resumed" in r.stdout and "re-tuned: output check changed" in r.stdout, r.stdout
+
+
+def test_a_call_the_check_cannot_cover_fails_its_job_where_a_reference_function_is_named(tmp_path):
+    """Tensors over the check's cap (here lowered to 64 bytes) are tuned unchecked without a reference
+    function, and fail the job with one: a plan that names one never ships an unchecked winner."""
+    proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:add"'), entry("off"))
+    init = proj / "refpkg" / "__init__.py"
+    init.write_text(init.read_text() + "\nimport flytune_build.runtime.outputs as _outputs\n_outputs.MAX_BYTES = 64\n")
+    out = tmp_path / "out"
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert ("TuneError: the outputs cannot be checked against the reference function refpkg.reference:add: the "
+            "call's tensors take 0.0 GiB, over 0 GiB") in r.stdout, r.stdout
+    arts = artifacts(out)
+    assert set(arts) == {"refpkg.off"} and arts["refpkg.off"].provenance["outputs"]["note"].startswith("not checked")
+
+
+def test_what_a_setup_or_reference_prints_never_mixes_into_the_json_report(tmp_path):
+    proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:add"'))
+    init = proj / "refpkg" / "__init__.py"
+    init.write_text(init.read_text().replace("def add(n):\n", "def add(n):\n    print('noise from the setup')\n"))
+    ref = proj / "refpkg" / "reference.py"
+    ref.write_text(ref.read_text().replace("    out.copy_(x + y)", "    print('noise from the reference')\n    out.copy_(x + y)"))
+    r = tune(proj, tmp_path / "out", tmp_path, "--ranking", "synthetic", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["outcomes"]
+    assert "noise from the setup" in r.stderr and "noise from the reference" in r.stderr
+
+
 # -- refused before any job runs ------------------------------------------------------------------------------
 @pytest.mark.parametrize("value, rule", [
     ('"refpkg.reference"', "must be `module:function` (dotted Python names), not 'refpkg.reference'"),

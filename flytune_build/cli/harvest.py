@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from ..core import inductor
 from ..core.errors import printable
-from .output import EXIT_OK, dump
+from .output import EXIT_FAILED, EXIT_OK, dump
 
 
 def add_command(command) -> None:
     h = command("harvest", "record a model's Inductor autotune winners (torch.compile, AOTInductor) on this GPU",
-                "0 harvested, 1 the compile failed, 2 usage error (a bad entry, or refused where CI is set)")
+                "0 harvested, 1 the compile failed or autotuned no kernel (nothing written), 2 usage error (a bad "
+                "entry, or refused where CI is set)")
     h.add_argument("entry", metavar="ENTRY",
                    help="module:function returning (model, example_inputs), e.g. mylib.models:block")
     h.add_argument("--mode", default="default", choices=inductor.MODES,
@@ -29,9 +30,11 @@ def command(args) -> int:
     extra = {} if args.min_improvement is None else {"min_improvement": args.min_improvement}
     got = harvest(args.entry, output=args.output, mode=args.mode, dynamic=args.dynamic, allow_ci=args.allow_ci,
                   **extra)
+    # a harvest that wrote nothing is no success: a pipeline would ship an empty or stale directory
+    status = EXIT_OK if got.artifacts else EXIT_FAILED
     if args.json:
         print(dump(got.to_json()))
-        return EXIT_OK
+        return status
     for art in got.artifacts:
         name = art.provenance["inductor"]["name"]
         print(printable(f"  {name}: {art.config} ({got.outcomes.get(name, 'new')})"))
@@ -39,4 +42,4 @@ def command(args) -> int:
         print(printable(f"flytune: note: {note}"))
     print(printable(f"flytune: harvested {len(got.artifacts)} autotuned Inductor kernel(s) of {got.entry} "
                     f"({got.mode}) on {got.device} in {got.seconds:.1f} s into {got.output}"))
-    return EXIT_OK
+    return status

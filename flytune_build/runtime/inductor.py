@@ -122,6 +122,10 @@ def _coordinate_descent_tuning(original, self, launcher, *args, **kwargs):
     return found if ctx is None else ctx.coordesc(self, launcher, found, args, kwargs)
 
 
+def _blocks(kwargs: dict) -> set:
+    return {k for k in kwargs if "BLOCK" in k}
+
+
 def _same(triton_config, entry: dict) -> bool:
     """Whether a triton.Config is the lookup-table entry `entry` (block sizes, warps, stages)."""
     blocks, want = ({k: v for k, v in d.items() if "BLOCK" in k} for d in (triton_config.kwargs, entry))
@@ -195,6 +199,12 @@ class Serving:
         shipped = self.shipped.get(key)
         results = getattr(autotuner, "compile_results", None) or []
         configs = getattr(autotuner, "configs", None) or []
+        own = [r.config for r in results] or list(configs)
+        if shipped is not None and own and _blocks(own[0].kwargs) != _blocks(shipped.entry):
+            warning.once(("inductor-blocks", shipped.origin, key), (
+                f"{shipped.origin}: Inductor kernel {name} takes block sizes {sorted(_blocks(own[0].kwargs))}, "
+                f"the artifact holds {sorted(_blocks(shipped.entry))}: not served"))
+            shipped = None
         if shipped is not None:
             kept = [r for r in results if _same(r.config, shipped.entry)]
             if results and not kept:  # compiled elsewhere without it: compile the shipped config here
@@ -332,7 +342,12 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
     shipped: dict[str, Shipped] = {}
     other: set[str] = set()
     problems: list[str] = []
-    for name in compile_entries(TIER, problems):
+    entries = compile_entries(TIER, problems)
+    for k in kernels:
+        if not any(name == k or name.startswith(k + ".") for name in entries):
+            problems.append(f"no installed bundle holds Inductor winners of {k!r} (installed: "
+                            f"{', '.join(entries) or 'none'})")
+    for name in entries:
         if kernels and name not in kernels and not any(name.startswith(k + ".") for k in kernels):
             continue
         idx = TIER.index(name, (inductor.AXIS,), dev)

@@ -23,7 +23,9 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
 - the caller's tensors are as the search found them once the check pass ends.
 
 Outputs are not checked when the plan entry says `check = false`, when no tensor is passed, or when
-the tensors passed exceed MAX_BYTES (the two copies the check holds would double them).
+the tensors passed exceed MAX_BYTES (the two copies the check holds would double them) or cannot be
+copied; where the plan entry names a reference function, each of the last three fails the search
+(`TuneError`) instead.
 """
 from __future__ import annotations
 
@@ -185,18 +187,24 @@ def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], No
         return None, {"note": "not checked: the plan entry says check = false"}
     bound = site.bound
     tensors = {n: v for n, v in bound.items() if _is_tensor(v)}
-    if not tensors:
-        return None, {"note": "not checked: the call passes no tensor"}
+    why = None
     size = sum(t.numel() * t.element_size() for t in tensors.values())
-    if size > MAX_BYTES:
-        return None, {"note": f"not checked: the call's tensors take {size / 2**30:.1f} GiB, over "
-                              f"{MAX_BYTES / 2**30:.0f} GiB"}
-    try:
-        check = Check(tensors, launch, p)
-        if p.reference is None:
-            check.find_reference(_reference_order(kernel, bound, configs))
-    except Exception as e:  # noqa: BLE001 - no memory for the copies: the search goes on unchecked, and says so
-        return None, {"note": f"not checked: {type(e).__name__}: {e}"[:500]}
+    if not tensors:
+        why = "the call passes no tensor"
+    elif size > MAX_BYTES:
+        why = f"the call's tensors take {size / 2**30:.1f} GiB, over {MAX_BYTES / 2**30:.0f} GiB"
+    else:
+        try:
+            check = Check(tensors, launch, p)
+            if p.reference is None:
+                check.find_reference(_reference_order(kernel, bound, configs))
+        except Exception as e:  # noqa: BLE001 - no memory for the copies: the search goes on unchecked, and says so
+            why = f"{type(e).__name__}: {e}"[:480]
+    if why is not None:
+        if p.reference is not None:  # the plan named a function to check against: never a winner unchecked
+            raise TuneError(f"the outputs cannot be checked against the reference function {p.reference_name}: "
+                            f"{why}")
+        return None, {"note": f"not checked: {why}"}
     if p.reference is not None:
         check.call_reference(site.args, site.kwargs)
     return check, None

@@ -294,11 +294,12 @@ def pick(candidates: Sequence[Candidate], retime: Callable[[Candidate, float], f
         held, note = None, f"the shipped winner {shipped.config} failed when re-timed"
     outcome = None
     if shipped is not None:
-        winner, why, record["shipped"], outcome = _against(candidates, winner, why, held, note, shipped.margin)
+        winner, why, record["shipped"], outcome = _against(candidates, winner, why, held, note, shipped.margin,
+                                                           paired=_paired_gain(samples, held, winner, rule))
         record["winner"] = winner
     elif guard is not None and guard in samples:
         winner, why, record["default"], _ = _against(candidates, winner, why, guard, None, DEFAULT_MARGIN,
-                                                     "default")
+                                                     "default", _paired_gain(samples, guard, winner, rule))
         record["winner"] = winner
     record["why"] = why
     return Selection(candidates[winner], record, outcome)
@@ -396,10 +397,25 @@ def _rounds(candidates, chosen: list[int], retime, rounds: range, fraction: floa
     return samples
 
 
+def _paired_gain(samples: dict, held: int | None, winner: int, rule) -> tuple[float, float] | None:
+    """How much slower `held` ran than `winner`, round for round (the median paired ratio - 1), less z
+    standard errors of that median: a gain the run's own noise could have made is no gain. None where
+    the two share fewer than two rounds, or under a band rule (no noise)."""
+    if isinstance(rule, BandRule) or held is None or held == winner or held not in samples or winner not in samples:
+        return None
+    logs = _paired({held: samples[held], winner: samples[winner]}, winner)[held]
+    if len(logs) < 2:
+        return None
+    se = MEDIAN_SE * max(dispersion(logs), rule.noise_floor) / math.sqrt(len(logs))
+    return _gap(logs), rule.z * se
+
+
 def _against(candidates, winner: int, why: str, held: int | None, note: str | None, margin: float,
-             what: str = "shipped"):
+             what: str = "shipped", paired: tuple[float, float] | None = None):
     """Hysteresis against the shipped winner (or the kernel's `default`): (winner, why, the record,
-    kept | replaced)."""
+    kept | replaced). With `paired` (the paired gain and z standard errors of it, `_paired_gain`), the
+    winner replaces the held one only where the gain less its error is over the margin: on a busy
+    machine, noise alone does not replace what ships."""
     if held is None:
         return winner, f"{why}; replaced: {note}", {"index": None, "margin": margin, "outcome": "replaced"}, "replaced"
     if held == winner:
@@ -407,11 +423,17 @@ def _against(candidates, winner: int, why: str, held: int | None, note: str | No
                                                       "outcome": "kept"}, "kept"
     gain = candidates[held].time_ms / candidates[winner].time_ms - 1
     record = {"index": held, "margin": margin, "gain": round(gain, 6)}
-    if gain > margin:
+    sure = gain
+    if paired is not None:
+        gain, error = paired
+        sure = gain - error
+        record["gain"] = round(gain, 6)   # the paired gain; its error is in `why`
+    if sure > margin:
         why = f"{why}; replaced the {what} #{held}: +{gain:.1%} faster, over the {margin:.1%} margin"
         return winner, why, {**record, "outcome": "replaced"}, "replaced"
-    why = f"kept the {what} #{held}: this search's winner #{winner} is {gain:+.1%} faster, within the " \
-          f"{margin:.1%} margin"
+    within = f"within the {margin:.1%} margin" if gain <= margin else \
+        f"not surely over the {margin:.1%} margin (+-{gain - sure:.1%} in this run's noise)"
+    why = f"kept the {what} #{held}: this search's winner #{winner} is {gain:+.1%} faster, {within}"
     return held, why, {**record, "outcome": "kept"}, "kept"
 
 

@@ -1,8 +1,8 @@
 """What a finished job depended on, so that a resumed run re-tunes a job whose inputs changed.
 
 A job's winner holds only while its kernel's declared configs (the config space), the kernel's source,
-the setup that builds its call, the output check (its tolerances, and the code of the reference function
-a plan entry names) and the toolchain (Triton, torch, CUDA/HIP and the compiler-relevant environment)
+the setup that builds its call, the output check (its tolerances, and the code of the module that
+defines the reference function a plan entry names) and the toolchain (Triton, torch, CUDA/HIP and the compiler-relevant environment)
 are what they were. `of_plan` reads them once per
 plan entry, in the driver, by importing each setup's module (the kernels it declares register as it
 imports); `.flytune-tune-state` keeps them with each finished job, and `changed` says which moved.
@@ -107,9 +107,22 @@ def _reference(root: Path, entry: TuneEntry) -> list | None:
     if entry.reference is None:
         return []
     try:
-        return [_code(job.load_reference(root, entry))]
+        return [_module_code(job.load_reference(root, entry))]
     except Exception:  # noqa: BLE001 - `tune` refused it before the run; a Driver built directly fails its jobs
         return None
+
+
+def _module_code(obj) -> str:
+    """The code of the module that defines `obj`, as its syntax tree: a reference function's helpers
+    are part of what it computes, so an edit anywhere in its module re-tunes. A callable without
+    source (a builtin, an object from a C extension) counts by its qualified name."""
+    module = inspect.getmodule(obj) or inspect.getmodule(type(obj))
+    try:
+        src = inspect.getsource(module)
+        return ast.dump(ast.parse(src), annotate_fields=False, include_attributes=False)
+    except (OSError, TypeError, SyntaxError, ValueError):
+        kind = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+        return f"{getattr(kind, '__module__', '?')}:{getattr(kind, '__qualname__', '?')}"
 
 
 def _autotuner(kernel):

@@ -97,7 +97,9 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     held = Incumbents({n: text.encode() for n, text in (options.get("winners") or {}).items()},
                       options.get("min_improvement", MIN_IMPROVEMENT_PCT))
     try:
-        with selection.keeping(held.lookup):
+        # what the user's setup, kernel hooks or reference print goes to stderr: stdout is the report's
+        # (`--json`) in this process and the pipe protocol's in a local worker
+        with selection.keeping(held.lookup), contextlib.redirect_stdout(sys.stderr):
             tuned = stability.run(root, entry, shape, int(options.get("repeat", 1)))
     except BaseException as e:
         if not foreign_failure(e):
