@@ -37,7 +37,11 @@ next of five placements of its inputs (`placement`), so the times sample where t
    tests resolve alike choose the same config; no winner's paired gap to F is ever over `cap` in its
    own run (the guarantee is on paired rounds, as the tests are: see `decide`);
 5. hysteresis: with a shipped winner I, timed in the same rounds, the winner W replaces I only
-   when m_I / m_W - 1 > margin (`flytune tune --min-improvement`, 3% by default); otherwise I stays.
+   when its paired gain (the median of t_I,r / t_W,r, less 1) less z standard errors of that median
+   is over the margin (`flytune tune --min-improvement`, 3% by default); otherwise I stays. The error
+   term keeps a busy machine's noise from replacing what ships: a re-tune beside three other test
+   processes on two cores once replaced an exact tie on medians alone. (A band rule has no noise:
+   there the medians' ratio decides.)
 
 How sure the choice is goes into the artifact's `provenance.selection`: `resolved` (every decisive test
 resolved) and `confidence`, the least over the decisive tests of Phi(|g - cap| / se), the chance under
