@@ -29,8 +29,8 @@ def svg(shape: Shape) -> Markup:
     """The chart of one shape, or a short note when it recorded no timed candidate."""
     timed = [c for c in shape.candidates if c.time_ms is not None]
     if not shape.candidates:
-        return element("p", "no candidates recorded (provenance.candidates is absent): only the winner is known",
-                       class_="note")
+        return element("p", "no candidates recorded (provenance.candidates is absent or empty): only the winner "
+                       "is known", class_="note")
     shown, hidden = _shown(shape)
     bars_w = WIDTH - LABEL_W - VALUE_W
     fastest = min((c.time_ms for c in timed), default=None)
