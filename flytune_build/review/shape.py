@@ -108,7 +108,12 @@ def read(art: Artifact, previous: Config | None = None) -> Shape:
                                           winner=doc == winner_doc, previous=doc is not None and doc == prev_doc))
         configs[i] = shape.candidates[-1].label
     _one_winner(shape)
-    _selection(shape, prov.get("selection"), configs)
+    ind = prov.get("inductor")
+    coordesc = isinstance(ind, Mapping) and ind.get("coordesc") is True
+    _selection(shape, prov.get("selection"), configs, coordesc)
+    if coordesc and shape.candidates and shape.winner is None:
+        shape.facts.append(("coordinate descent", "Inductor's coordinate descent moved the benchmark's winner to "
+                                                  "the shipped config, which is not among the timed candidates"))
     _facts(shape, prov)
     return shape
 
@@ -122,7 +127,7 @@ def _one_winner(shape: Shape) -> None:
         seen = seen or c.winner
 
 
-def _selection(shape: Shape, sel: Any, configs: dict[int, str]) -> None:
+def _selection(shape: Shape, sel: Any, configs: dict[int, str], coordesc: bool = False) -> None:
     if not isinstance(sel, Mapping):
         return
     win = shape.winner.index if shape.winner else sel.get("winner")
@@ -149,15 +154,33 @@ def _selection(shape: Shape, sel: Any, configs: dict[int, str]) -> None:
     shape.why = why if isinstance(why, str) else None
     named = sel.get("winner")
     if shape.winner is not None and isinstance(named, int) and named != shape.winner.index:
-        shape.facts.append(("mismatch", (f"provenance.selection chose #{named}, but the artifact ships "
-                                         f"#{shape.winner.index}: its config was changed after tuning")))
+        if coordesc:  # an Inductor harvest from before coordinate-descent moves were chosen by the selection
+            shape.facts.append(("coordinate descent", f"Inductor's coordinate descent moved the benchmark's "
+                                                      f"#{named} to the shipped config"))
+        else:
+            shape.facts.append(("mismatch", (f"provenance.selection chose #{named}, but the artifact ships "
+                                             f"#{shape.winner.index}: its config was changed after tuning")))
 
 
 def _facts(shape: Shape, prov: Mapping) -> None:
     out = shape.facts
+    ind = prov.get("inductor")
+    if isinstance(ind, Mapping) and isinstance(ind.get("name"), str):
+        out.append(("Inductor kernel", f"{ind['name']} ({ind.get('mode')}"
+                    + (", coordinate descent)" if ind.get("coordesc") is True else ")")))
     ranking = prov.get("ranking")
     if isinstance(ranking, str):
         out.append(("ranking", ranking))
+    checked = prov.get("outputs")
+    if isinstance(checked, Mapping):
+        if isinstance(checked.get("note"), str):
+            out.append(("outputs", checked["note"]))
+        elif isinstance(checked.get("function"), str) or isinstance(checked.get("reference"), Mapping):
+            against = (f"the reference function {checked['function']}" if isinstance(checked.get("function"), str)
+                       else "the reference config")
+            rejected = checked.get("rejected")
+            out.append(("outputs", f"checked against {against}"
+                        + (f"; {rejected} candidate(s) rejected" if isinstance(rejected, int) else "")))
     m = prov.get("measurement")
     if isinstance(m, Mapping):
         if isinstance(m.get("timer"), str):
