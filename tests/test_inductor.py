@@ -368,6 +368,7 @@ def _coordesc(times_ms: dict, shipped=None):
     kept = rec.coordesc(k, start, found, (), {})
     (record,) = rec.records.values()
     assert record.coordesc and record.winner.kwargs == kept.config.kwargs
+    assert kept.config.found_by_coordesc  # else Inductor would descend again from a start flytune kept
     return kept.config.kwargs["XBLOCK"], record
 
 

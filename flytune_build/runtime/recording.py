@@ -104,8 +104,10 @@ class Recording:
             autotuner.reset_to_zero_args(*args, **kwargs)
             rec.candidates, rec.selection, rec.outcome = pair, chosen.record, chosen.outcome
             found = by_candidate[id(chosen.winner)]
-        rec.winner = _config(found or start)
-        return found or start
+        kept = found or start
+        kept.config.found_by_coordesc = True  # Inductor's mark of a final config: it runs no coordinate descent again
+        rec.winner = _config(kept)
+        return kept
 
     def _record(self, autotuner) -> Record:
         key = kernel_key(autotuner)
