@@ -379,6 +379,16 @@ def test_a_coordinate_descent_move_within_the_noise_is_not_taken_so_harvests_agr
     assert block == 2048 and record.selection["winner"] == 1
 
 
+def test_where_inductor_ran_no_coordinate_descent_nothing_is_recorded_or_marked():
+    from flytune_build.runtime import recording, selection
+
+    k = load_kernel()
+    start = _Launcher(triton.Config({"XBLOCK": 1024}, num_warps=4, num_stages=1))
+    rec = recording.Recording(selection.CPU_TIME)
+    assert rec.coordesc(k, start, start, (), {}) is start  # `_should_coordesc_tune` off: the launcher back as is
+    assert rec.records == {} and not getattr(start.config, "found_by_coordesc", False)
+
+
 def test_a_coordinate_descent_move_replaces_a_shipped_winner_only_past_the_margin():
     from flytune_build.runtime.selection import Shipped
 

@@ -94,9 +94,11 @@ class Recording:
         from . import selection
         from .bench import Candidate
 
+        if found is None or (found is start and not getattr(start.config, "found_by_coordesc", False)):
+            return found  # Inductor ran no descent here (`_should_coordesc_tune` off): nothing to record
         rec = self._record(autotuner)
         rec.coordesc = True
-        if found is not None and found is not start and _config(found) != _config(start):
+        if found is not start and _config(found) != _config(start):
             pair = [Candidate(_config(lc), float(autotuner.bench(lc, *args, **kwargs))) for lc in (start, found)]
             by_candidate = {id(c): lc for c, lc in zip(pair, (start, found))}
             chosen = selection.pick(pair, lambda c, _: float(autotuner.bench(by_candidate[id(c)], *args, **kwargs)),
@@ -104,7 +106,7 @@ class Recording:
             autotuner.reset_to_zero_args(*args, **kwargs)
             rec.candidates, rec.selection, rec.outcome = pair, chosen.record, chosen.outcome
             found = by_candidate[id(chosen.winner)]
-        kept = found or start
+        kept = found
         kept.config.found_by_coordesc = True  # Inductor's mark of a final config: it runs no coordinate descent again
         rec.winner = _config(kept)
         return kept
