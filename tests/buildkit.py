@@ -65,6 +65,23 @@ include = ["fixpkg*"]
     return text + (TOOL.format(extra=extra) if tool else "")
 
 
+def tune_pyproject(name: str, tune: str) -> str:
+    """The pyproject.toml of a tuning test project: package `name`, the interpreter target, artifacts in
+    `artifacts/`, and `tune` (TOML lines) after `[tool.flytune.tune]`'s `output = "artifacts/{arch}"`."""
+    return textwrap.dedent(f'''
+        [project]
+        name = "{name}"
+        version = "1.0"
+
+        [tool.flytune]
+        sources = ["artifacts"]
+        targets = ["interpreter"]
+
+        [tool.flytune.tune]
+        output = "artifacts/{{arch}}"
+        ''') + tune + "\n"
+
+
 def artifact(n=100, block=32, dev=INTERPRETER, kernel="fixpkg.add", triton="3.6.0", key=None):
     return Artifact(kernel, key or {"x": "float32", "n": n}, dev, Config({"BLOCK": block}),
                     {"triton": triton, "ranking": "synthetic"})

@@ -4,10 +4,10 @@ be used is refused before any job runs (exit 2); one that raises fails its job, 
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from buildkit import tune_pyproject
 from conftest import python_env
 
 from flytune_build.core import codec
@@ -83,18 +83,7 @@ def project(root: Path, *entries: str, plan: bool = False) -> Path:
     inline = "entries = [" + ", ".join("{ " + e.replace("\n", ", ") + " }" for e in entries) + "]"
     if plan:
         (root / "plan.toml").write_text(tables)
-    (root / "pyproject.toml").write_text(textwrap.dedent('''
-        [project]
-        name = "refpkg"
-        version = "1.0"
-
-        [tool.flytune]
-        sources = ["artifacts"]
-        targets = ["interpreter"]
-
-        [tool.flytune.tune]
-        output = "artifacts/{arch}"
-        ''') + ('plan = "plan.toml"\n' if plan else inline + "\n"))
+    (root / "pyproject.toml").write_text(tune_pyproject("refpkg", 'plan = "plan.toml"' if plan else inline))
     return root
 
 

@@ -6,10 +6,10 @@ import random
 import statistics
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from buildkit import tune_pyproject
 from conftest import python_env
 
 from flytune_build.tuning import stability
@@ -323,19 +323,8 @@ def add(n):
 def project(root: Path) -> Path:
     (root / "detpkg").mkdir(parents=True)
     (root / "detpkg" / "__init__.py").write_text(KERNEL)
-    (root / "pyproject.toml").write_text(textwrap.dedent('''
-        [project]
-        name = "detpkg"
-        version = "1.0"
-
-        [tool.flytune]
-        sources = ["artifacts"]
-        targets = ["interpreter"]
-
-        [tool.flytune.tune]
-        output = "artifacts/{arch}"
-        entries = [{ kernel = "detpkg.add", setup = "detpkg:add", shapes = [{ n = 512 }, { n = 1024 }] }]
-        '''))
+    (root / "pyproject.toml").write_text(tune_pyproject(
+        "detpkg", 'entries = [{ kernel = "detpkg.add", setup = "detpkg:add", shapes = [{ n = 512 }, { n = 1024 }] }]'))
     return root
 
 
@@ -441,19 +430,8 @@ WRONG = Config({"BLOCK": 64}, num_warps=1)
 def checked_project(root: Path, extra: str = "") -> Path:
     (root / "checkpkg").mkdir(parents=True)
     (root / "checkpkg" / "__init__.py").write_text(CHECKED)
-    (root / "pyproject.toml").write_text(textwrap.dedent(f'''
-        [project]
-        name = "checkpkg"
-        version = "1.0"
-
-        [tool.flytune]
-        sources = ["artifacts"]
-        targets = ["interpreter"]
-
-        [tool.flytune.tune]
-        output = "artifacts/{{arch}}"
-        entries = [{{ kernel = "checkpkg.sum", setup = "checkpkg:add", shapes = [{{ n = 100 }}]{extra} }}]
-        '''))
+    (root / "pyproject.toml").write_text(tune_pyproject(
+        "checkpkg", f'entries = [{{ kernel = "checkpkg.sum", setup = "checkpkg:add", shapes = [{{ n = 100 }}]{extra} }}]'))
     return root
 
 

@@ -66,23 +66,14 @@ class Recording:
             self._open = False
 
     def benchmark(self, original, autotuner, *args, **kwargs) -> dict:
-        from . import selection
         from .bench import Candidate
 
         timings = original(autotuner, *args, **kwargs)
         launchers = list(timings)
         candidates = [Candidate(_config(lc), float(timings[lc])) for lc in launchers]
-        by_candidate = {id(c): lc for c, lc in zip(candidates, launchers)}
-
-        def retime(candidate, fraction):
-            return float(autotuner.bench(by_candidate[id(candidate)], *args, **kwargs))
-
         rec = self._record(autotuner)
-        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED, self.shipped.get(rec.key))
-        autotuner.reset_to_zero_args(*args, **kwargs)
-        rec.candidates, rec.winner, rec.selection = candidates, chosen.winner.config, chosen.record
-        rec.outcome = chosen.outcome
-        winner = by_candidate[id(chosen.winner)]
+        winner = self._pick(autotuner, rec, candidates, launchers, args, kwargs)
+        rec.winner = _config(winner)
         # Inductor keeps the least time: the selection's winner is given it, every other its own median
         out = {lc: c.time_ms for c, lc in zip(candidates, launchers)}
         out[winner] = math.nextafter(min(out.values()), -math.inf)
@@ -91,7 +82,6 @@ class Recording:
     def coordesc(self, autotuner, start, found, args: tuple, kwargs: dict):
         """Inductor's coordinate descent went from `start` (the benchmark's winner) to `found`: the
         selection decides between the two by re-timing both; returns the launcher Inductor keeps."""
-        from . import selection
         from .bench import Candidate
 
         if found is None or (found is start and not getattr(start.config, "found_by_coordesc", False)):
@@ -100,16 +90,27 @@ class Recording:
         rec.coordesc = True
         if found is not start and _config(found) != _config(start):
             pair = [Candidate(_config(lc), float(autotuner.bench(lc, *args, **kwargs))) for lc in (start, found)]
-            by_candidate = {id(c): lc for c, lc in zip(pair, (start, found))}
-            chosen = selection.pick(pair, lambda c, _: float(autotuner.bench(by_candidate[id(c)], *args, **kwargs)),
-                                    self.rule or selection.MEASURED, self.shipped.get(rec.key))
-            autotuner.reset_to_zero_args(*args, **kwargs)
-            rec.candidates, rec.selection, rec.outcome = pair, chosen.record, chosen.outcome
-            found = by_candidate[id(chosen.winner)]
+            found = self._pick(autotuner, rec, pair, [start, found], args, kwargs)
         kept = found
         kept.config.found_by_coordesc = True  # Inductor's mark of a final config: it runs no coordinate descent again
         rec.winner = _config(kept)
         return kept
+
+    def _pick(self, autotuner, rec: Record, candidates: list, launchers: list, args: tuple, kwargs: dict):
+        """The selection over `candidates` (one per launcher, in Inductor's order), re-timed with Inductor's
+        own `bench`, against the output's winner for this kernel; recorded in `rec`. Returns the winner's
+        launcher."""
+        from . import selection
+
+        by_candidate = {id(c): lc for c, lc in zip(candidates, launchers)}
+
+        def retime(candidate, fraction):
+            return float(autotuner.bench(by_candidate[id(candidate)], *args, **kwargs))
+
+        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED, self.shipped.get(rec.key))
+        autotuner.reset_to_zero_args(*args, **kwargs)
+        rec.candidates, rec.selection, rec.outcome = candidates, chosen.record, chosen.outcome
+        return by_candidate[id(chosen.winner)]
 
     def _record(self, autotuner) -> Record:
         key = kernel_key(autotuner)
