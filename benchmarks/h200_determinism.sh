@@ -9,6 +9,8 @@
 #                                                         under TRITON_INTERPRET=1 uses a tiny one)
 #   TRITON_PASSES=0 bash benchmarks/h200_determinism.sh OUTDIR    the flytune runs alone (about 1 minute)
 #   THIRD=0 ...                                           the two cold runs alone, no re-tune
+#   LOAD=N ...                                            N CPU-bound loops run beside every run (a
+#                                                         busy machine; N=$(nproc) takes every core)
 # Writes into OUTDIR: report.txt (read this), summary.json, flytune_runs.log, triton_runs.json (both
 # triton passes; not with TRITON_PASSES=0), artifacts.tgz (the three flytune outputs), gpu.txt.
 # About 3 minutes on an H200 (1 with TRITON_PASSES=0).
@@ -18,14 +20,19 @@ PLAN=${PLAN:-sample_pkg/tune/h200.toml}
 LIMIT=${LIMIT:-300}                     # seconds any one run may take
 mkdir -p "$DEST"
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+LOADERS=()
+trap 'kill "${LOADERS[@]}" 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq "${LOAD:-0}"); do       # the load generator: one busy loop per N, killed on exit
+  ( while :; do :; done ) &
+  LOADERS+=($!)
+done
 export PYTHONPATH="$PWD:$PWD/sample_pkg${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 FLYTUNE_AUTOTUNE=0
 unset FLYTUNE_RANKING FLYTUNE_ARTIFACT_DIR FLYTUNE_EMIT_DIR
 PY=${PYTHON:-python3}
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null || echo "no nvidia-smi"
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-  echo "plan $PLAN"; } > "$DEST/gpu.txt" 2>&1
+  echo "plan $PLAN"; echo "load ${LOAD:-0} CPU-bound loops beside each run on $(nproc) CPUs"; } > "$DEST/gpu.txt" 2>&1
 cat "$DEST/gpu.txt"
 
 flytune() {  # flytune RUN_NAME OUTPUT_DIR [args]: a cold process: fresh Triton and scratch caches

@@ -25,6 +25,8 @@ import triton.language as tl
 import flytune_build as ft
 from flytune_build import Config
 
+KEPT_WRONG = tl.constexpr(32)
+
 def _configs():
     return [Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)]
 
@@ -45,6 +47,16 @@ def off_kernel(x, y, out, n, BLOCK: tl.constexpr):
         v = v + 1.0
     tl.store(out + offs, v, mask=m)
 
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])
+@triton.jit
+def kept_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m)
+    if BLOCK == KEPT_WRONG:
+        v = v + 1.0
+    tl.store(out + offs, v, mask=m)
+
 def _call(kernel, n):
     x, y, out = torch.arange(n, dtype=torch.float32), torch.ones(n), torch.full((n,), -1.0)
     return lambda: kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
@@ -54,6 +66,9 @@ def add(n):
 
 def off(n):
     return _call(off_kernel, n)
+
+def kept(n):
+    return _call(kept_kernel, n)
 '''
 REFERENCE = '''
 def add(x, y, out, n):
@@ -251,18 +266,64 @@ def test_a_plan_files_reference_is_named_in_the_plan_and_the_cli_exits_2(tmp_pat
     assert "Traceback" not in r.stderr and not out.exists() and r.stdout == ""
 
 
-@pytest.mark.parametrize("extra, rule", [
-    ("check = false", "names a reference function, but the entry says check = false"),
-    ('autotuner = "refpkg:add_kernel"', "names a reference function, but the entry's `autotuner` search is "
-                                        "Triton's own"),
-])
-def test_a_reference_the_entry_would_never_use_is_refused(tmp_path, extra, rule):
+def test_a_reference_on_an_entry_that_checks_nothing_is_refused(tmp_path):
     from flytune_build import tuning
 
-    proj = project(tmp_path / "p", entry("add", f'reference = "refpkg.reference:add"\n{extra}'))
+    proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:add"\ncheck = false'))
     with pytest.raises(PlanError, match="entries\\[0\\].reference") as e:
         tuning.tune(proj, output=tmp_path / "out", allow_ci=True, ranking="synthetic")
-    assert e.value.rule.startswith(rule), e.value.rule
+    assert e.value.rule.startswith("names a reference function, but the entry says check = false"), e.value.rule
+
+
+KEPT_WRONG = Config({"BLOCK": 32}, num_warps=1)   # refpkg.kept_kernel adds 1 at BLOCK=32
+
+
+def kept_entry(extra: str = "") -> str:
+    return entry("kept", 'autotuner = "refpkg:kept_kernel"' + (f"\n{extra}" if extra else ""))
+
+
+def test_unchecked_triton_s_own_search_would_ship_the_wrong_config(tmp_path):
+    """What the checks below guard against: with `check = false`, Triton's search of the kept kernel
+    picks BLOCK=32, the fastest-ranked config and the one that adds 1."""
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", kept_entry("check = false")), out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 0, r.stderr[-3000:]
+    art = artifacts(out)["refpkg.kept"]
+    assert art.config == KEPT_WRONG, art.provenance["candidates"]
+    assert art.provenance["outputs"] == {"note": "not checked: the plan entry says check = false"}
+
+
+@pytest.mark.parametrize("ranking", ["synthetic", "measured"])
+@pytest.mark.parametrize("reference", [None, "refpkg.reference:add"])
+def test_triton_s_own_search_of_a_kept_kernel_checks_every_candidate(tmp_path, ranking, reference):
+    """An `autotuner` entry (a kept `@triton.autotune` kernel, searched by Triton itself) is checked as
+    a flytune kernel is: against the reference function, else the first declared config; the config
+    that differs is never timed, cannot win, and carries its error."""
+    out = tmp_path / "out"
+    extra = f'reference = "{reference}"' if reference else ""
+    r = tune(project(tmp_path / "p", kept_entry(extra)), out, tmp_path, "--ranking", ranking)
+    assert r.returncode == 0, r.stderr[-3000:]
+    art = artifacts(out)["refpkg.kept"]
+    assert art.config != KEPT_WRONG, art.provenance["candidates"]
+    against = {"function": reference} if reference else {"reference": Config({"BLOCK": 16}, num_warps=1).to_json()}
+    assert art.provenance["outputs"] == {**against, "rtol": None, "atol": None, "rejected": 1}
+    wrong = candidate(art, KEPT_WRONG)
+    assert wrong["time_ms"] is None and wrong["error"].startswith("WrongOutput: `out` differs from the reference "), wrong
+    assert "first at [0]: 2 vs 1" in wrong["error"], wrong
+    assert all(c["time_ms"] is not None for c in art.provenance["candidates"] if c is not wrong)
+
+
+def test_a_kept_kernel_whose_every_candidate_differs_from_the_reference_ships_nothing(tmp_path):
+    (tmp_path / "p").mkdir()
+    proj = project(tmp_path / "p", kept_entry('reference = "refpkg.reference:minus"'))
+    with open(proj / "refpkg" / "reference.py", "a") as f:
+        f.write("\ndef minus(x, y, out, n):\n    out.copy_(x - y)\n")
+    out = tmp_path / "out"
+    r = tune(proj, out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 1, r.stdout + r.stderr[-3000:]
+    assert "refpkg.kept: every candidate's outputs differ from the reference's, so none can ship" in r.stdout + r.stderr
+    assert not list(out.glob("*.json")) if out.exists() else True
+    assert "Traceback" not in r.stderr
 
 
 def test_the_provenance_names_the_reference_function_or_config_never_both():

@@ -160,9 +160,6 @@ def load_reference(root: Path, entry: TuneEntry):
     if not entry.check:
         raise PlanError("names a reference function, but the entry says check = false: nothing would be "
                         "compared with it", file=file, field=field)
-    if entry.autotuner:
-        raise PlanError("names a reference function, but the entry's `autotuner` search is Triton's own, whose "
-                        "candidates flytune records unchecked", file=file, field=field)
     module, _, name = entry.reference.partition(":")
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the report's (`--json`)

@@ -30,7 +30,7 @@ from .. import bench, search
 from ..bench import Candidate
 from .adopted import Adopted
 from .triton_keys import autotuner_of
-from .triton_search import Patches, call_artifact_key, candidates, timed_as_flytune, winner_artifact
+from .triton_search import Checking, Patches, call_artifact_key, candidates, timed_as_flytune, winner_artifact
 
 
 def adopt(kernel, name: str, validate=None) -> int:
@@ -48,7 +48,9 @@ def recording(kernel, name: str):
     calls decided) is set aside and its disk cache is off, both as they were on exit. With
     FLYTUNE_RANKING=synthetic each candidate still runs once but is ranked by `bench.synthetic_ms`, and
     the artifacts record `ranking: synthetic`; under TRITON_INTERPRET=1, with no `do_bench` of the
-    kernel's own, candidates are timed on the wall clock (`triton_search`)."""
+    kernel's own, candidates are timed on the wall clock (`triton_search`). Inside
+    `runtime.outputs.checking` (`flytune tune`) each candidate's outputs are checked first
+    (`triton_search.Checking`): one that differs from the reference is never timed and cannot win."""
     tuner = autotuner_of(kernel)
     if not isinstance(tuner.cache, dict):  # set aside and restored below, as a dict
         raise DeclarationError(f"keeps its Autotuner's cache in a {type(tuner.cache).__name__}, not a dict: its "
@@ -63,8 +65,8 @@ def recording(kernel, name: str):
         adopted.reseed = False
     try:
         patches.set("cache_results", False)
-        patches.set("run", _capturing(tuner, name, ranking, captured))
         timed_as_flytune(tuner, name, ranking, patches)
+        patches.set("run", _capturing(tuner, name, ranking, captured, Checking(tuner, patches)))
         yield captured
     finally:
         patches.restore()
@@ -74,19 +76,23 @@ def recording(kernel, name: str):
             adopted.reseed = True
 
 
-def _capturing(tuner, name: str, ranking: str, captured: list):
+def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checking):
     original = tuner.run  # the class's, or the wrapper `adopt` installed
 
     def run(*args, **kwargs):
         before = set(tuner.cache)
-        ret = original(*args, **kwargs)
-        new = [k for k in tuner.cache if k not in before]
-        if new:
-            key = call_artifact_key(tuner, args, kwargs)
-            art = winner_artifact(tuner, name, ranking, key, args, kwargs, tuner.cache[new[-1]])
-            captured.append(art)
-            cands = candidates(tuner)
-            winner = next((c for c in cands if c.config == art.config), Candidate(art.config, math.nan))
-            search.report(search.Found(name, art, cands, winner))
+        checking.call(args, kwargs)
+        try:
+            ret = original(*args, **kwargs)
+            new = [k for k in tuner.cache if k not in before]
+            if new:
+                key = call_artifact_key(tuner, args, kwargs)
+                art = winner_artifact(tuner, name, ranking, key, args, kwargs, tuner.cache[new[-1]], checking)
+                captured.append(art)
+                cands = candidates(tuner, checking.errors)
+                winner = next((c for c in cands if c.config == art.config), Candidate(art.config, math.nan))
+                search.report(search.Found(name, art, cands, winner))
+        finally:
+            checking.close()
         return ret
     return run

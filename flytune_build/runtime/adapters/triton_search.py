@@ -6,6 +6,16 @@ Timing (`timed_as_flytune`): with FLYTUNE_RANKING=synthetic each candidate still
 ranked by `bench.synthetic_ms`; under TRITON_INTERPRET=1, with no `do_bench` of the kernel's own,
 candidates are timed on the wall clock (the interpreter has no driver for Triton's benchmarker).
 Both are instance attributes set for the search's duration (`Patches`), Triton's code left as it is.
+
+Checked outputs (`Checking`, inside `runtime.outputs.checking`, as `flytune tune` runs a plan's
+`autotuner` entry): before Triton times a config, the config launches once on the call's tensors as
+the search found them and its outputs are compared with the reference's (`runtime.outputs`: the plan
+entry's reference function, else the first declared config that launches). A config that differs is
+never timed: Triton sees it as infinitely slow, and its candidate carries the error. Each launch here is
+Triton's own: the config's pre_hook, then the Autotuner's `pre_hook(nargs, reset_only=True)` (its
+`reset_to_zero`), then the kernel, with no `restore_value` undoing what it wrote. The call's tensors are
+as found again after each config is timed, so the launch of the winner that ends Triton's search runs
+on the caller's inputs.
 """
 from __future__ import annotations
 
@@ -14,7 +24,8 @@ import math
 from ...core import settings
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
-from .. import bench, binder, device, identity
+from ...core.errors import TuneError
+from .. import bench, binder, device, identity, outputs, placement
 from ..bench import Candidate
 from .triton_keys import artifact_key
 
@@ -66,29 +77,115 @@ def timed_as_flytune(tuner, name: str, ranking: str, patches: Patches) -> None:
         patches.set("do_bench", lambda fn, quantiles=None: [bench.cpu_bench(fn)] * 3)
 
 
-def winner_artifact(tuner, name: str, ranking: str, key: dict, args: tuple, kwargs: dict, winner) -> Artifact:
-    """The artifact of the winner Triton's search just chose for a call, with provenance."""
+def winner_artifact(tuner, name: str, ranking: str, key: dict, args: tuple, kwargs: dict, winner,
+                    checking: "Checking | None" = None) -> Artifact:
+    """The artifact of the winner Triton's search just chose for a call, with provenance (and what the
+    search's `checking` found of each candidate's outputs). A TuneError where the check rejected the
+    winner itself: every candidate differed from the reference function."""
     config = Config.coerce(winner)  # its data: a pre_hook stays in the declaration
+    errors = checking.errors if checking is not None else {}
+    if config in errors:
+        raise TuneError(f"{name}: every candidate's outputs differ from the reference's, so none can ship "
+                        f"(Triton's pick {config}: {errors[config]})")
     spec = binder.record(name, tuner.fn, args, kwargs, config)  # for `flytune warmup`
-    return Artifact(name, key, device.current(), config, provenance(tuner, ranking, spec))
+    checked = checking.record(candidates(tuner)) if checking is not None else None
+    return Artifact(name, key, device.current(), config, provenance(tuner, ranking, spec, errors, checked))
 
 
 def call_artifact_key(tuner, args: tuple, kwargs: dict) -> dict:
     return artifact_key(tuner, dict(zip(tuner.arg_names, args)), kwargs)
 
 
-def candidates(tuner) -> list[Candidate]:
-    """Every config Triton's last search of `tuner` timed, with its time (its `configs_timings`)."""
+def candidates(tuner, errors: dict[Config, str] | None = None) -> list[Candidate]:
+    """Every config Triton's last search of `tuner` timed, with its time (its `configs_timings`) and,
+    where the output check rejected it, its error (`errors`)."""
     out = []
     for cfg, t in (getattr(tuner, "configs_timings", None) or {}).items():
         t0 = float(t[0] if isinstance(t, (list, tuple)) else t)
-        out.append(Candidate(Config.coerce(cfg), t0 if math.isfinite(t0) else math.inf))
+        c = Config.coerce(cfg)
+        out.append(Candidate(c, t0 if math.isfinite(t0) else math.inf, (errors or {}).get(c)))
     return out
 
 
-def provenance(tuner, ranking: str, spec: dict | None = None) -> dict:
-    return identity.provenance(candidates(tuner), space_hash([Config.coerce(c) for c in tuner.configs]), ranking,
-                               spec)
+def provenance(tuner, ranking: str, spec: dict | None = None, errors: dict[Config, str] | None = None,
+               checked: dict | None = None) -> dict:
+    return identity.provenance(candidates(tuner, errors), space_hash([Config.coerce(c) for c in tuner.configs]),
+                               ranking, spec, outputs=checked)
+
+
+class Checking:
+    """The output check of Triton's searches of one Autotuner within `recording` (the module docstring).
+    `call(args, kwargs)` opens each call's check, made at its first timed config; `errors` maps each
+    rejected config to its error; `record` is the last search's `provenance.outputs`."""
+
+    META = ("grid", "warmup")   # what Triton's launcher adds to a call's keywords: not the kernel's arguments
+
+    def __init__(self, tuner, patches: Patches):
+        self.tuner, self.errors, self.objects = tuner, {}, {}
+        self.check: outputs.Check | None = None
+        self.checked: dict | None = None   # why nothing was checked, where nothing was
+        self.call_site: placement.Site | None = None
+        timed = getattr(tuner, TRITON_BENCH)   # Triton's, or the synthetic ranking's
+
+        def bench_checked(*args, config, **meta):
+            if self.call_site is None or not self._open(args, meta):
+                return timed(*args, config=config, **meta)
+            self.objects[Config.coerce(config)] = config   # a config early_config_prune made, its hook with it
+            try:
+                self.check(Config.coerce(config))
+            except outputs.WrongOutput as e:
+                self.errors[Config.coerce(config)] = f"WrongOutput: {e}"
+                self.check.restore()
+                return [math.inf] * 3
+            except Exception:  # noqa: BLE001 - the timing fails it with its own error, as Triton would
+                pass
+            self.check.restore()
+            try:
+                return timed(*args, config=config, **meta)
+            finally:
+                self.check.restore()
+        patches.set(TRITON_BENCH, bench_checked)
+
+    def call(self, args: tuple, kwargs: dict) -> None:
+        """A new call: its search, if it runs one, is checked under the policy of then."""
+        self.check, self.checked, self.errors, self.objects = None, None, {}, {}
+        kernel_kwargs = {k: v for k, v in kwargs.items() if k not in self.META}
+        self.call_site = placement.Site(args, kernel_kwargs, {**dict(zip(self.tuner.arg_names, args)), **kernel_kwargs})
+
+    def _open(self, args: tuple, meta: dict) -> bool:
+        """Whether this search's configs are checked: the check made at its first config, where a policy asks."""
+        if self.check is None and self.checked is None:
+            if outputs.policy() is None:
+                self.checked = {}
+                return False
+            configs = [Config.coerce(c) for c in self.tuner.configs]
+            self.check, checked = outputs.start(None, self.call_site, configs, self._launcher(args, meta))
+            self.checked = checked or {}
+        return self.check is not None
+
+    def _launcher(self, args: tuple, meta: dict):
+        tuner = self.tuner
+        declared = {Config.coerce(c): c for c in tuner.configs}
+
+        def launch(config: Config) -> None:  # once, as Triton launches its chosen config
+            obj = self.objects.get(config) or declared[config]
+            current = dict(meta, **obj.all_kwargs())
+            full = {**tuner.nargs, **current}
+            if obj.pre_hook:
+                obj.pre_hook(full)
+            tuner.pre_hook(full, reset_only=True)
+            tuner.fn.run(*args, **current)
+        return launch
+
+    def close(self) -> None:
+        """The call ended: the copies of its inputs the check held go now."""
+        self.check, self.call_site, self.objects = None, None, {}
+
+    def record(self, cands: list[Candidate]) -> dict | None:
+        """`provenance.outputs` of the search this call ran (None outside a checking context)."""
+        if self.check is not None:
+            return self.check.record(cands)
+        return self.checked or None
 
 
 def _synthetic(tuner, name: str):
