@@ -5,8 +5,8 @@ put into its in-memory cache on each key's first call, keyed exactly as the inst
 it, so a tuned shape benchmarks nothing; and registers the kernel (`adopted.Adopted`): it reports
 through `flytune_build.stats()` and FLYTUNE_PRINT_AUTOTUNING, warns once on a device no artifact
 matches, follows FLYTUNE_AUTOTUNE as a ported kernel does (`runtime.kernel`) and is checked by
-`flytune verify --deep`. `recording(kernel, name=...)` captures the winners of
-Triton's own search as flytune artifacts. Both take what a library exports: an Autotuner, or a
+`flytune verify --deep`. `recording(kernel, name=...)` captures Triton's own searches as flytune
+artifacts, each winner chosen over Triton's timings by flytune's selection rule (`triton_search.select`). Both take what a library exports: an Autotuner, or a
 `@triton.heuristics` wrapper of one (`.fn` is followed down to the Autotuner).
 
 How Triton >= 3.0 keys its cache (`Autotuner.run`): the values of the key arguments passed, then
@@ -22,15 +22,13 @@ tensors were passed in, finds the artifact; its config is put under the call's T
 from __future__ import annotations
 
 import contextlib
-import math
 
 from ...core.artifact import Artifact
 from ...core.errors import DeclarationError
 from .. import bench, search
-from ..bench import Candidate
 from .adopted import Adopted
 from .triton_keys import autotuner_of
-from .triton_search import Checking, Patches, call_artifact_key, candidates, timed_as_flytune, winner_artifact
+from .triton_search import Checking, Patches, call_artifact_key, select, timed_as_flytune, winner_artifact
 
 
 def adopt(kernel, name: str, validate=None) -> int:
@@ -44,7 +42,9 @@ def adopt(kernel, name: str, validate=None) -> int:
 @contextlib.contextmanager
 def recording(kernel, name: str):
     """Within the block every search of the Autotuner under `kernel` is captured; yields the list of
-    artifacts. The block always searches: the Autotuner's cache (what `adopt` seeded, or earlier
+    artifacts. Each winner is flytune's selection over the candidates Triton timed (re-timed in rounds;
+    hysteresis against the output's winner inside `selection.keeping`; the first config Triton timed
+    kept unless beaten by the margin), put into Triton's cache for the process's later calls. The block always searches: the Autotuner's cache (what `adopt` seeded, or earlier
     calls decided) is set aside and its disk cache is off, both as they were on exit. With
     FLYTUNE_RANKING=synthetic each candidate still runs once but is ranked by `bench.synthetic_ms`, and
     the artifacts record `ranking: synthetic`; under TRITON_INTERPRET=1, with no `do_bench` of the
@@ -87,11 +87,11 @@ def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checkin
             new = [k for k in tuner.cache if k not in before]
             if new:
                 key = call_artifact_key(tuner, args, kwargs)
-                art = winner_artifact(tuner, name, ranking, key, args, kwargs, tuner.cache[new[-1]], checking)
+                picked = select(tuner, name, ranking, key, args, kwargs, checking)
+                tuner.cache[new[-1]] = picked.winner   # this process's later calls run flytune's winner too
+                art = winner_artifact(tuner, name, ranking, key, args, kwargs, picked.winner, picked)
                 captured.append(art)
-                cands = candidates(tuner, checking.errors)
-                winner = next((c for c in cands if c.config == art.config), Candidate(art.config, math.nan))
-                search.report(search.Found(name, art, cands, winner))
+                search.report(search.Found(name, art, picked.candidates, picked.selection.winner))
         finally:
             checking.close()
         return ret

@@ -20,12 +20,12 @@ on the caller's inputs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ...core import settings
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
-from ...core.errors import TuneError
-from .. import bench, binder, device, identity, outputs, placement
+from .. import bench, binder, device, identity, outputs, placement, selection
 from ..bench import Candidate
 from .triton_keys import artifact_key
 
@@ -78,18 +78,18 @@ def timed_as_flytune(tuner, name: str, ranking: str, patches: Patches) -> None:
 
 
 def winner_artifact(tuner, name: str, ranking: str, key: dict, args: tuple, kwargs: dict, winner,
-                    checking: "Checking | None" = None) -> Artifact:
-    """The artifact of the winner Triton's search just chose for a call, with provenance (and what the
-    search's `checking` found of each candidate's outputs). A TuneError where the check rejected the
-    winner itself: every candidate differed from the reference function."""
+                    picked: "Picked | None" = None) -> Artifact:
+    """The artifact of the winner a search just chose for a call, with provenance: Triton's pick, or
+    flytune's selection over Triton's timings (`picked`: its candidates, record and output check)."""
     config = Config.coerce(winner)  # its data: a pre_hook stays in the declaration
-    errors = checking.errors if checking is not None else {}
-    if config in errors:
-        raise TuneError(f"{name}: every candidate's outputs differ from the reference's, so none can ship "
-                        f"(Triton's pick {config}: {errors[config]})")
     spec = binder.record(name, tuner.fn, args, kwargs, config)  # for `flytune warmup`
-    checked = checking.record(candidates(tuner)) if checking is not None else None
-    return Artifact(name, key, device.current(), config, provenance(tuner, ranking, spec, errors, checked))
+    space = space_hash([Config.coerce(c) for c in tuner.configs])
+    if picked is None:
+        return Artifact(name, key, device.current(), config, identity.provenance(candidates(tuner), space, ranking,
+                                                                                 spec))
+    prov = identity.provenance(picked.candidates, space, ranking, spec, selection=picked.selection.record,
+                               outputs=picked.outputs)
+    return Artifact(name, key, device.current(), config, prov)
 
 
 def call_artifact_key(tuner, args: tuple, kwargs: dict) -> dict:
@@ -107,10 +107,44 @@ def candidates(tuner, errors: dict[Config, str] | None = None) -> list[Candidate
     return out
 
 
-def provenance(tuner, ranking: str, spec: dict | None = None, errors: dict[Config, str] | None = None,
-               checked: dict | None = None) -> dict:
-    return identity.provenance(candidates(tuner, errors), space_hash([Config.coerce(c) for c in tuner.configs]),
-                               ranking, spec, outputs=checked)
+def provenance(tuner, ranking: str, spec: dict | None = None) -> dict:
+    return identity.provenance(candidates(tuner), space_hash([Config.coerce(c) for c in tuner.configs]), ranking,
+                               spec)
+
+
+@dataclass
+class Picked:
+    """flytune's selection over one of Triton's searches (`select`)."""
+    winner: object               # the triton.Config that won
+    selection: selection.Selection
+    candidates: list[Candidate]  # in Triton's order, finalists' times their round medians
+    outputs: dict | None         # provenance.outputs
+
+
+def select(tuner, name: str, ranking: str, key: dict, args: tuple, kwargs: dict, checking: "Checking") -> Picked:
+    """The winner of the search Triton just ran for this call, chosen by flytune's rule (`runtime.selection`:
+    finalists re-timed in interleaved rounds by the search's own timer, the sequential test and its tie
+    rule, hysteresis against the output's winner for `key`, and with none the guard: the first config
+    Triton timed, the one it launches with no search, stays unless beaten by more than the margin).
+    Triton's plain minimum is its pick only. A config the output check rejected never wins: where every
+    candidate was rejected, a SearchError naming each."""
+    objects = list(getattr(tuner, "configs_timings", None) or {})
+    cands = candidates(tuner, checking.errors)
+    by_candidate = {id(c): o for c, o in zip(cands, objects)}
+
+    def retime(candidate: Candidate, fraction: float) -> float:
+        t = checking.timed(*args, config=by_candidate[id(candidate)], **kwargs)
+        return float(t[0] if isinstance(t, (list, tuple)) else t)
+
+    rule = selection.SYNTHETIC if ranking == "synthetic" else selection.MEASURED
+    tuner.nargs = dict(zip(tuner.arg_names, args))   # what Triton's timer reads; None again after its search
+    try:
+        chosen = selection.pick(cands, retime, rule, selection.shipped(name, key),
+                                default=cands[0].config if cands else None)
+    finally:
+        tuner.nargs = None
+        checking.restore()
+    return Picked(by_candidate[id(chosen.winner)], chosen, cands, checking.record(cands))
 
 
 class Checking:
@@ -125,7 +159,7 @@ class Checking:
         self.check: outputs.Check | None = None
         self.checked: dict | None = None   # why nothing was checked, where nothing was
         self.call_site: placement.Site | None = None
-        timed = getattr(tuner, TRITON_BENCH)   # Triton's, or the synthetic ranking's
+        self.timed = timed = getattr(tuner, TRITON_BENCH)   # Triton's, or the synthetic ranking's
 
         def bench_checked(*args, config, **meta):
             if self.call_site is None or not self._open(args, meta):
@@ -176,6 +210,11 @@ class Checking:
             tuner.pre_hook(full, reset_only=True)
             tuner.fn.run(*args, **current)
         return launch
+
+    def restore(self) -> None:
+        """The call's tensors as its search found them, where a check holds their copies."""
+        if self.check is not None:
+            self.check.restore()
 
     def close(self) -> None:
         """The call ended: the copies of its inputs the check held go now."""
