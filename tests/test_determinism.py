@@ -13,7 +13,7 @@ import triton.language as tl
 import flytune_build as ft
 from flytune_build import Config
 from flytune_build.core import settings
-from flytune_build.runtime import selection
+from flytune_build.runtime import selection, session
 
 pytestmark = pytest.mark.skipif(not settings.current().interpret, reason="measured under TRITON_INTERPRET=1")
 
@@ -52,7 +52,7 @@ def test_cold_searches_agree_each_winner_within_the_cap_and_a_re_tune_keeps_them
     with settings.override(autotune="search", ranking="measured", cache_dir=tmp_path, emit_dir=None):
         first, second = tune_plan(), tune_plan()
         kept = {n: r["config"] for n, r in first.items()}
-        with selection.keeping(lambda kernel, key: selection.Shipped(kept[key["n"]], 0.03)):
+        with session.opened(shipped=lambda kernel, key: selection.Shipped(kept[key["n"]], 0.03)):
             third = tune_plan()
     agree = [n for n in SHAPES if first[n]["config"] == second[n]["config"]]
     assert len(agree) >= 0.9 * len(SHAPES), {n: (first[n]["config"], second[n]["config"]) for n in SHAPES}

@@ -19,7 +19,7 @@ from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER
 from flytune_build.core.errors import ArtifactError, SearchError
 from flytune_build.pipeline import reader
-from flytune_build.runtime import bench, selection
+from flytune_build.runtime import bench, selection, session
 from flytune_build.runtime.bench import Candidate
 from flytune_build.tuning.incumbent import Incumbents, read_output
 from flytune_build.tuning.job import Tuned
@@ -222,7 +222,7 @@ def test_a_shipped_winner_outside_the_candidates_is_replaced_with_a_note():
 def test_keeping_answers_inside_its_context_only():
     assert selection.shipped("k", {"n": 1}) is None
     found = selection.Shipped(Config({"BLOCK": 16}), 0.03)
-    with selection.keeping(lambda kernel, key: found if kernel == "k" else None):
+    with session.opened(shipped=lambda kernel, key: found if kernel == "k" else None):
         assert selection.shipped("k", {"n": 1}) is found and selection.shipped("other", {}) is None
     assert selection.shipped("k", {"n": 1}) is None
 
@@ -560,3 +560,33 @@ def test_a_winner_ships_only_where_it_beats_the_kernels_default_by_the_margin(mo
     record = d.artifact.provenance["selection"]
     assert d.config.kwargs == {"BLOCK": 32} and record["default"]["outcome"] == "replaced"
     assert record["default"]["gain"] == pytest.approx(1.0)
+
+
+def test_a_tuning_session_is_one_value_entered_and_left_whole(tmp_path):
+    """What a job asks of its searches is the current `session.Session`: outside every one nothing is
+    kept, checked or collected and the settings are the process's; a session with a root forces search,
+    emits nothing and makes the root importable; an inner session replaces fields and collects into
+    its own list and every enclosing one's; everything is back on exit, also when the block raises."""
+    from flytune_build.core import settings
+    from flytune_build.runtime import outputs, search
+
+    before, path = settings.current(), list(sys.path)
+    assert session.current() == session.OUTSIDE and selection.shipped("k", {}) is None and outputs.policy() is None
+    held = selection.Shipped(Config({"BLOCK": 1}), 0.03)
+    found = search.Found("k", None, [], None)
+    with pytest.raises(ValueError, match="inside"):
+        with session.opened(root=tmp_path, ranking="synthetic", collect=True) as outer:
+            assert sys.path[0] == str(tmp_path)
+            assert (settings.current().autotune, settings.current().emit_dir, settings.current().ranking) == \
+                ("search", None, "synthetic")
+            with session.opened(shipped=lambda kernel, key: held, check=outputs.Policy(), collect=True) as inner:
+                assert selection.shipped("k", {}) is held and outputs.policy() == outputs.Policy()
+                search.report(found)
+            assert selection.shipped("k", {}) is None and outputs.policy() is None
+            assert inner.found[-1] == [found] and outer.found[-1] == [found]
+            raise ValueError("inside")
+    assert session.current() == session.OUTSIDE and settings.current() == before and sys.path == path
+    search.report(found)  # outside every session: collected nowhere, no error
+    with pytest.raises(TypeError, match="needs root"):
+        with session.opened(ranking="synthetic"):
+            pass

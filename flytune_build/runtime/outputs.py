@@ -1,4 +1,4 @@
-"""Checked outputs: during a tuning search (`flytune tune`: inside `checking`), each candidate's outputs
+"""Checked outputs: during a tuning search (`flytune tune`: inside a `session` whose `check` is a `Policy`), each candidate's outputs
 are compared with a reference's, computed on the same inputs, so that a fast config that computes the
 wrong thing never wins. A search a process runs on its own (FLYTUNE_AUTOTUNE=1, a first call with no
 other tier) launches and calls hooks exactly as Triton's Autotuner would, unchecked.
@@ -29,14 +29,14 @@ copied; where the plan entry names a reference function, each of the last three 
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.config import Config
 from ..core.errors import TuneError, foreign_failure, one_line
+from . import session
 
 # (rtol, atol) by dtype name; a dtype not listed and not floating compares exactly
 TOLERANCES = {"float64": (1e-7, 1e-9), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3),
@@ -58,25 +58,9 @@ class Policy:
     reference_name: str | None = None   # its `module:function`, as the plan names it
 
 
-_policies: list[Policy] = []
-
-
-@contextlib.contextmanager
-def checking(check: bool = True, rtol: float | None = None, atol: float | None = None,
-             reference: Callable | None = None, reference_name: str | None = None) -> Iterator[None]:
-    """A context in which searches check their candidates' outputs under this policy (a tuning plan
-    entry's `check`, `rtol`, `atol`, and its `reference` function, imported, with the name it gave)."""
-    p = Policy(bool(check), rtol, atol, reference, reference_name)
-    _policies.append(p)
-    try:
-        yield
-    finally:
-        _policies.remove(p)
-
-
 def policy() -> Policy | None:
-    """The innermost `checking` context's policy; None outside every one (no check)."""
-    return _policies[-1] if _policies else None
+    """The current tuning session's policy; None outside every one that sets it (no check)."""
+    return session.current().check
 
 
 def tolerance(dtype: Any, p: Policy) -> tuple[float, float]:

@@ -9,11 +9,11 @@ Invariants (pinned by tests/test_runtime.py):
 - on a GPU every candidate compiles concurrently before any is timed;
 - with FLYTUNE_RANKING=synthetic each candidate still runs once (one that cannot launch never wins),
   but the ranking is a deterministic hash, never a measurement;
-- inside `outputs.checking` (`flytune tune`), each candidate's outputs are checked against a reference
+- inside a tuning session that checks outputs (`session`, as `flytune tune` opens), each candidate's outputs are checked against a reference
   (a config's, or the plan entry's reference function's) on the same inputs: one that differs times as
   infinity and never wins, its error saying where it differed;
 - candidates are timed in declared order (the tie rule's order, `selection`), with one `bench.Measurement`
-  chosen before any is timed; inside `selection.keeping` the shipped winner is a finalist;
+  chosen before any is timed; inside a session that holds the output's winners (`session.shipped`) the shipped winner is a finalist;
 - on a GPU the passes and rounds rotate over `placement` copies of the inputs: the caller's tensors are
   placement 0, no copy is ever written back to them, and the copies are released before `run`
   returns or raises (tests/test_placement.py).
@@ -26,14 +26,14 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..core import settings
 from ..core.config import Config
 from ..core.errors import DeclarationError
-from . import bench, callbacks, outputs, placement, selection, warning
+from . import bench, callbacks, outputs, placement, selection, session, warning
 from .bench import Candidate
 
 
@@ -52,7 +52,7 @@ class SearchResult:
 
 @dataclass(frozen=True)
 class Found:
-    """One search's outcome, as the tuning engine takes it (`collecting`): the kernel, its winner as an
+    """One search's outcome, as the tuning engine takes it (`session.opened(collect=True)`): the kernel, its winner as an
     artifact with provenance, every candidate timed (declared order) and the winning candidate. Made
     where a search ends: by the autotuner, and by a recorded `@triton.autotune` search alike."""
     kernel: str
@@ -61,24 +61,9 @@ class Found:
     winner: Candidate
 
 
-_collectors: list[list[Found]] = []
-
-
-@contextlib.contextmanager
-def collecting() -> Iterator[list[Found]]:
-    """Within the block, every search that ends in this process adds its `Found` to the yielded list
-    (`flytune tune`'s return path; users' `on_decision` callbacks hear of searches as before)."""
-    got: list[Found] = []
-    _collectors.append(got)
-    try:
-        yield got
-    finally:
-        _collectors.remove(got)
-
-
 def report(found: Found) -> None:
-    """A search ended: tell every `collecting` block."""
-    for got in _collectors:
+    """A search ended: add it to every list the current tuning session collects into (`session.found`)."""
+    for got in session.current().found:
         got.append(found)
 
 

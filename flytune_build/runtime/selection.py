@@ -55,15 +55,15 @@ processes is not in `confidence`: every round of a run runs in one process. Unde
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from ..core.config import Config
 from ..core.errors import SearchError
+from . import session
 from .bench import Candidate
 
 FINALIST_BUDGET = 3    # the first block of all finalists' rounds takes 3x the kernel's timing budget
@@ -454,24 +454,8 @@ def _ms(t: float) -> float:
 
 
 # -- the shipped winners a re-tune must beat ---------------------------------------------------------------
-_lookups: list[Callable[[str, dict], Shipped | None]] = []
-
-
-@contextlib.contextmanager
-def keeping(lookup: Callable[[str, dict], Shipped | None]) -> Iterator[None]:
-    """A context in which a search of kernel K at key V keeps `lookup(K, V)`, the winner already shipped,
-    unless its own winner is faster by more than that `Shipped`'s margin (`flytune tune`)."""
-    _lookups.append(lookup)
-    try:
-        yield
-    finally:
-        _lookups.remove(lookup)
-
-
 def shipped(kernel: str, key: dict) -> Shipped | None:
-    """The winner a search of `kernel` at `key` must beat, inside `keeping`; else None."""
-    for lookup in reversed(_lookups):
-        found = lookup(kernel, key)
-        if found is not None:
-            return found
-    return None
+    """The winner a search of `kernel` at `key` must beat: the current tuning session's
+    (`session.opened(shipped=...)`, as `flytune tune` keeps the output's winners); else None."""
+    lookup = session.current().shipped
+    return None if lookup is None else lookup(kernel, key)

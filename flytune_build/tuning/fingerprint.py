@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
-import sys
 import textwrap
 from pathlib import Path
 
@@ -42,11 +41,9 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
     """`entry_name` -> fingerprint (None where the setup cannot be imported here, or its kernel is not
     registered once it is: a kernel may register when the setup runs; if it still is not, the job fails,
     naming the kernels that are: `job.unknown_kernels`)."""
-    from ..runtime import identity, registry
+    from ..runtime import identity, registry, session
 
-    saved = list(sys.path)
-    sys.path.insert(0, str(root))
-    try:
+    with session.importable(root):
         setups = {e.setup: _load(e.setup) for e in entries}
         adopted = {e.autotuner: _load(e.autotuner) for e in entries if e.autotuner}
         registered = registry.kernels()
@@ -77,8 +74,6 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
                                                       if k not in ("flytune", "source")}).decode()),
             }
         return out
-    finally:
-        sys.path[:] = saved
 
 
 def changed(recorded: dict | None, current: dict | None) -> str | None:

@@ -1,6 +1,6 @@
 """The winners a tune's output directory already holds (the incumbents), and what a re-tune did to each.
 
-A job searches inside `selection.keeping(incumbents.lookup)`: a search whose kernel and key have an
+A job searches inside `session.opened(shipped=incumbents.lookup)`: a search whose kernel and key have an
 artifact in the output keeps that artifact's config unless its own winner, timed in the same rounds,
 is faster by more than `min_improvement` (`runtime.selection`). Each result is then one of
 

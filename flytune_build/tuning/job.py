@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import codec, settings
+from ..core import codec
 from ..core.artifact import Artifact
 from ..core.codec import did_you_mean
 from ..core.errors import PlanError, ProjectError, UsageError, foreign_failure, one_line
@@ -69,33 +69,26 @@ def shape_text(shape: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
-@contextlib.contextmanager
 def tuning(root: Path, ranking: str | None = None):
-    """A context in which jobs of the project at `root` run: search forced, no emit directory, the
-    project root importable. The settings and `sys.path` are as they were on exit."""
-    changes = {"autotune": "search", "emit_dir": None}
-    if ranking:
-        changes["ranking"] = ranking
-    saved_path = list(sys.path)
-    sys.path.insert(0, str(root))
-    try:
-        with settings.override(**changes):
-            yield
-    finally:
-        sys.path[:] = saved_path
+    """The tuning session in which jobs of the project at `root` run (`runtime.session`): search forced,
+    no emit directory, the project root importable; all as it was on exit."""
+    from ..runtime import session
+
+    return session.opened(root=Path(root), ranking=ranking)
 
 
 def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     """Build `entry`'s call at `shape`, run it, and return the winners its kernel's searches chose
     (none: the key was already tuned in this process, or the setup does not call the kernel). A kernel
     that is still not registered once the call ran is a UsageError naming those that are."""
-    from ..runtime import outputs, registry, search
+    from ..runtime import outputs, registry, session
 
     file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
     reference = load_reference(root, entry)
     call = load_setup(entry.setup, file, f"{path}.setup" if path else "setup")(**shape)
-    with search.collecting() as found, outputs.checking(entry.check, entry.rtol, entry.atol, reference,
-                                                        entry.reference):  # outputs checked
+    policy = outputs.Policy(entry.check, entry.rtol, entry.atol, reference, entry.reference)
+    with session.opened(check=policy, collect=True) as tuned:
+        found = tuned.found[-1]
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
             from ..runtime.adapters.triton_autotune import recording
 
@@ -140,13 +133,11 @@ def load_setup(spec: str, file: Path | str, field: str = "setup"):
 def load_references(root: Path, entries) -> None:
     """Every reference function the entries name, imported (the project root importable) before any job
     runs: a PlanError naming the first that cannot be used."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(root))
-    try:
+    from ..runtime import session
+
+    with session.importable(root):
         for entry in entries:
             load_reference(root, entry)
-    finally:
-        sys.path[:] = saved
 
 
 def load_reference(root: Path, entry: TuneEntry):

@@ -89,7 +89,7 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     unless beaten by more than `options["min_improvement"]` percent. Its artifacts come back as JSON
     text, their provenance naming this host and worker, each with what it did to the output
     (`incumbent.Incumbents.change`) and whether it is to be written."""
-    from ..runtime import device, selection
+    from ..runtime import device, session
 
     origin = options.get("origin")
     entry = TuneEntry(kernel, setup, (shape,), autotuner, options.get("rtol"), options.get("atol"),
@@ -99,7 +99,7 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     try:
         # what the user's setup, kernel hooks or reference print goes to stderr: stdout is the report's
         # (`--json`) in this process and the pipe protocol's in a local worker
-        with selection.keeping(held.lookup), contextlib.redirect_stdout(sys.stderr):
+        with session.opened(shipped=held.lookup), contextlib.redirect_stdout(sys.stderr):
             tuned = stability.run(root, entry, shape, int(options.get("repeat", 1)))
     except BaseException as e:
         if not foreign_failure(e):

@@ -43,13 +43,13 @@ def adopt(kernel, name: str, validate=None) -> int:
 def recording(kernel, name: str):
     """Within the block every search of the Autotuner under `kernel` is captured; yields the list of
     artifacts. Each winner is flytune's selection over the candidates Triton timed (re-timed in rounds;
-    hysteresis against the output's winner inside `selection.keeping`; the first config Triton timed
+    hysteresis against the output's winner where the tuning session holds one (`runtime.session`); the first config Triton timed
     kept unless beaten by the margin), put into Triton's cache for the process's later calls. The block always searches: the Autotuner's cache (what `adopt` seeded, or earlier
     calls decided) is set aside and its disk cache is off, both as they were on exit. With
     FLYTUNE_RANKING=synthetic each candidate still runs once but is ranked by `bench.synthetic_ms`, and
     the artifacts record `ranking: synthetic`; under TRITON_INTERPRET=1, with no `do_bench` of the
     kernel's own, candidates are timed on the wall clock (`triton_search`). Inside
-    `runtime.outputs.checking` (`flytune tune`) each candidate's outputs are checked first
+    a tuning session that checks outputs (`flytune tune`) each candidate's outputs are checked first
     (`triton_search.Checking`): one that differs from the reference is never timed and cannot win."""
     tuner = autotuner_of(kernel)
     if not isinstance(tuner.cache, dict):  # set aside and restored below, as a dict

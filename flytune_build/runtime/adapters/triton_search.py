@@ -7,7 +7,7 @@ ranked by `bench.synthetic_ms`; under TRITON_INTERPRET=1, with no `do_bench` of 
 candidates are timed on the wall clock (the interpreter has no driver for Triton's benchmarker).
 Both are instance attributes set for the search's duration (`Patches`), Triton's code left as it is.
 
-Checked outputs (`Checking`, inside `runtime.outputs.checking`, as `flytune tune` runs a plan's
+Checked outputs (`Checking`, inside a tuning session that checks outputs, as `flytune tune` runs a plan's
 `autotuner` entry): before Triton times a config, the config launches once on the call's tensors as
 the search found them and its outputs are compared with the reference's (`runtime.outputs`: the plan
 entry's reference function, else the first declared config that launches). A config that differs is
