@@ -506,15 +506,15 @@ def test_the_resume_state_keeps_what_other_runs_add_and_drops_what_this_run_redo
     assert read_state(tmp_path) == {"a": {"winner": "v", "time_ms": 0.5}, "c": {"winner": "x", "time_ms": 3.0}}
 
 
-def test_an_incumbent_in_an_earlier_releases_key_form_is_kept_or_replaced_in_that_form(tmp_path, monkeypatch):
+def test_a_shipped_winner_in_an_earlier_releases_key_form_is_kept_or_replaced_in_that_form(tmp_path, monkeypatch):
     """An earlier release wrote an adopted kernel's None arguments as no axis: a re-tune finds that file as
-    the incumbent, keeps it byte for byte, or replaces it under its own name (never one identity twice)."""
-    from flytune_build.tuning.incumbent import Incumbents, read_output
+    the shipped winner, keeps it byte for byte, or replaces it under its own name (never one identity twice)."""
+    from flytune_build.tuning.shipped import ShippedWinners, read_output
 
     monkeypatch.setenv("FLYTUNE_DEVICE", "interpreter")
     old = Artifact("fleetpkg.cumsum", {"T": 64}, INTERPRETER, Config({"BLOCK": 16}, num_warps=1))
     old.save(tmp_path)
-    held = Incumbents(read_output(tmp_path)["fleetpkg.cumsum"], 3.0)
+    held = ShippedWinners(read_output(tmp_path)["fleetpkg.cumsum"], 3.0)
     assert held.lookup("fleetpkg.cumsum", {"T": 64, "scale": None}).config == old.config
     same = Artifact("fleetpkg.cumsum", {"T": 64, "scale": None}, INTERPRETER, old.config)
     assert held.change(same) == ("kept", None)

@@ -21,7 +21,7 @@ from flytune_build.core.errors import ArtifactError, SearchError
 from flytune_build.pipeline import reader
 from flytune_build.runtime import bench, selection, session
 from flytune_build.runtime.bench import Candidate
-from flytune_build.tuning.incumbent import Incumbents, read_output
+from flytune_build.tuning.shipped import ShippedWinners, read_output
 from flytune_build.tuning.job import Tuned
 
 RULE = selection.MEASURED
@@ -236,7 +236,7 @@ def test_shipped_reports_new_kept_replaced_and_rewrites_a_kept_artifact_only_for
                                                                                                     monkeypatch):
     monkeypatch.setenv("FLYTUNE_DEVICE", "interpreter")
     art(32).save(tmp_path)
-    held = Incumbents(read_output(tmp_path)["fixpkg.add"], 3.0)
+    held = ShippedWinners(read_output(tmp_path)["fixpkg.add"], 3.0)
     assert held.lookup("fixpkg.add", {"x": "float32", "n": 100}) == selection.Shipped(Config({"BLOCK": 32}), 0.03)
     assert held.lookup("fixpkg.add", {"x": "float32", "n": 7}) is None
     assert held.change(art(32, {"triton": "3.6.0"}))[0] == "kept" and held.change(art(32, {"triton": "3.6.0"}))[1] is None

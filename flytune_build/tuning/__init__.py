@@ -2,7 +2,7 @@
 artifacts with their provenance. `tune()` is the one entry; the `flytune tune` command is one caller.
 
 Every executor (`inprocess`, the default; `local`; `ray`) runs the same driver (`driver`), the same job
-body (`job`, `worker.execute`) and the same keep-or-replace rule (`incumbent`): an output's winners are
+body (`job`, `worker.execute`) and the same keep-or-replace rule (`shipped`): an output's winners are
 kept or replaced the same way wherever the jobs run.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     under `output` (a template: {arch}, {backend}, {device}; default `tool.flytune.tune.output`).
 
     Returns the `Report`: an `Outcome` per job and artifact (status, winner, change against the
-    output's incumbents, stability with `repeat` > 1, failures with their reason). Prints nothing;
+    output's shipped winners, stability with `repeat` > 1, failures with their reason). Prints nothing;
     `reporter` hears of progress as it happens. Raises UsageError when the run cannot start as asked
     (nothing is written; a PlanError for an entry's `reference` that cannot be used is one), ProjectError
     for a project without `[tool.flytune]`; a job that fails is an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.

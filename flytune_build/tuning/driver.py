@@ -17,7 +17,7 @@ kernel's config space and source, the setup, the output check, the toolchain); o
 again, and its outcome and the report say why (`retuned`). A state an earlier release wrote holds no
 fingerprint: its jobs run again, saying so.
 
-Every job carries the run's options and the output's incumbents for its kernel (`incumbent`): repeat,
+Every job carries the run's options and the output's shipped winners for its kernel (`shipped`): repeat,
 min_improvement and the keep-or-replace rule run where the job runs, so whether an output keeps its
 winners never depends on the executor. The driver prints nothing: what it has to tell goes to the
 `Reporter` it is given and into the `Report` it returns.
@@ -36,7 +36,7 @@ from ..core.device import DeviceIdentity, parse_spec
 from ..core.errors import DeviceError, FlytuneError, TuneError, UsageError
 from ..core.project import Project, TuneEntry, ships
 from . import fingerprint, layout
-from .incumbent import MIN_IMPROVEMENT_PCT, read_output
+from .shipped import MIN_IMPROVEMENT_PCT, read_output
 from .job import Job, check_options, no_search_note
 from .ledger import read_state, snapshot
 from .publisher import Publisher
@@ -65,7 +65,7 @@ class Options:
     ranking: str | None = None
     output: str | None = None        # the output template (default: tool.flytune.tune.output)
     repeat: int = 1                  # searches per shape; the majority winner is written
-    min_improvement: float = MIN_IMPROVEMENT_PCT   # percent a config must beat an incumbent by
+    min_improvement: float = MIN_IMPROVEMENT_PCT   # percent a config must beat a shipped winner by
     start_timeout: float = START_TIMEOUT
 
 
@@ -100,7 +100,7 @@ class Outcome:
     time_ms: float = math.nan
     margin: float | None = None
     reason: str | None = None
-    change: str = "-"                # new | kept | replaced (+gain%): against the output's incumbent
+    change: str = "-"                # new | kept | replaced (+gain%): against the output's shipped winner
     stable: Stability | None = None  # with repeat > 1: how many searches agreed
     confidence: float | None = None  # provenance.selection.confidence: how sure the choice is (0.5-1)
     resolved: bool | None = None     # provenance.selection.resolved: every deciding test settled
@@ -166,7 +166,7 @@ class Report:
         return _counted(o.retuned for o in {id(o.job): o for o in self.outcomes if o.retuned}.values())
 
     def changes(self) -> dict[str, int]:
-        """How many tuned outcomes were new, kept and replaced against the output's incumbents."""
+        """How many tuned outcomes were new, kept and replaced against the output's shipped winners."""
         tuned = [o for o in self.outcomes if o.status == "tuned"]
         return {c: sum(o.change.startswith(c) for o in tuned) for c in ("new", "kept", "replaced")}
 
@@ -190,7 +190,7 @@ class Driver:
         self.done: dict[str, dict] = {}
         self.published: dict[Path, Job] = {}
         self.seconds: dict[str, float] = {}     # device spec -> a running mean of its jobs' duration
-        self.incumbents: dict[str, dict[str, dict[str, bytes]]] = {}   # device spec -> kernel -> file -> bytes
+        self.shipped: dict[str, dict[str, dict[str, bytes]]] = {}   # device spec -> kernel -> file -> bytes
         self.progress: Reporter | None = None
         self.publisher: Publisher | None = None
 
@@ -263,7 +263,7 @@ class Driver:
             fsutil.output_directory(directory)
             if not ships(self.project.root, self.project.sources, directory):
                 self._note(unshipped_note(self.project, directory))
-            self.directories[spec], self.incumbents[spec] = directory, read_output(directory)
+            self.directories[spec], self.shipped[spec] = directory, read_output(directory)
             self.done[spec], found[directory] = finished_in(directory, self.options.resume)
             jobs, self.queues[spec], resumed, retuned = lay_out(self.entries, spec, self.done[spec], self.fingerprints)
             self.retuned.update(retuned)
@@ -297,7 +297,7 @@ class Driver:
                         self.progress.working(slot.name, job.label())
                     slot.jobs.append(job)
                     slot.state = "busy"
-                    self.executor.submit(slot.index, job, job_options(self.options, self.incumbents, job))
+                    self.executor.submit(slot.index, job, job_options(self.options, self.shipped, job))
 
     def _short(self, spec: str) -> bool:
         return self.seconds.get(spec, SHORT_JOB) < SHORT_JOB
@@ -419,7 +419,7 @@ class Driver:
                 outcome.status, outcome.reason, outcome.change = "duplicate", f"same artifact as {first.label()}", "-"
             elif outcome.change != "-" and data is not None:
                 files.append((path, data))
-                self.incumbents[job.device].setdefault(art.kernel, {})[art.filename] = data
+                self.shipped[job.device].setdefault(art.kernel, {})[art.filename] = data
             outcomes.append(outcome)
         if not outcomes:
             self._note(f"flytune: warning: {no_search_note(job.entry, job.shape)}")
@@ -456,9 +456,9 @@ def record_of(last: Outcome, fingerprints: dict | None) -> dict:
     return record
 
 
-def job_options(options: Options, incumbents: dict, job: Job) -> dict:
-    """What travels with a job: the run's options and the output's incumbents of its kernel."""
-    files = incumbents[job.device].get(job.entry.kernel, {})
+def job_options(options: Options, shipped: dict, job: Job) -> dict:
+    """What travels with a job: the run's options and the output's shipped winners of its kernel."""
+    files = shipped[job.device].get(job.entry.kernel, {})
     return {"repeat": options.repeat, "min_improvement": options.min_improvement,
             "winners": {name: data.decode() for name, data in files.items()}, **check_options(job.entry)}
 

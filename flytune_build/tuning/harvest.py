@@ -24,7 +24,7 @@ from ..core.config import Config
 from ..core.codec import FUNCTION, Fields
 from ..core.errors import ArtifactError, TuneError, UsageError, foreign_failure, one_line
 from ..runtime.selection import Shipped
-from .incumbent import MIN_IMPROVEMENT_PCT
+from .shipped import MIN_IMPROVEMENT_PCT
 from .layout import expand
 
 
@@ -78,9 +78,9 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
     dev = device.current()
     kernel = f"{module}.{function}"
     directory = expand(output, dev)
-    held = {key: Shipped(config, min_improvement / 100) for key, config in _shipped(directory, kernel, dev).items()}
+    shipped = {key: Shipped(config, min_improvement / 100) for key, config in _shipped(directory, kernel, dev).items()}
     start = time.perf_counter()
-    with recording.Recording(shipped=held) as rec:
+    with recording.Recording(shipped=shipped) as rec:
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 rt.compile_once(model, inputs, mode, dynamic)

@@ -33,7 +33,7 @@ from ..core.artifact import Artifact
 from ..core.errors import foreign_failure, one_line
 from ..core.project import TuneEntry
 from . import job, stability
-from .incumbent import MIN_IMPROVEMENT_PCT, Incumbents
+from .shipped import MIN_IMPROVEMENT_PCT, ShippedWinners
 
 HEADER = struct.Struct("<Q")
 PR_SET_PDEATHSIG = 1
@@ -85,21 +85,21 @@ def hello() -> list:
 def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner: str | None, shape: dict,
             options: dict) -> list:
     """Run one job (inside `job.tuning`): `options["repeat"]` searches of it, each keeping the output's
-    incumbents (`options["winners"]`: file name -> artifact text, the incumbents of this job's kernel)
+    shipped winners (`options["winners"]`: file name -> artifact text, the shipped winners of this job's kernel)
     unless beaten by more than `options["min_improvement"]` percent. Its artifacts come back as JSON
     text, their provenance naming this host and worker, each with what it did to the output
-    (`incumbent.Incumbents.change`) and whether it is to be written."""
+    (`shipped.ShippedWinners.change`) and whether it is to be written."""
     from ..runtime import device, session
 
     origin = options.get("origin")
     entry = TuneEntry(kernel, setup, (shape,), autotuner, options.get("rtol"), options.get("atol"),
                       options.get("check", True), tuple(origin) if origin else None, options.get("reference"))
-    held = Incumbents({n: text.encode() for n, text in (options.get("winners") or {}).items()},
+    winners = ShippedWinners({n: text.encode() for n, text in (options.get("winners") or {}).items()},
                       options.get("min_improvement", MIN_IMPROVEMENT_PCT))
     try:
         # what the user's setup, kernel hooks or reference print goes to stderr: stdout is the report's
         # (`--json`) in this process and the pipe protocol's in a local worker
-        with session.opened(shipped=held.lookup), contextlib.redirect_stdout(sys.stderr):
+        with session.opened(shipped=winners.lookup), contextlib.redirect_stdout(sys.stderr):
             tuned = stability.run(root, entry, shape, int(options.get("repeat", 1)))
     except BaseException as e:
         if not foreign_failure(e):
@@ -110,10 +110,10 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     for t, stable in tuned:
         a = t.artifact
         a = Artifact(a.kernel, a.key, a.device, a.config, {**(a.provenance or {}), "host": host, "worker": name})
-        change, written = held.change(a)
+        change, written = winners.change(a)
         if written is not None:
             a = written
-            held.saved(a)
+            winners.saved(a)
         out.append({"file": a.filename, "artifact": a.to_bytes().decode(), "winner": t.winner, "time_ms": t.time_ms,
                     "margin": t.margin, "change": change, "write": written is not None,
                     "stability": None if stable is None else stable.to_json()})

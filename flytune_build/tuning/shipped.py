@@ -1,22 +1,26 @@
-"""The winners a tune's output directory already holds (the incumbents), and what a re-tune did to each.
+"""The winners a tune's output directory already holds (its shipped winners), and what a re-tune did to each.
 
-A job searches inside `session.opened(shipped=incumbents.lookup)`: a search whose kernel and key have an
+One term throughout: a *shipped winner* is the config an output (or a bundle) already holds for an
+identity; `provenance.selection.shipped` records a search against it. Its margin (a fraction) is the
+`--min-improvement` percent a winner must beat it by.
+
+A job searches inside `session.opened(shipped=winners.lookup)`: a search whose kernel and key have an
 artifact in the output keeps that artifact's config unless its own winner, timed in the same rounds,
 is faster by more than `min_improvement` (`runtime.selection`). Each result is then one of
 
     new                  no artifact for this identity was there: written
-    kept (+1.2%)         the incumbent config stays (this search's own winner was 1.2% faster: within the
+    kept (+1.2%)         the shipped config stays (this search's own winner was 1.2% faster: within the
                          margin); the file is left as it was, byte for byte (re-written only when the
                          toolchain or the config space changed, so its provenance says what it was last
                          measured with)
     replaced (+4.2%)     another config was faster by more than the margin: written
     replaced (synthetic -> measured)
-                         the incumbent was ranked the other way (a synthetic rank against a measured
+                         the shipped winner was ranked the other way (a synthetic rank against a measured
                          time, or back): rankings never mix, so it is never a finalist and always
                          replaced
 
 The rule runs where the job runs, on every executor alike: the driver reads the output once and sends
-each job the incumbents of its kernel as file name -> bytes (a Ray node shares no disk with the driver);
+each job the shipped winners of its kernel as file name -> bytes (a Ray node shares no disk with the driver);
 they are parsed only when a search asks for one.
 """
 from __future__ import annotations
@@ -34,7 +38,7 @@ MIN_IMPROVEMENT_PCT = 3.0
 TOOLCHAIN = (*TOOLS, "space_hash")  # what re-writes a kept artifact's provenance
 
 
-class Incumbents:
+class ShippedWinners:
     """One kernel's artifacts of one output directory (file name -> bytes), read when a search asks."""
 
     def __init__(self, files: Mapping[str, bytes], min_improvement_pct: float = MIN_IMPROVEMENT_PCT):
@@ -50,10 +54,10 @@ class Incumbents:
                 self.found[name] = None  # an unreadable file is replaced, as if none were there
         return self.found[name]
 
-    def _held(self, kernel: str, key: dict) -> tuple[str, Artifact] | tuple[None, None]:
+    def _find(self, kernel: str, key: dict) -> tuple[str, Artifact] | tuple[None, None]:
         """(file name, artifact) the output holds for `kernel` at `key` on this device. An earlier
         release wrote an adopted kernel's None arguments as no axis at all (`core.verification`'s one
-        key-axes rule reads both forms as one identity): that file is the incumbent too."""
+        key-axes rule reads both forms as one identity): that file is the shipped winner too."""
         names = [Artifact(kernel, key, device.current(), Config({})).filename]
         legacy = {k: v for k, v in key.items() if v is not None}
         if legacy != dict(key):
@@ -67,16 +71,16 @@ class Incumbents:
     def lookup(self, kernel: str, key: dict) -> selection.Shipped | None:
         """The winner the output holds for `kernel` at `key` on this device, for `selection.keeping`; none
         where it was ranked another way than this search ranks (`mixes`)."""
-        _, old = self._held(kernel, key)
+        _, old = self._find(kernel, key)
         if old is None or mixes(ranking_of(old), bench.ranking()):
             return None
         return selection.Shipped(old.config, self.margin)
 
     def change(self, art: Artifact) -> tuple[str, Artifact | None]:
-        """(new | kept | replaced (+gain%), the artifact to write or None) for a search's artifact. An
-        incumbent in an earlier release's key form is replaced in that form, under its own file name,
+        """(new | kept | replaced (+gain%), the artifact to write or None) for a search's artifact. A
+        shipped winner in an earlier release's key form is replaced in that form, under its own file name,
         so that the directory never holds one identity twice."""
-        name, old = self._held(art.kernel, dict(art.key))
+        name, old = self._find(art.kernel, dict(art.key))
         if old is None:
             return "new", art
         if name != art.filename:
