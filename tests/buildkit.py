@@ -65,10 +65,11 @@ include = ["fixpkg*"]
     return text + (TOOL.format(extra=extra) if tool else "")
 
 
-def tune_pyproject(name: str, tune: str) -> str:
+def tune_pyproject(name: str, tune: str, output: str | None = "artifacts/{arch}") -> str:
     """The pyproject.toml of a tuning test project: package `name`, the interpreter target, artifacts in
-    `artifacts/`, and `tune` (TOML lines) after `[tool.flytune.tune]`'s `output = "artifacts/{arch}"`."""
-    return textwrap.dedent(f'''
+    `artifacts/`, and `tune` (TOML lines) in `[tool.flytune.tune]`, after `output = "<output>"` (none
+    where `output` is None: the default output)."""
+    head = textwrap.dedent(f'''
         [project]
         name = "{name}"
         version = "1.0"
@@ -78,8 +79,8 @@ def tune_pyproject(name: str, tune: str) -> str:
         targets = ["interpreter"]
 
         [tool.flytune.tune]
-        output = "artifacts/{{arch}}"
-        ''') + tune + "\n"
+        ''')
+    return head + (f'output = "{output}"\n' if output is not None else "") + tune + "\n"
 
 
 def artifact(n=100, block=32, dev=INTERPRETER, kernel="fixpkg.add", triton="3.6.0", key=None):

@@ -5,11 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from buildkit import tune_pyproject
 from conftest import python_env
 
 from flytune_build.core.artifact import Artifact
@@ -85,21 +85,7 @@ def make_project(root: Path, entries: str, output="out/{arch}") -> Path:
     (root / "fleetpkg" / "kernels.py").write_text(KERNELS)
     (root / "fleetpkg" / "crashes.py").write_text(CRASHES)
     (root / "fleetpkg" / "log.py").write_text(LOG)
-    (root / "pyproject.toml").write_text(textwrap.dedent(f'''
-        [project]
-        name = "fleetpkg"
-        version = "1.0"
-
-        [tool.flytune]
-        sources = ["artifacts"]
-        targets = ["interpreter"]
-
-        [tool.flytune.tune]
-        output = "{output}"
-        entries = [
-        {entries}
-        ]
-        '''))
+    (root / "pyproject.toml").write_text(tune_pyproject("fleetpkg", f"entries = [\n{entries}\n]", output))
     return root
 
 

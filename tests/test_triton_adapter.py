@@ -4,6 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
+from buildkit import tune_pyproject
 from flytune_build import triton as adapter
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
@@ -147,16 +148,9 @@ def setup(n):
     x = torch.randn(n); y = torch.randn(n); out = torch.empty(n)
     return lambda: add[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, out, n)
 ''')
-    (proj / "pyproject.toml").write_text('''
-[project]
-name = "extpkg"
-version = "1"
-[tool.flytune]
-sources = ["artifacts"]
-targets = ["interpreter"]
-[tool.flytune.tune]
-entries = [{ kernel = "extpkg.add", setup = "extpkg:setup", autotuner = "extpkg:add", shapes = [{ n = 100 }, { n = 200 }] }]
-''')
+    (proj / "pyproject.toml").write_text(tune_pyproject("extpkg", 'entries = [{ kernel = "extpkg.add", setup = '
+                                                        '"extpkg:setup", autotuner = "extpkg:add", shapes = '
+                                                        '[{ n = 100 }, { n = 200 }] }]', output=None))
     r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project", str(proj), "--allow-ci",
                         "--no-progress"], capture_output=True, text=True,
                        env=python_env(TRITON_INTERPRET=1, FLYTUNE_CACHE_DIR=tmp_path / "c"))

@@ -6,13 +6,13 @@ import inspect
 import os
 import subprocess
 import sys
-import textwrap
 import warnings
 
 import feature_kernels as fk
 import pytest
 import torch
 import triton
+from buildkit import tune_pyproject
 from conftest import ROOT, counting_bench, flytune, python_env
 
 import flytune_build as ft
@@ -195,16 +195,7 @@ def adopting_project(tmp_path, entries):
     proj = tmp_path / "adoptproj"
     (proj / "adoptpkg").mkdir(parents=True)
     (proj / "adoptpkg" / "__init__.py").write_text(ADOPTING_PACKAGE)
-    (proj / "pyproject.toml").write_text(textwrap.dedent(f'''
-        [project]
-        name = "adoptpkg"
-        version = "1"
-        [tool.flytune]
-        sources = ["artifacts"]
-        targets = ["interpreter"]
-        [tool.flytune.tune]
-        entries = {entries}
-        '''))
+    (proj / "pyproject.toml").write_text(tune_pyproject("adoptpkg", f"entries = {entries}", output=None))
     return proj
 
 
