@@ -368,3 +368,16 @@ def test_harvest_and_the_plan_read_module_function_by_one_rule():
             harvest(bad)
     assert FUNCTION.fullmatch("my_lib.models:block")
     assert json.loads(json.dumps(REFERENCE.schema()))["pattern"] == f"^(?:{FUNCTION.pattern})$"
+
+
+def test_a_reference_that_returns_its_result_instead_of_writing_it_is_told_so(tmp_path):
+    """A common slip: `return x + y` where the kernel writes `out`: the job fails, saying so, instead of
+    rejecting every candidate against the untouched output."""
+    proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:returns"'))
+    with open(proj / "refpkg" / "reference.py", "a") as f:
+        f.write("\ndef returns(x, y, out, n):\n    return x + y\n")
+    r = tune(proj, tmp_path / "out", tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 1, r.stdout
+    assert ("TuneError: the reference function refpkg.reference:returns returned a Tensor and wrote nothing into "
+            "the call's tensors") in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

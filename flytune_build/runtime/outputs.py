@@ -9,8 +9,9 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
   config fails to launch, the next candidate that launches;
 - a reference function is called as the kernel is (`fn(*args, **kwargs)`, the arguments the call passed,
   without grid or config), on the call's tensors as found, and writes its outputs into them in place; what
-  it returns is ignored. Where it raises, the search fails (`TuneError` naming it): a plan that names a
-  reference never ships a winner that was not checked against it;
+  it returns is ignored. Where it raises, or returns a value having written nothing into the call's
+  tensors (a function that returns its result instead of writing it), the search fails (`TuneError`
+  naming it): a plan that names a reference never ships a winner that was not checked against it;
 - every candidate (and the reference) launches on the caller's tensors as the search found them:
   each tensor argument is restored from a copy taken before the first launch, so a config that leaves
   part of an output unwritten leaves the found bytes there, not another candidate's result;
@@ -112,13 +113,17 @@ class Check:
         TuneError where it raises: no candidate can be checked, and the plan asked for this check."""
         self.restore()
         try:
-            self.policy.reference(*args, **kwargs)
+            result = self.policy.reference(*args, **kwargs)
         except BaseException as e:
             if not foreign_failure(e):
                 raise
             self.restore()
             raise TuneError(f"the reference function {self.policy.reference_name} raised on the call's inputs, "
                             f"so no candidate can be checked against it: {one_line(e)}") from None
+        if result is not None and all(_same(t, self.found[n]) for n, t in self.tensors.items()):
+            raise TuneError(f"the reference function {self.policy.reference_name} returned a {type(result).__name__} "
+                            f"and wrote nothing into the call's tensors: what it returns is ignored, so it must "
+                            f"write its results into the output tensors in place, as the kernel does")
         self.expected = {n: t.clone() for n, t in self.tensors.items()}
 
     def __call__(self, cfg: Config) -> None:
@@ -204,6 +209,13 @@ def _reference_order(kernel, bound: dict, configs: Sequence[Config]) -> list[Con
         except Exception:  # noqa: BLE001 - a heuristic that fails here: the first candidate is the reference
             first = []
     return first + list(configs)
+
+
+def _same(a, b) -> bool:
+    """Whether two tensors hold the same bytes (NaN equal to NaN)."""
+    import torch
+
+    return bool(torch.equal(a, b)) or (a.dtype.is_floating_point and bool(torch.isclose(a, b, 0, 0, True).all()))
 
 
 def _is_tensor(v: Any) -> bool:
