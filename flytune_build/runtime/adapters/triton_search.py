@@ -32,6 +32,7 @@ from .triton_keys import artifact_key
 # Triton's own (private) Autotuner attributes this adapter reaches: the method that times one config,
 # and the do_bench the decorator was given
 TRITON_BENCH, TRITON_USER_BENCH = "_bench", "_do_bench"
+ROUND_BUDGET = (25.0, 100.0)   # ms of warm-up and timing Triton's do_bench takes per config, shared by a round
 
 
 class Patches:
@@ -131,9 +132,18 @@ def select(tuner, name: str, ranking: str, key: dict, args: tuple, kwargs: dict,
     objects = list(getattr(tuner, "configs_timings", None) or {})
     cands = candidates(tuner, checking.errors)
     by_candidate = {id(c): o for c, o in zip(cands, objects)}
+    patches = Patches(tuner)
+    budget = ranking != "synthetic" and own_timer(tuner) is None  # Triton's timer, on a round's share
 
     def retime(candidate: Candidate, fraction: float) -> float:
-        t = checking.timed(*args, config=by_candidate[id(candidate)], **kwargs)
+        if budget:  # a round times on 1/fraction of Triton's budget (25 ms warm-up, 100 ms), as a ported kernel's
+            timer = bench.cpu_bench if settings.current().interpret else bench.gpu_bench
+            warm, rep = max(ROUND_BUDGET[0] / fraction, 1.0), max(ROUND_BUDGET[1] / fraction, 1.0)
+            patches.set("do_bench", lambda fn, quantiles=None: [timer(fn, warm, rep)] * 3)
+        try:
+            t = checking.timed(*args, config=by_candidate[id(candidate)], **kwargs)
+        finally:
+            patches.restore()
         return float(t[0] if isinstance(t, (list, tuple)) else t)
 
     rule = selection.SYNTHETIC if ranking == "synthetic" else selection.MEASURED
