@@ -164,17 +164,25 @@ class Checking:
 
     META = ("grid", "warmup")   # what Triton's launcher adds to a call's keywords: not the kernel's arguments
 
-    def __init__(self, tuner, patches: Patches):
+    def __init__(self, tuner, patches: Patches, heuristics: frozenset = frozenset()):
         self.tuner, self.errors, self.objects = tuner, {}, {}
+        self.heuristics = heuristics   # what `@triton.heuristics` over the Autotuner adds to a call's keywords
         self.check: outputs.Check | None = None
         self.checked: dict | None = None   # why nothing was checked, where nothing was
         self.call_site: placement.Site | None = None
         self.timed = timed = getattr(tuner, TRITON_BENCH)   # Triton's, or the synthetic ranking's
+        prune = tuner.prune_configs   # the class's, or the wrapper `adopt` installed
+
+        def pruned(kwargs):
+            # the configs Triton searches this call, as objects: early_config_prune may make new ones (their
+            # pre_hooks with them), a perf_model may reorder or drop declared ones
+            configs = prune(kwargs)
+            self.objects = _by_config(configs)
+            return configs
 
         def bench_checked(*args, config, **meta):
             if self.call_site is None or not self._open(args, meta):
                 return timed(*args, config=config, **meta)
-            self.objects[Config.coerce(config)] = config   # a config early_config_prune made, its hook with it
             try:
                 self.check(Config.coerce(config))
             except outputs.WrongOutput as e:
@@ -188,12 +196,14 @@ class Checking:
                 return timed(*args, config=config, **meta)
             finally:
                 self.check.restore()
+        patches.set("prune_configs", pruned)
         patches.set(TRITON_BENCH, bench_checked)
 
     def call(self, args: tuple, kwargs: dict) -> None:
         """A new call: its search, if it runs one, is checked under the policy of then."""
-        self.check, self.checked, self.errors, self.objects = None, None, {}, {}
-        kernel_kwargs = {k: v for k, v in kwargs.items() if k not in self.META}
+        self.check, self.checked, self.errors = None, None, {}
+        self.objects = _by_config(self.tuner.configs)   # until Triton prunes them for this call
+        kernel_kwargs = {k: v for k, v in kwargs.items() if k not in self.META and k not in self.heuristics}
         self.call_site = placement.Site(args, kernel_kwargs, {**dict(zip(self.tuner.arg_names, args)), **kernel_kwargs})
 
     def _open(self, args: tuple, meta: dict) -> bool:
@@ -202,29 +212,35 @@ class Checking:
             if outputs.policy() is None:
                 self.checked = {}
                 return False
-            configs = [Config.coerce(c) for c in self.tuner.configs]
+            configs = list(self.objects)   # the reference: the first of them that launches, as the guard's default
             self.check, checked = outputs.start(None, self.call_site, configs, self._launcher(args, meta))
             self.checked = checked or {}
         return self.check is not None
 
     def _launcher(self, args: tuple, meta: dict):
-        tuner = self.tuner
-        declared = {Config.coerce(c): c for c in tuner.configs}
-
-        def launch(config: Config) -> None:  # once, as Triton launches its chosen config
-            obj = self.objects.get(config) or declared[config]
-            current = dict(meta, **obj.all_kwargs())
-            full = {**tuner.nargs, **current}
-            if obj.pre_hook:
-                obj.pre_hook(full)
-            tuner.pre_hook(full, reset_only=True)
-            tuner.fn.run(*args, **current)
+        def launch(config: Config) -> None:
+            _launch(self.tuner, self.objects[config], args, meta)
         return launch
 
     def restore(self) -> None:
         """The call's tensors as its search found them, where a check holds their copies."""
         if self.check is not None:
             self.check.restore()
+
+    def launch_winner(self, winner, args: tuple, kwargs: dict):
+        """Where the check holds the call's tensors as found: put them back and launch `winner` once, as
+        Triton's run launches its pick, so the caller's tensors hold the winner's outputs (the rounds
+        re-timed after Triton's own launch ran on them, and `restore` undid it). Returns what that launch
+        returns; None where nothing launched: without the copies the tensors stay as the last re-timed
+        launch left them (Triton's timing restores its `restore_value` ones), as Triton's search leaves them."""
+        if self.check is None:
+            return None
+        self.check.restore()
+        self.tuner.nargs = dict(zip(self.tuner.arg_names, args))
+        try:
+            return _launch(self.tuner, winner, args, kwargs)
+        finally:
+            self.tuner.nargs = None
 
     def close(self) -> None:
         """The call ended: the copies of its inputs the check held go now."""
@@ -235,6 +251,26 @@ class Checking:
         if self.check is not None:
             return self.check.record(cands)
         return self.checked or None
+
+
+def _by_config(configs) -> dict:
+    """{Config: the triton.Config object}, the first of equal ones, in order."""
+    out: dict = {}
+    for c in configs:
+        out.setdefault(Config.coerce(c), c)
+    return out
+
+
+def _launch(tuner, obj, args: tuple, meta: dict):
+    """Launch the config `obj` once, as Triton launches a config: its pre_hook, the Autotuner's
+    `pre_hook(nargs, reset_only=True)` (its `reset_to_zero`), then the kernel, with no `restore_value`
+    undoing what it wrote. `tuner.nargs` holds the call's positional arguments by name."""
+    current = dict(meta, **obj.all_kwargs())
+    full = {**tuner.nargs, **current}
+    if obj.pre_hook:
+        obj.pre_hook(full)
+    tuner.pre_hook(full, reset_only=True)
+    return tuner.fn.run(*args, **current)
 
 
 def _synthetic(tuner, name: str):
