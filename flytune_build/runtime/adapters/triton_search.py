@@ -10,12 +10,14 @@ Both are instance attributes set for the search's duration (`Patches`), Triton's
 Checked outputs (`Checking`, inside a tuning session that checks outputs, as `flytune tune` runs a plan's
 `autotuner` entry): before Triton times a config, the config launches once on the call's tensors as
 the search found them and its outputs are compared with the reference's (`runtime.outputs`: the plan
-entry's reference function, else the first declared config that launches). A config that differs is
-never timed: Triton sees it as infinitely slow, and its candidate carries the error. Each launch here is
-Triton's own: the config's pre_hook, then the Autotuner's `pre_hook(nargs, reset_only=True)` (its
-`reset_to_zero`), then the kernel, with no `restore_value` undoing what it wrote. The call's tensors are
-as found again after each config is timed, so the launch of the winner that ends Triton's search runs
-on the caller's inputs.
+entry's reference function, else the first config Triton searches for the call that launches: the
+objects its `prune_configs` returned, an `early_config_prune`'s own configs and pre_hooks included). A
+config that differs is never timed: Triton sees it as infinitely slow, and its candidate carries the
+error. Each launch here is Triton's own (`_launch`): the config's pre_hook, then the Autotuner's
+`pre_hook(nargs, reset_only=True)` (its `reset_to_zero`), then the kernel, with no `restore_value`
+undoing what it wrote. The call's tensors are as found again after each config is timed and after
+flytune's selection re-times the finalists; then the winner launches on them once (`launch_winner`), so
+the caller's tensors hold the winner's outputs, as after Triton's own run.
 """
 from __future__ import annotations
 
