@@ -95,6 +95,14 @@ def kept_heuristic_kernel(x, y, out, n, BLOCK: tl.constexpr, EVEN: tl.constexpr)
     m = offs < n
     tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
 
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])
+@triton.jit
+def kept_asserting_kernel(x, y, out, n, BLOCK: tl.constexpr):   # BLOCK=32 fails to compile
+    tl.static_assert(BLOCK != 32)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
 def _call(kernel, n):
     x, y, out = torch.arange(n, dtype=torch.float32), torch.ones(n), torch.full((n,), -1.0)
     return lambda: kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
@@ -107,6 +115,9 @@ def off(n):
 
 def kept(n):
     return _call(kept_kernel, n)
+
+def kept_asserting(n):
+    return _call(kept_asserting_kernel, n)
 
 def kept_heuristic(n):
     return _call(kept_heuristic_kernel, n)
@@ -494,3 +505,17 @@ def test_a_reference_function_of_a_kept_kernel_under_heuristics_gets_the_call_s_
     art = artifacts(out)["refpkg.kept_heuristic"]
     assert art.provenance["outputs"] == {"function": "refpkg.reference:add", "rtol": None, "atol": None,
                                          "rejected": 0}
+
+
+@pytest.mark.parametrize("check", ["", "\ncheck = false"])
+def test_a_kept_config_that_ends_triton_s_search_fails_its_job_naming_the_config(tmp_path, check):
+    """Triton's search stops at a config that raises where it is timed (the interpreter's static_assert):
+    the job fails with a typed error naming that config, checked or not, and nothing is written."""
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", entry("kept_asserting", 'autotuner = "refpkg:kept_asserting_kernel"' + check)),
+             out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 1, r.stdout + r.stderr[-3000:]
+    assert ("failed: refpkg.kept_asserting n=100: SearchError: Field `configs` Config(BLOCK=32, num_warps=1, "
+            "num_stages=3, num_ctas=1) failed where Triton timed it, which ends Triton's search: InterpreterError: "
+            "AssertionError") in r.stdout, r.stdout
+    assert "Traceback" not in r.stderr and not list(out.glob("*.json"))

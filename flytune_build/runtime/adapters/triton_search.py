@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from ...core import settings
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
+from ...core.errors import FlytuneError, SearchError, one_line
 from .. import bench, binder, device, identity, outputs, placement, selection
 from ..bench import Candidate
 from .triton_keys import artifact_key
@@ -182,9 +183,20 @@ class Checking:
             self.objects = _by_config(configs)
             return configs
 
+        def timing(*args, config, **meta):
+            try:
+                return timed(*args, config=config, **meta)
+            except Exception as e:
+                if isinstance(e, FlytuneError):
+                    raise
+                # what Triton does not take for a failed config (the interpreter's static_assert, a launch
+                # error) ends its search: the job fails naming the config
+                raise SearchError(f"{Config.coerce(config)} failed where Triton timed it, which ends Triton's "
+                                  f"search: {one_line(e)}", field="configs") from None
+
         def bench_checked(*args, config, **meta):
             if self.call_site is None or not self._open(args, meta):
-                return timed(*args, config=config, **meta)
+                return timing(*args, config=config, **meta)
             try:
                 self.check(Config.coerce(config))
             except outputs.WrongOutput as e:
@@ -195,7 +207,7 @@ class Checking:
                 pass
             self.check.restore()
             try:
-                return timed(*args, config=config, **meta)
+                return timing(*args, config=config, **meta)
             finally:
                 self.check.restore()
         patches.set("prune_configs", pruned)
