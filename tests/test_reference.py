@@ -103,6 +103,20 @@ def kept_asserting_kernel(x, y, out, n, BLOCK: tl.constexpr):   # BLOCK=32 fails
     m = offs < n
     tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
 
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])
+@triton.jit
+def kept_bias_kernel(x, bias, out, n, stride_bias, BLOCK: tl.constexpr):   # BLOCK=32 adds 1
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m) + tl.load(bias + offs * stride_bias, mask=m)
+    if BLOCK == KEPT_WRONG:
+        v = v + 1.0
+    tl.store(out + offs, v, mask=m)
+
+def kept_bias(n):   # a broadcast input: one element, expanded
+    x, bias, out = torch.arange(n, dtype=torch.float32), torch.ones(1).expand(n), torch.full((n,), -1.0)
+    return lambda: kept_bias_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, bias, out, n, bias.stride(0))
+
 def _call(kernel, n):
     x, y, out = torch.arange(n, dtype=torch.float32), torch.ones(n), torch.full((n,), -1.0)
     return lambda: kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
@@ -519,3 +533,16 @@ def test_a_kept_config_that_ends_triton_s_search_fails_its_job_naming_the_config
             "num_stages=3, num_ctas=1) failed where Triton timed it, which ends Triton's search: InterpreterError: "
             "AssertionError") in r.stdout, r.stdout
     assert "Traceback" not in r.stderr and not list(out.glob("*.json"))
+
+
+def test_a_broadcast_input_is_checked_too(tmp_path):
+    """An `expand`ed input (its elements share one location) is restored through the memory it views:
+    the check runs, and the wrong config is rejected, instead of the search going unchecked."""
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", entry("kept_bias", 'autotuner = "refpkg:kept_bias_kernel"')), out, tmp_path,
+             "--ranking", "synthetic")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    art = artifacts(out)["refpkg.kept_bias"]
+    assert art.provenance["outputs"] == {"reference": Config({"BLOCK": 16}, num_warps=1).to_json(), "rtol": None,
+                                         "atol": None, "rejected": 1}, art.provenance["outputs"]
+    assert art.config != KEPT_WRONG and candidate(art, KEPT_WRONG)["error"].startswith("WrongOutput: `out` differs")
