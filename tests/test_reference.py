@@ -133,6 +133,10 @@ def kept(n):
 def kept_asserting(n):
     return _call(kept_asserting_kernel, n)
 
+def kept_grad(n):   # an input that requires grad, as a training step's
+    x, y, out = torch.arange(n, dtype=torch.float32).requires_grad_(), torch.ones(n), torch.full((n,), -1.0)
+    return lambda: kept_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+
 def kept_heuristic(n):
     return _call(kept_heuristic_kernel, n)
 
@@ -546,3 +550,17 @@ def test_a_broadcast_input_is_checked_too(tmp_path):
     assert art.provenance["outputs"] == {"reference": Config({"BLOCK": 16}, num_warps=1).to_json(), "rtol": None,
                                          "atol": None, "rejected": 1}, art.provenance["outputs"]
     assert art.config != KEPT_WRONG and candidate(art, KEPT_WRONG)["error"].startswith("WrongOutput: `out` differs")
+
+
+@pytest.mark.parametrize("reference", [None, "refpkg.reference:add"])
+def test_an_input_that_requires_grad_is_checked_too(tmp_path, reference):
+    """Restoring a leaf that requires grad is no in-place step of the caller's graph: the check runs (it
+    neither goes unchecked with a note nor fails the job with torch's error), the wrong config is rejected."""
+    out = tmp_path / "out"
+    extra = 'autotuner = "refpkg:kept_kernel"' + (f'\nreference = "{reference}"' if reference else "")
+    r = tune(project(tmp_path / "p", entry("kept_grad", extra)), out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    art = artifacts(out)["refpkg.kept_grad"]
+    against = {"function": reference} if reference else {"reference": Config({"BLOCK": 16}, num_warps=1).to_json()}
+    assert art.provenance["outputs"] == {**against, "rtol": None, "atol": None, "rejected": 1}, art.provenance["outputs"]
+    assert art.config != KEPT_WRONG

@@ -78,7 +78,7 @@ class Check:
     def __init__(self, tensors: dict[str, Any], launch: Callable[[Config], None], p: Policy):
         self.tensors, self.launch, self.policy = tensors, launch, p
         self.memory = {n: _memory(t) for n, t in tensors.items()}   # what each restore writes
-        self.found = {n: t.clone() for n, t in self.memory.items()}
+        self.found = {n: t.detach().clone() for n, t in self.memory.items()}
         self.reference: Config | None = None   # the reference config, where no function is the reference
         self.expected: dict[str, Any] | None = None   # None: nothing to compare with
         self.note: str | None = None
@@ -92,9 +92,13 @@ class Check:
         return str(self.reference)
 
     def restore(self) -> None:
-        """Every tensor argument as the search found it."""
-        for n, t in self.memory.items():
-            t.copy_(self.found[n])
+        """Every tensor argument as the search found it (a tensor that requires grad too: a copy back
+        is no step of the caller's graph)."""
+        import torch
+
+        with torch.no_grad():
+            for n, t in self.memory.items():
+                t.copy_(self.found[n])
 
     def find_reference(self, order: Sequence[Config]) -> None:
         errors = []
@@ -106,16 +110,19 @@ class Check:
                 errors.append(f"{cfg}: {type(e).__name__}: {e}"[:300])
                 continue
             self.reference = cfg
-            self.expected = {n: t.clone() for n, t in self.tensors.items()}
+            self.expected = {n: t.detach().clone() for n, t in self.tensors.items()}
             return
         self.note = "not checked: no config launched for the reference (" + "; ".join(errors)[:400] + ")"
 
     def call_reference(self, args: tuple, kwargs: dict) -> None:
         """The reference function's outputs: it is called as the kernel was, on the inputs as found. A
         TuneError where it raises: no candidate can be checked, and the plan asked for this check."""
+        import torch
+
         self.restore()
         try:
-            result = self.policy.reference(*args, **kwargs)
+            with torch.no_grad():   # as a kernel's launch: what it writes joins no graph of the caller's tensors
+                result = self.policy.reference(*args, **kwargs)
         except BaseException as e:
             if not foreign_failure(e):
                 raise
@@ -126,7 +133,7 @@ class Check:
             raise TuneError(f"the reference function {self.policy.reference_name} returned a {type(result).__name__} "
                             f"and wrote nothing into the call's tensors: what it returns is ignored, so it must "
                             f"write its results into the output tensors in place, as the kernel does")
-        self.expected = {n: t.clone() for n, t in self.tensors.items()}
+        self.expected = {n: t.detach().clone() for n, t in self.tensors.items()}
 
     def __call__(self, cfg: Config) -> None:
         """Launch `cfg` on the inputs as found and raise `WrongOutput` unless its outputs are the reference's."""
