@@ -57,6 +57,66 @@ def kept_kernel(x, y, out, n, BLOCK: tl.constexpr):
         v = v + 1.0
     tl.store(out + offs, v, mask=m)
 
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"], restore_value=["x"])
+@triton.jit
+def kept_inplace_kernel(x, y, n, BLOCK: tl.constexpr):   # x += y
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(x + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"], reset_to_zero=["acc"])
+@triton.jit
+def kept_sum_kernel(x, acc, n, BLOCK: tl.constexpr):   # acc = sum(x), accumulated atomically
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(acc, tl.sum(tl.load(x + offs, mask=offs < n, other=0.0)))
+
+def _zero_out(nargs):
+    nargs["out"].zero_()
+
+def _pruned(configs, nargs, **kwargs):   # BLOCK=16 is wrong; the configs it makes zero `out` first
+    return [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=_zero_out) for b in (32, 64, 128)]
+
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"],
+                 prune_configs_by={"early_config_prune": _pruned})
+@triton.jit
+def kept_pruned_kernel(x, out, n, BLOCK: tl.constexpr):   # out += x, atomically
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m)
+    if BLOCK == 16:
+        v = v + 1.0
+    tl.atomic_add(out + offs, v, mask=m)
+
+@triton.heuristics({"EVEN": lambda a: a["n"] % 16 == 0})
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])
+@triton.jit
+def kept_heuristic_kernel(x, y, out, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])
+@triton.jit
+def kept_asserting_kernel(x, y, out, n, BLOCK: tl.constexpr):   # BLOCK=32 fails to compile
+    tl.static_assert(BLOCK != 32)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])
+@triton.jit
+def kept_bias_kernel(x, bias, out, n, stride_bias, BLOCK: tl.constexpr):   # BLOCK=32 adds 1
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m) + tl.load(bias + offs * stride_bias, mask=m)
+    if BLOCK == KEPT_WRONG:
+        v = v + 1.0
+    tl.store(out + offs, v, mask=m)
+
+def kept_bias(n):   # a broadcast input: one element, expanded
+    x, bias, out = torch.arange(n, dtype=torch.float32), torch.ones(1).expand(n), torch.full((n,), -1.0)
+    return lambda: kept_bias_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, bias, out, n, bias.stride(0))
+
 def _call(kernel, n):
     x, y, out = torch.arange(n, dtype=torch.float32), torch.ones(n), torch.full((n,), -1.0)
     return lambda: kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
@@ -69,6 +129,48 @@ def off(n):
 
 def kept(n):
     return _call(kept_kernel, n)
+
+def kept_asserting(n):
+    return _call(kept_asserting_kernel, n)
+
+def kept_grad(n):   # an input that requires grad, as a training step's
+    x, y, out = torch.arange(n, dtype=torch.float32).requires_grad_(), torch.ones(n), torch.full((n,), -1.0)
+    return lambda: kept_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+
+def kept_heuristic(n):
+    return _call(kept_heuristic_kernel, n)
+
+def _grid(n):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+
+# setups that assert what the caller's tensors hold after the tuned call
+def kept_add_result(n):
+    def run():
+        x, y, out = torch.arange(n, dtype=torch.float32), torch.ones(n), torch.full((n,), -1.0)
+        kept_kernel[_grid(n)](x, y, out, n)
+        assert torch.equal(out, x + y), f"out: {out[:4].tolist()}"
+    return run
+
+def kept_inplace_result(n):
+    def run():
+        x, y = torch.arange(n, dtype=torch.float32), torch.ones(n)
+        kept_inplace_kernel[_grid(n)](x, y, n)
+        assert torch.equal(x, torch.arange(n, dtype=torch.float32) + 1), f"x += y: {x[:4].tolist()}"
+    return run
+
+def kept_sum_result(n):
+    def run():
+        acc = torch.full((1,), 7.0)
+        kept_sum_kernel[_grid(n)](torch.arange(n, dtype=torch.float32), acc, n)
+        assert acc.item() == n * (n - 1) / 2, f"sum: {acc.item()}"
+    return run
+
+def kept_pruned_result(n):
+    def run():
+        x, out = torch.arange(n, dtype=torch.float32), torch.full((n,), 5.0)
+        kept_pruned_kernel[_grid(n)](x, out, n)
+        assert torch.equal(out, x), f"out: {out[:4].tolist()}"
+    return run
 '''
 REFERENCE = '''
 def add(x, y, out, n):
@@ -381,3 +483,84 @@ def test_a_reference_that_returns_its_result_instead_of_writing_it_is_told_so(tm
     assert ("TuneError: the reference function refpkg.reference:returns returned a Tensor and wrote nothing into "
             "the call's tensors") in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def results_entry(name: str, kernel: str, extra: str = "") -> str:
+    return (f'kernel = "refpkg.{name}"\nsetup = "refpkg:kept_{name}_result"\nshapes = [{{ n = 100 }}]\n'
+            f'autotuner = "refpkg:{kernel}"' + (f"\n{extra}" if extra else ""))
+
+
+@pytest.mark.parametrize("ranking", ["synthetic", "measured"])
+def test_a_checked_kept_kernel_leaves_the_callers_tensors_holding_the_winners_outputs(tmp_path, ranking):
+    """The check restores the call's tensors as found around every launch; the winner then runs on them
+    once, as Triton's run launches its pick: a plain output, an in-place `x += y` (restore_value) and an
+    atomic sum (reset_to_zero) hold their results after the tuned call (the setup asserts it), checked or
+    not. The pruned kernel's reference is the first config its early_config_prune makes, with its pre_hook."""
+    out = tmp_path / "out"
+    entries = [results_entry(k, f"kept_{k}_kernel") for k in ("inplace", "sum", "pruned")]
+    entries += [results_entry("add", "kept_kernel"), results_entry("sum", "kept_sum_kernel", "check = false")
+                .replace('kernel = "refpkg.sum"', 'kernel = "refpkg.unchecked"')]
+    r = tune(project(tmp_path / "p", *entries), out, tmp_path, "--ranking", ranking)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    arts = artifacts(out)
+    assert set(arts) == {"refpkg.add", "refpkg.inplace", "refpkg.sum", "refpkg.pruned", "refpkg.unchecked"}, r.stdout
+    assert arts["refpkg.add"].config != KEPT_WRONG
+    for name in ("refpkg.inplace", "refpkg.sum"):
+        assert arts[name].provenance["outputs"]["rejected"] == 0, arts[name].provenance
+    pruned = arts["refpkg.pruned"]
+    assert pruned.provenance["outputs"] == {"reference": Config({"BLOCK": 32}, num_warps=1).to_json(), "rtol": None,
+                                            "atol": None, "rejected": 0}, pruned.provenance
+    assert pruned.config.kwargs["BLOCK"] in (32, 64, 128)
+
+
+def test_a_reference_function_of_a_kept_kernel_under_heuristics_gets_the_call_s_arguments_only(tmp_path):
+    """`autotuner = "module:kernel.fn"` (the Autotuner under @triton.heuristics): what the heuristics add
+    to the call's keywords (EVEN) is a meta-parameter, not an argument the reference function takes."""
+    out = tmp_path / "out"
+    e = entry("kept_heuristic", 'autotuner = "refpkg:kept_heuristic_kernel.fn"\nreference = "refpkg.reference:add"')
+    r = tune(project(tmp_path / "p", e), out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    art = artifacts(out)["refpkg.kept_heuristic"]
+    assert art.provenance["outputs"] == {"function": "refpkg.reference:add", "rtol": None, "atol": None,
+                                         "rejected": 0}
+
+
+@pytest.mark.parametrize("check", ["", "\ncheck = false"])
+def test_a_kept_config_that_ends_triton_s_search_fails_its_job_naming_the_config(tmp_path, check):
+    """Triton's search stops at a config that raises where it is timed (the interpreter's static_assert):
+    the job fails with a typed error naming that config, checked or not, and nothing is written."""
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", entry("kept_asserting", 'autotuner = "refpkg:kept_asserting_kernel"' + check)),
+             out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 1, r.stdout + r.stderr[-3000:]
+    assert ("failed: refpkg.kept_asserting n=100: SearchError: Field `configs` Config(BLOCK=32, num_warps=1, "
+            "num_stages=3, num_ctas=1) failed where Triton timed it, which ends Triton's search: InterpreterError: "
+            "AssertionError") in r.stdout, r.stdout
+    assert "Traceback" not in r.stderr and not list(out.glob("*.json"))
+
+
+def test_a_broadcast_input_is_checked_too(tmp_path):
+    """An `expand`ed input (its elements share one location) is restored through the memory it views:
+    the check runs, and the wrong config is rejected, instead of the search going unchecked."""
+    out = tmp_path / "out"
+    r = tune(project(tmp_path / "p", entry("kept_bias", 'autotuner = "refpkg:kept_bias_kernel"')), out, tmp_path,
+             "--ranking", "synthetic")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    art = artifacts(out)["refpkg.kept_bias"]
+    assert art.provenance["outputs"] == {"reference": Config({"BLOCK": 16}, num_warps=1).to_json(), "rtol": None,
+                                         "atol": None, "rejected": 1}, art.provenance["outputs"]
+    assert art.config != KEPT_WRONG and candidate(art, KEPT_WRONG)["error"].startswith("WrongOutput: `out` differs")
+
+
+@pytest.mark.parametrize("reference", [None, "refpkg.reference:add"])
+def test_an_input_that_requires_grad_is_checked_too(tmp_path, reference):
+    """Restoring a leaf that requires grad is no in-place step of the caller's graph: the check runs (it
+    neither goes unchecked with a note nor fails the job with torch's error), the wrong config is rejected."""
+    out = tmp_path / "out"
+    extra = 'autotuner = "refpkg:kept_kernel"' + (f'\nreference = "{reference}"' if reference else "")
+    r = tune(project(tmp_path / "p", entry("kept_grad", extra)), out, tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    art = artifacts(out)["refpkg.kept_grad"]
+    against = {"function": reference} if reference else {"reference": Config({"BLOCK": 16}, num_warps=1).to_json()}
+    assert art.provenance["outputs"] == {**against, "rtol": None, "atol": None, "rejected": 1}, art.provenance["outputs"]
+    assert art.config != KEPT_WRONG

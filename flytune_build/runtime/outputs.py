@@ -13,7 +13,8 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
   tensors (a function that returns its result instead of writing it), the search fails (`TuneError`
   naming it): a plan that names a reference never ships a winner that was not checked against it;
 - every candidate (and the reference) launches on the caller's tensors as the search found them:
-  each tensor argument is restored from a copy taken before the first launch, so a config that leaves
+  each tensor argument is restored from a copy taken before the first launch (a broadcast, `expand`ed
+  one through the memory it views), so a config that leaves
   part of an output unwritten leaves the found bytes there, not another candidate's result;
 - every tensor argument is compared after the launch: integer and bool tensors exactly, floating ones
   within the tolerance of their dtype (`TOLERANCES`) or the plan entry's `rtol`/`atol`; NaN equals NaN;
@@ -76,7 +77,8 @@ class Check:
 
     def __init__(self, tensors: dict[str, Any], launch: Callable[[Config], None], p: Policy):
         self.tensors, self.launch, self.policy = tensors, launch, p
-        self.found = {n: t.clone() for n, t in tensors.items()}
+        self.memory = {n: _memory(t) for n, t in tensors.items()}   # what each restore writes
+        self.found = {n: t.detach().clone() for n, t in self.memory.items()}
         self.reference: Config | None = None   # the reference config, where no function is the reference
         self.expected: dict[str, Any] | None = None   # None: nothing to compare with
         self.note: str | None = None
@@ -90,9 +92,13 @@ class Check:
         return str(self.reference)
 
     def restore(self) -> None:
-        """Every tensor argument as the search found it."""
-        for n, t in self.tensors.items():
-            t.copy_(self.found[n])
+        """Every tensor argument as the search found it (a tensor that requires grad too: a copy back
+        is no step of the caller's graph)."""
+        import torch
+
+        with torch.no_grad():
+            for n, t in self.memory.items():
+                t.copy_(self.found[n])
 
     def find_reference(self, order: Sequence[Config]) -> None:
         errors = []
@@ -104,27 +110,30 @@ class Check:
                 errors.append(f"{cfg}: {type(e).__name__}: {e}"[:300])
                 continue
             self.reference = cfg
-            self.expected = {n: t.clone() for n, t in self.tensors.items()}
+            self.expected = {n: t.detach().clone() for n, t in self.tensors.items()}
             return
         self.note = "not checked: no config launched for the reference (" + "; ".join(errors)[:400] + ")"
 
     def call_reference(self, args: tuple, kwargs: dict) -> None:
         """The reference function's outputs: it is called as the kernel was, on the inputs as found. A
         TuneError where it raises: no candidate can be checked, and the plan asked for this check."""
+        import torch
+
         self.restore()
         try:
-            result = self.policy.reference(*args, **kwargs)
+            with torch.no_grad():   # as a kernel's launch: what it writes joins no graph of the caller's tensors
+                result = self.policy.reference(*args, **kwargs)
         except BaseException as e:
             if not foreign_failure(e):
                 raise
             self.restore()
             raise TuneError(f"the reference function {self.policy.reference_name} raised on the call's inputs, "
                             f"so no candidate can be checked against it: {one_line(e)}") from None
-        if result is not None and all(_same(t, self.found[n]) for n, t in self.tensors.items()):
+        if result is not None and all(_same(t, self.found[n]) for n, t in self.memory.items()):
             raise TuneError(f"the reference function {self.policy.reference_name} returned a {type(result).__name__} "
                             f"and wrote nothing into the call's tensors: what it returns is ignored, so it must "
                             f"write its results into the output tensors in place, as the kernel does")
-        self.expected = {n: t.clone() for n, t in self.tensors.items()}
+        self.expected = {n: t.detach().clone() for n, t in self.tensors.items()}
 
     def __call__(self, cfg: Config) -> None:
         """Launch `cfg` on the inputs as found and raise `WrongOutput` unless its outputs are the reference's."""
@@ -209,6 +218,15 @@ def _reference_order(kernel, bound: dict, configs: Sequence[Config]) -> list[Con
         except Exception:  # noqa: BLE001 - a heuristic that fails here: the first candidate is the reference
             first = []
     return first + list(configs)
+
+
+def _memory(t):
+    """`t` with each broadcast (stride-0) dimension narrowed to its one element: the memory it views, which
+    can be written in place (an `expand`ed input cannot: its elements share one location)."""
+    for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        if stride == 0 and size > 1:
+            t = t.narrow(d, 0, 1)
+    return t
 
 
 def _same(a, b) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..core import codec
 from ..core.artifact import Artifact
 from ..core.codec import did_you_mean
-from ..core.errors import PlanError, ProjectError, UsageError, foreign_failure, one_line
+from ..core.errors import FlytuneError, PlanError, ProjectError, UsageError, foreign_failure, one_line
 from ..core.project import TuneEntry
 
 
@@ -92,7 +92,7 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
             from ..runtime.adapters.triton_autotune import recording
 
-            with recording(load_setup(entry.autotuner, file, f"{path}.autotuner" if path else "autotuner"),
+            with recording(load_kept(entry.autotuner, file, f"{path}.autotuner" if path else "autotuner"),
                            entry.kernel):
                 call()
                 sync()
@@ -128,6 +128,25 @@ def load_setup(spec: str, file: Path | str, field: str = "setup"):
     except (ImportError, AttributeError) as e:
         raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}{_missing_hint(e, module)}", file=file,
                            field=field) from None
+
+
+def load_kept(spec: str, file: Path | str, field: str):
+    """What an `autotuner` entry names, or, where it names the Autotuner under a wrapper (`k.fn`, a
+    `@triton.heuristics` over `@triton.autotune`), the wrapper the setup calls: what its heuristics add
+    to a call's keywords is then told from the arguments the call passed (`triton_autotune.recording`)."""
+    from ..runtime.adapters.triton_keys import autotuner_of
+
+    named = load_setup(spec, file, field)
+    outer = spec.removesuffix(".fn")
+    while outer.endswith(".fn"):
+        outer = outer.removesuffix(".fn")
+    if outer == spec:
+        return named
+    try:
+        wrapper = load_setup(outer, file, field)
+        return wrapper if autotuner_of(wrapper) is autotuner_of(named) else named
+    except FlytuneError:   # `named` is no Autotuner: recording says so, naming the field
+        return named
 
 
 def load_references(root: Path, entries) -> None:

@@ -27,6 +27,7 @@ from ...core.artifact import Artifact
 from ...core.errors import DeclarationError
 from .. import bench, search
 from .adopted import Adopted
+from ..wrapping import chain
 from .triton_keys import autotuner_of
 from .triton_search import Checking, Patches, call_artifact_key, select, timed_as_flytune, winner_artifact
 
@@ -66,7 +67,7 @@ def recording(kernel, name: str):
     try:
         patches.set("cache_results", False)
         timed_as_flytune(tuner, name, ranking, patches)
-        patches.set("run", _capturing(tuner, name, ranking, captured, Checking(tuner, patches)))
+        patches.set("run", _capturing(tuner, name, ranking, captured, Checking(tuner, patches, heuristics(kernel, tuner))))
         yield captured
     finally:
         patches.restore()
@@ -74,6 +75,19 @@ def recording(kernel, name: str):
         tuner.cache.update(saved_cache)
         if adopted is not None:
             adopted.reseed = True
+
+
+def heuristics(kernel, tuner) -> frozenset:
+    """The names `@triton.heuristics` wrappers between `kernel` and its Autotuner add to each call's
+    keywords: meta-parameters, not arguments the caller passed."""
+    names: set = set()
+    for k in chain(kernel):
+        if k is tuner:
+            break
+        values = getattr(k, "values", None)
+        if isinstance(values, dict):
+            names.update(values)
+    return frozenset(names)
 
 
 def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checking):
@@ -88,7 +102,9 @@ def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checkin
             if new:
                 key = call_artifact_key(tuner, args, kwargs)
                 picked = select(tuner, name, ranking, key, args, kwargs, checking)
-                tuner.cache[new[-1]] = picked.winner   # this process's later calls run flytune's winner too
+                tuner.cache[new[-1]] = tuner.best_config = picked.winner   # later calls run flytune's winner too
+                launched = checking.launch_winner(picked.winner, args, kwargs)
+                ret = ret if launched is None else launched
                 art = winner_artifact(tuner, name, ranking, key, args, kwargs, picked.winner, picked)
                 captured.append(art)
                 search.report(search.Found(name, art, picked.candidates, picked.selection.winner))

@@ -10,12 +10,14 @@ Both are instance attributes set for the search's duration (`Patches`), Triton's
 Checked outputs (`Checking`, inside a tuning session that checks outputs, as `flytune tune` runs a plan's
 `autotuner` entry): before Triton times a config, the config launches once on the call's tensors as
 the search found them and its outputs are compared with the reference's (`runtime.outputs`: the plan
-entry's reference function, else the first declared config that launches). A config that differs is
-never timed: Triton sees it as infinitely slow, and its candidate carries the error. Each launch here is
-Triton's own: the config's pre_hook, then the Autotuner's `pre_hook(nargs, reset_only=True)` (its
-`reset_to_zero`), then the kernel, with no `restore_value` undoing what it wrote. The call's tensors are
-as found again after each config is timed, so the launch of the winner that ends Triton's search runs
-on the caller's inputs.
+entry's reference function, else the first config Triton searches for the call that launches: the
+objects its `prune_configs` returned, an `early_config_prune`'s own configs and pre_hooks included). A
+config that differs is never timed: Triton sees it as infinitely slow, and its candidate carries the
+error. Each launch here is Triton's own (`_launch`): the config's pre_hook, then the Autotuner's
+`pre_hook(nargs, reset_only=True)` (its `reset_to_zero`), then the kernel, with no `restore_value`
+undoing what it wrote. The call's tensors are as found again after each config is timed and after
+flytune's selection re-times the finalists; then the winner launches on them once (`launch_winner`), so
+the caller's tensors hold the winner's outputs, as after Triton's own run.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from ...core import settings
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
+from ...core.errors import FlytuneError, SearchError, one_line
 from .. import bench, binder, device, identity, outputs, placement, selection
 from ..bench import Candidate
 from .triton_keys import artifact_key
@@ -164,17 +167,36 @@ class Checking:
 
     META = ("grid", "warmup")   # what Triton's launcher adds to a call's keywords: not the kernel's arguments
 
-    def __init__(self, tuner, patches: Patches):
+    def __init__(self, tuner, patches: Patches, heuristics: frozenset = frozenset()):
         self.tuner, self.errors, self.objects = tuner, {}, {}
+        self.heuristics = heuristics   # what `@triton.heuristics` over the Autotuner adds to a call's keywords
         self.check: outputs.Check | None = None
         self.checked: dict | None = None   # why nothing was checked, where nothing was
         self.call_site: placement.Site | None = None
         self.timed = timed = getattr(tuner, TRITON_BENCH)   # Triton's, or the synthetic ranking's
+        prune = tuner.prune_configs   # the class's, or the wrapper `adopt` installed
+
+        def pruned(kwargs):
+            # the configs Triton searches this call, as objects: early_config_prune may make new ones (their
+            # pre_hooks with them), a perf_model may reorder or drop declared ones
+            configs = prune(kwargs)
+            self.objects = _by_config(configs)
+            return configs
+
+        def timing(*args, config, **meta):
+            try:
+                return timed(*args, config=config, **meta)
+            except Exception as e:
+                if isinstance(e, FlytuneError):
+                    raise
+                # what Triton does not take for a failed config (the interpreter's static_assert, a launch
+                # error) ends its search: the job fails naming the config
+                raise SearchError(f"{Config.coerce(config)} failed where Triton timed it, which ends Triton's "
+                                  f"search: {one_line(e)}", field="configs") from None
 
         def bench_checked(*args, config, **meta):
             if self.call_site is None or not self._open(args, meta):
-                return timed(*args, config=config, **meta)
-            self.objects[Config.coerce(config)] = config   # a config early_config_prune made, its hook with it
+                return timing(*args, config=config, **meta)
             try:
                 self.check(Config.coerce(config))
             except outputs.WrongOutput as e:
@@ -185,15 +207,17 @@ class Checking:
                 pass
             self.check.restore()
             try:
-                return timed(*args, config=config, **meta)
+                return timing(*args, config=config, **meta)
             finally:
                 self.check.restore()
+        patches.set("prune_configs", pruned)
         patches.set(TRITON_BENCH, bench_checked)
 
     def call(self, args: tuple, kwargs: dict) -> None:
         """A new call: its search, if it runs one, is checked under the policy of then."""
-        self.check, self.checked, self.errors, self.objects = None, None, {}, {}
-        kernel_kwargs = {k: v for k, v in kwargs.items() if k not in self.META}
+        self.check, self.checked, self.errors = None, None, {}
+        self.objects = _by_config(self.tuner.configs)   # until Triton prunes them for this call
+        kernel_kwargs = {k: v for k, v in kwargs.items() if k not in self.META and k not in self.heuristics}
         self.call_site = placement.Site(args, kernel_kwargs, {**dict(zip(self.tuner.arg_names, args)), **kernel_kwargs})
 
     def _open(self, args: tuple, meta: dict) -> bool:
@@ -202,29 +226,35 @@ class Checking:
             if outputs.policy() is None:
                 self.checked = {}
                 return False
-            configs = [Config.coerce(c) for c in self.tuner.configs]
+            configs = list(self.objects)   # the reference: the first of them that launches, as the guard's default
             self.check, checked = outputs.start(None, self.call_site, configs, self._launcher(args, meta))
             self.checked = checked or {}
         return self.check is not None
 
     def _launcher(self, args: tuple, meta: dict):
-        tuner = self.tuner
-        declared = {Config.coerce(c): c for c in tuner.configs}
-
-        def launch(config: Config) -> None:  # once, as Triton launches its chosen config
-            obj = self.objects.get(config) or declared[config]
-            current = dict(meta, **obj.all_kwargs())
-            full = {**tuner.nargs, **current}
-            if obj.pre_hook:
-                obj.pre_hook(full)
-            tuner.pre_hook(full, reset_only=True)
-            tuner.fn.run(*args, **current)
+        def launch(config: Config) -> None:
+            _launch(self.tuner, self.objects[config], args, meta)
         return launch
 
     def restore(self) -> None:
         """The call's tensors as its search found them, where a check holds their copies."""
         if self.check is not None:
             self.check.restore()
+
+    def launch_winner(self, winner, args: tuple, kwargs: dict):
+        """Where the check holds the call's tensors as found: put them back and launch `winner` once, as
+        Triton's run launches its pick, so the caller's tensors hold the winner's outputs (the rounds
+        re-timed after Triton's own launch ran on them, and `restore` undid it). Returns what that launch
+        returns; None where nothing launched: without the copies the tensors stay as the last re-timed
+        launch left them (Triton's timing restores its `restore_value` ones), as Triton's search leaves them."""
+        if self.check is None:
+            return None
+        self.check.restore()
+        self.tuner.nargs = dict(zip(self.tuner.arg_names, args))
+        try:
+            return _launch(self.tuner, winner, args, kwargs)
+        finally:
+            self.tuner.nargs = None
 
     def close(self) -> None:
         """The call ended: the copies of its inputs the check held go now."""
@@ -235,6 +265,26 @@ class Checking:
         if self.check is not None:
             return self.check.record(cands)
         return self.checked or None
+
+
+def _by_config(configs) -> dict:
+    """{Config: the triton.Config object}, the first of equal ones, in order."""
+    out: dict = {}
+    for c in configs:
+        out.setdefault(Config.coerce(c), c)
+    return out
+
+
+def _launch(tuner, obj, args: tuple, meta: dict):
+    """Launch the config `obj` once, as Triton launches a config: its pre_hook, the Autotuner's
+    `pre_hook(nargs, reset_only=True)` (its `reset_to_zero`), then the kernel, with no `restore_value`
+    undoing what it wrote. `tuner.nargs` holds the call's positional arguments by name."""
+    current = dict(meta, **obj.all_kwargs())
+    full = {**tuner.nargs, **current}
+    if obj.pre_hook:
+        obj.pre_hook(full)
+    tuner.pre_hook(full, reset_only=True)
+    return tuner.fn.run(*args, **current)
 
 
 def _synthetic(tuner, name: str):
