@@ -111,11 +111,6 @@ def candidates(tuner, errors: dict[Config, str] | None = None) -> list[Candidate
     return out
 
 
-def provenance(tuner, ranking: str, spec: dict | None = None) -> dict:
-    return identity.provenance(candidates(tuner), space_hash([Config.coerce(c) for c in tuner.configs]), ranking,
-                               spec)
-
-
 @dataclass
 class Picked:
     """flytune's selection over one of Triton's searches (`select`)."""
