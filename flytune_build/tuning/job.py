@@ -59,8 +59,9 @@ def unknown_kernels(names, known, where: str, listing: str = "its kernels") -> U
 
 
 def check_options(entry: TuneEntry) -> dict:
-    """How a search of `entry` checks its candidates' outputs (`runtime.outputs.checking`); `reference`
-    only where the entry names one (so an entry without one keeps the fingerprint it always had)."""
+    """How a search of `entry` checks its candidates' outputs (its `runtime.outputs.Policy`, in the job's
+    tuning session); `reference` only where the entry names one (so an entry without one keeps the
+    fingerprint it always had)."""
     options = {"check": entry.check, "rtol": entry.rtol, "atol": entry.atol}
     return options if entry.reference is None else {**options, "reference": entry.reference}
 
