@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -506,3 +507,31 @@ def test_a_harvest_reads_the_winners_its_output_already_holds_for_this_device(tm
     shipped_artifact("ab" * 32, dev=A100).save(tmp_path)  # another device's: not this harvest's to keep
     assert _shipped(tmp_path, "mylib.block", H200) == {lookup_key(): SHIPPED}
     assert _shipped(tmp_path / "none", "mylib.block", H200) == {}
+
+
+@pytest.mark.parametrize("mode, warned", [("default", True), ("max-autotune-no-cudagraphs", False)])
+def test_a_winner_harvested_without_the_coordinate_descent_the_compile_runs_is_served_and_said_so(
+        mode, warned, tmp_path, monkeypatch):
+    """Inductor's lookup key has no mode: a default-mode winner is served to a max-autotune compile too,
+    which would have tuned it further; closing says so once, naming the kernel and the harvest's mode."""
+    from flytune_build import inductor as ft_inductor
+
+    d = tmp_path / "artifacts"
+    art = shipped_artifact(lookup_key())
+    Artifact(art.kernel, art.key, art.device, art.config,
+             {**art.provenance, "inductor": {"name": "triton_poi_fused_gelu_0", "mode": mode}}).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    ft.reset_stats()
+    serving = ft_inductor.serve().open()
+    k = load_kernel()
+    k.inductor_meta = {**k.inductor_meta, "coordinate_descent_tuning": True}   # as a max-autotune compile's
+    serving.before_precompile(k)
+    assert [(c.kwargs, c.num_warps) for c in k.configs] == [({"XBLOCK": 512}, 8)]   # served all the same
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        serving.close()
+    said = [str(w.message) for w in rec if issubclass(w.category, FlytuneWarning)]
+    expected = ("torch.compile: 1 kernel(s) served from the bundle (triton_poi_fused_gelu_0) were harvested in "
+                "mode default, without coordinate descent, and this compile runs it (max-autotune)")
+    assert [m for m in said if m.startswith(expected)] == ([said[0]] if warned else []), said

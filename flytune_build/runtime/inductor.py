@@ -165,7 +165,8 @@ class Serving:
         self.problems = problems
         self.unsupported = unsupported    # the hooks this torch lacks, or "a GPU": then nothing is changed
         self.kernels: dict[str, Kernel] = {}
-        self._open = False
+        self.undescended: dict[str, str] = {}   # served kernel -> the mode it was harvested in, without the
+        self._open = False                      # coordinate descent this compile runs
 
     # a context, or a handle closed by hand
     def __enter__(self) -> Serving:
@@ -215,6 +216,10 @@ class Serving:
             elif not any(_same(c, shipped.entry) for c in configs) or len(configs) > 1:
                 autotuner.configs = [_triton_config(shipped.entry)]
             self._decided(Kernel(name, key, "offline", shipped.entry, shipped.origin, shipped.level))
+            harvest = _harvest_mode(shipped.provenance)
+            if (getattr(autotuner, "inductor_meta", None) or {}).get("coordinate_descent_tuning") and \
+                    harvest is not None and not harvest[1]:
+                self.undescended[name] = harvest[0]
             return
         candidates = len(results) or len(configs)
         if candidates > 1:
@@ -254,9 +259,18 @@ class Serving:
                 "autotuned": sorted(k.name for k in self.kernels.values() if k.tier == "autotune")}
 
     def tell(self) -> None:
-        """One warning when a compile autotuned a kernel, or nothing was shipped for this device."""
+        """One warning when a compile autotuned a kernel, or nothing was shipped for this device; one
+        when served winners were harvested without the coordinate descent the compile runs."""
         s = self.stats()
         hits, tuned = s["kernels"]["offline"], s["kernels"]["autotune"]
+        if self.undescended:
+            modes = ", ".join(sorted(set(self.undescended.values())))
+            names = ", ".join(sorted(self.undescended)[:3]) + (", ..." if len(self.undescended) > 3 else "")
+            warning.once(("inductor-mode", id(self)), (
+                f"torch.compile: {len(self.undescended)} kernel(s) served from the bundle ({names}) were harvested "
+                f"in mode {modes}, without coordinate descent, and this compile runs it (max-autotune): they "
+                f"keep the harvested config, which Inductor would tune further. Inductor's lookup has no mode "
+                f"in its key: harvest the mode you compile with"))
         if tuned == 0 and (self.shipped or not self.other_devices):
             return
         where = (f"; the bundle holds Inductor winners for {', '.join(sorted(self.other_devices))}, not for "
@@ -295,6 +309,16 @@ def _triton_config(entry: dict):
 
     return triton.Config({k: v for k, v in entry.items() if "BLOCK" in k}, num_warps=entry["num_warps"],
                          num_stages=entry["num_stages"])
+
+
+def _harvest_mode(provenance) -> tuple[str, bool] | None:
+    """(the compile mode an artifact was harvested in, whether that harvest ran coordinate descent), or
+    None where its provenance does not say."""
+    meta = provenance.get("inductor") if isinstance(provenance, dict) else None
+    mode = meta.get("mode") if isinstance(meta, dict) else None
+    if not isinstance(mode, str):
+        return None
+    return mode, mode.startswith("max-autotune") or meta.get("coordesc") is True
 
 
 def _toolchain_drift(shipped) -> str:
