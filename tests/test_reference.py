@@ -564,3 +564,17 @@ def test_an_input_that_requires_grad_is_checked_too(tmp_path, reference):
     against = {"function": reference} if reference else {"reference": Config({"BLOCK": 16}, num_warps=1).to_json()}
     assert art.provenance["outputs"] == {**against, "rtol": None, "atol": None, "rejected": 1}, art.provenance["outputs"]
     assert art.config != KEPT_WRONG
+
+
+def test_a_reference_that_calls_the_kernel_being_tuned_fails_its_job_once_saying_why(tmp_path):
+    """The kernel's search would start again inside its own reference (and that one's reference...):
+    the job fails at once, naming the reference and the kernel, instead of recursing."""
+    proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:calls"'))
+    with open(proj / "refpkg" / "reference.py", "a") as f:
+        f.write("\nimport triton\n\ndef calls(x, y, out, n):\n    import refpkg\n"
+                "    refpkg.add_kernel[lambda m: (triton.cdiv(n, m['BLOCK']),)](x, y, out, n)\n")
+    r = tune(proj, tmp_path / "out", tmp_path, "--ranking", "synthetic")
+    assert r.returncode == 1, r.stdout
+    assert ("ReferenceSearchError: the reference function refpkg.reference:calls calls a tuned kernel (refpkg.add) "
+            "whose key is not decided yet") in r.stderr, r.stderr
+    assert r.stderr.count("refpkg.reference:calls") == 1 and "Traceback" not in r.stderr

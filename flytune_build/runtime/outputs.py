@@ -51,6 +51,10 @@ class WrongOutput(Exception):
     """A candidate's outputs differ from the reference's on the same inputs."""
 
 
+class ReferenceSearchError(TuneError):
+    """A reference function started a search of a tuned kernel: it would check a kernel against itself."""
+
+
 @dataclass(frozen=True)
 class Policy:
     check: bool = True
@@ -120,15 +124,18 @@ class Check:
         import torch
 
         self.restore()
+        _in_reference.append(self.policy.reference_name)
         try:
             with torch.no_grad():   # as a kernel's launch: what it writes joins no graph of the caller's tensors
                 result = self.policy.reference(*args, **kwargs)
         except BaseException as e:
-            if not foreign_failure(e):
-                raise
             self.restore()
+            if not foreign_failure(e) or isinstance(e, ReferenceSearchError):
+                raise
             raise TuneError(f"the reference function {self.policy.reference_name} raised on the call's inputs, "
                             f"so no candidate can be checked against it: {one_line(e)}") from None
+        finally:
+            _in_reference.pop()
         if result is not None and all(_same(t, self.found[n]) for n, t in self.memory.items()):
             raise TuneError(f"the reference function {self.policy.reference_name} returned a {type(result).__name__} "
                             f"and wrote nothing into the call's tensors: what it returns is ignored, so it must "
@@ -175,12 +182,20 @@ class Check:
                 "rejected": sum(1 for c in candidates if c.config in self.rejected)}
 
 
+_in_reference: list[str] = []   # the reference functions being called (a search may not start inside one)
+
+
 def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], None]) -> tuple[Check | None, dict | None]:
     """The check for this search (None when none is made) and, when none is, `provenance.outputs` saying
     why. `site`: the call as placed (`placement.Site`: its args, kwargs and bound parameters)."""
     p = policy()
     if p is None:
         return None, None
+    if _in_reference:  # the reference started a search of a tuned kernel: it would check a kernel against itself
+        raise ReferenceSearchError(f"the reference function {_in_reference[-1]} calls a tuned kernel "
+                        f"({getattr(kernel, 'name', None) or 'a @triton.autotune kernel'}) whose key is not decided "
+                        f"yet, so its search would start inside the reference: a reference must compute without the "
+                        f"kernels being tuned (plain torch, or a kernel launched with a fixed config)")
     if not p.check:
         return None, {"note": "not checked: the plan entry says check = false"}
     bound = site.bound
