@@ -117,3 +117,110 @@ def test_tune_json_is_the_report_and_the_table_says_how_sure_each_choice_is(tmp_
     assert sure(Outcome(job, "tuned", confidence=0.9991, resolved=True)) == "0.999"
     assert sure(Outcome(job, "tuned", confidence=0.81, resolved=False)) == "0.810?"
     assert sure(Outcome(job, "tuned")) == "-"
+
+
+HOSTILE_KERNELS = '''
+import concurrent.futures, sys
+import torch, triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+from flytune_build.runtime import outputs, selection
+
+SEEN = []   # what a search started from a worker thread is asked: (checked, a shipped winner held)
+
+@ft.autotune([Config({"BLOCK": b}) for b in (16, 32, 64)], ["n"], name="hostilepkg.add")
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+def add(n):
+    x, y, out = torch.ones(n), torch.ones(n), torch.empty(n)
+    return lambda: add_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+
+def threaded(n):
+    launch = add(n)
+    def seen_then_launched():
+        SEEN.append((outputs.policy() is not None, selection.shipped("hostilepkg.add", {"n": n}) is not None))
+        launch()
+    def call():
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(seen_then_launched).result()
+    return call
+
+def interrupted(n):
+    raise KeyboardInterrupt
+
+def exits(n):
+    raise SystemExit(3)
+
+def moves_path(n):
+    sys.path.insert(0, "/nonexistent/flytune-setup-path")
+    return add(n)
+'''
+
+TUNE_HOSTILE = '''
+import json, sys
+from pathlib import Path
+import flytune_build as ft
+from flytune_build.core import settings
+from flytune_build.runtime import session
+
+root, got = Path(sys.argv[1]), {}
+state = lambda: (list(sys.path), settings.current(), session.current())
+before = state()
+
+def tune(setup, out, **kwargs):
+    plan = root / f"{setup}.toml"
+    plan.write_text(f'entries = [{{ kernel = "hostilepkg.add", setup = "hostilepkg.kernels:{setup}", '
+                    f'shapes = [{{ n = 100 }}] }}]')
+    return ft.tune(root, plan=plan, output=root / out, ranking="synthetic", resume=False, **kwargs)
+
+got["threaded"] = [tune("threaded", "t").changes(), tune("threaded", "t", min_improvement=900).changes()]
+got["seen"] = sys.modules["hostilepkg.kernels"].SEEN
+got["threaded_restored"] = state() == before
+try:
+    tune("interrupted", "i")
+except KeyboardInterrupt:
+    got["interrupted"] = "raised"
+got["interrupted_restored"] = state() == before
+got["exits"] = [o.reason for o in tune("exits", "e").outcomes]
+got["exits_restored"] = state() == before
+got["moves_path"] = tune("moves_path", "m").changes()
+got["moves_path_restored"] = state() == before
+with session.opened(collect=True) as mine:
+    got["inside"] = tune("add", "u").changes()
+    got["inside_collected"] = [f.kernel for f in mine.found[-1]]
+    got["inside_restored"] = session.current() is mine and sys.path == before[0]
+got["restored"] = state() == before
+print(json.dumps(got))
+'''
+
+
+def test_tune_in_one_process_leaves_no_session_and_its_searches_see_the_job_from_any_thread(tmp_path):
+    """`tune()` called again and again in one process, from inside a caller's own session, after a setup
+    raised KeyboardInterrupt or SystemExit or moved sys.path: no session stays open, sys.path and the
+    settings are as they were; a kernel a setup launches from a worker thread is searched inside the job
+    (its outputs checked, the output's winner kept); a caller's collecting session hears each search."""
+    from buildkit import tune_pyproject
+
+    (tmp_path / "hostilepkg").mkdir()
+    (tmp_path / "hostilepkg" / "__init__.py").write_text("")
+    (tmp_path / "hostilepkg" / "kernels.py").write_text(HOSTILE_KERNELS)
+    (tmp_path / "pyproject.toml").write_text(tune_pyproject("hostilepkg", "entries = []"))
+    script = tmp_path / "tune_hostile.py"
+    script.write_text(TUNE_HOSTILE)
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "cache")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["threaded"] == [{"new": 1, "kept": 0, "replaced": 0}, {"new": 0, "kept": 1, "replaced": 0}]
+    assert got["seen"] == [[True, False], [True, True]]   # checked both times; the second holds the winner
+    assert got["interrupted"] == "raised" and got["exits"] == ["SystemExit: 3"]
+    assert got["moves_path"] == {"new": 1, "kept": 0, "replaced": 0}
+    assert got["inside"] == {"new": 1, "kept": 0, "replaced": 0} and got["inside_collected"] == ["hostilepkg.add"]
+    assert all(got[k] for k in ("threaded_restored", "interrupted_restored", "exits_restored",
+                                "moves_path_restored", "inside_restored", "restored")), got

@@ -69,8 +69,8 @@ class ShippedWinners:
         return None, None
 
     def lookup(self, kernel: str, key: dict) -> selection.Shipped | None:
-        """The winner the output holds for `kernel` at `key` on this device, for `selection.keeping`; none
-        where it was ranked another way than this search ranks (`mixes`)."""
+        """The winner the output holds for `kernel` at `key` on this device, for the job's tuning session
+        (`session.opened(shipped=...)`); none where it was ranked another way than this search ranks (`mixes`)."""
         _, old = self._find(kernel, key)
         if old is None or mixes(ranking_of(old), bench.ranking()):
             return None

@@ -256,7 +256,7 @@ class Checking:
         self.check, self.call_site, self.objects = None, None, {}
 
     def record(self, cands: list[Candidate]) -> dict | None:
-        """`provenance.outputs` of the search this call ran (None outside a checking context)."""
+        """`provenance.outputs` of the search this call ran (None outside a tuning session that checks outputs)."""
         if self.check is not None:
             return self.check.record(cands)
         return self.checked or None
