@@ -219,7 +219,7 @@ def test_a_shipped_winner_outside_the_candidates_is_replaced_with_a_note():
     assert "is not among this search's candidates" in picked.record["why"]
 
 
-def test_keeping_answers_inside_its_context_only():
+def test_a_sessions_shipped_winner_answers_inside_it_only():
     assert selection.shipped("k", {"n": 1}) is None
     found = selection.Shipped(Config({"BLOCK": 16}), 0.03)
     with session.opened(shipped=lambda kernel, key: found if kernel == "k" else None):

@@ -62,8 +62,8 @@ def opened(*, collect: bool = False, ranking: str | None = None, **fields: Any) 
             stack.enter_context(settings.override(**changes))
         elif ranking is not None:
             raise TypeError("opened(ranking=...) needs root=: a ranking is set for a job's whole session")
+        stack.callback(_close, session)   # first: a session is never open without its way out
         _open.append(session)
-        stack.callback(_close, session)
         yield session
 
 
