@@ -120,7 +120,7 @@ def test_tune_json_is_the_report_and_the_table_says_how_sure_each_choice_is(tmp_
 
 
 HOSTILE_KERNELS = '''
-import concurrent.futures, sys
+import concurrent.futures, contextvars, sys
 import torch, triton
 import triton.language as tl
 import flytune_build as ft
@@ -147,7 +147,14 @@ def threaded(n):
         launch()
     def call():
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pool.submit(seen_then_launched).result()
+            pool.submit(contextvars.copy_context().run, seen_then_launched).result()
+    return call
+
+def plain_thread(n):
+    launch = add(n)
+    def call():
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(launch).result()   # no context carried: outside the job's session
     return call
 
 def interrupted(n):
@@ -180,6 +187,7 @@ def tune(setup, out, **kwargs):
 
 got["threaded"] = [tune("threaded", "t").changes(), tune("threaded", "t", min_improvement=900).changes()]
 got["seen"] = sys.modules["hostilepkg.kernels"].SEEN
+got["plain_thread"] = [o.status for o in tune("plain_thread", "p").outcomes]
 got["threaded_restored"] = state() == before
 try:
     tune("interrupted", "i")
@@ -219,6 +227,7 @@ def test_tune_in_one_process_leaves_no_session_and_its_searches_see_the_job_from
     got = json.loads(r.stdout.splitlines()[-1])
     assert got["threaded"] == [{"new": 1, "kept": 0, "replaced": 0}, {"new": 0, "kept": 1, "replaced": 0}]
     assert got["seen"] == [[True, False], [True, True]]   # checked both times; the second holds the winner
+    assert got["plain_thread"] == ["no-search"]   # a thread that does not carry the job's context is outside it
     assert got["interrupted"] == "raised" and got["exits"] == ["SystemExit: 3"]
     assert got["moves_path"] == {"new": 1, "kept": 0, "replaced": 0}
     assert got["inside"] == {"new": 1, "kept": 0, "replaced": 0} and got["inside_collected"] == ["hostilepkg.add"]

@@ -19,9 +19,7 @@ artifact or manifest data alone.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-import sys
 
 from ..core.errors import (
     ArtifactError,
@@ -31,6 +29,7 @@ from ..core.errors import (
     InputError,
     foreign_failure,
 )
+from ..core import streams
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.target import match_level
@@ -46,7 +45,7 @@ def check(src, *, execute: bool = False) -> None:
     if package is None:
         return
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # what the import prints never mixes into the report
+        with streams.to_stderr():  # what the import prints never mixes into the report
             importlib.import_module(package)
     except BaseException as e:  # the package is the user's code: any failure is a finding, not a crash
         if not foreign_failure(e):
@@ -86,7 +85,7 @@ def check(src, *, execute: bool = False) -> None:
             _ran(src, art, f"kernel {k.name} declares no `validate`")
             continue
         try:
-            with k.forcing(art.config), contextlib.redirect_stdout(sys.stderr):
+            with k.forcing(art.config), streams.to_stderr():
                 k.validate(dict(art.key))
         except BaseException as e:
             if not foreign_failure(e):

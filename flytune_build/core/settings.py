@@ -6,10 +6,16 @@ call take effect); `reload()` reads it again (tests, `flytune_build.reset_stats(
 `override(**changes)` is a context in which some settings differ
 (`flytune tune` forces search), restoring exactly what was there on exit. An invalid value of any
 `FLYTUNE_*` variable is a `SettingsError` naming the variable; nothing here writes `os.environ`.
+
+State: the settings read from the environment are the process's (one value, `_process`); an override
+belongs to the context that entered it (a `ContextVar`): the thread inside `override()` sees it, and
+so does code it runs with `contextvars.copy_context()`; every other thread keeps the process's
+settings. A forked child inherits both as they were.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import os
@@ -127,23 +133,31 @@ def triton_env(env=None) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith("TRITON_")}
 
 
-_current: Settings | None = None
+_process: Settings | None = None
 _settled = False  # read again at the process's first decision (`settle`)
 _listeners: list = []
+_override: contextvars.ContextVar[Settings | None] = contextvars.ContextVar("flytune_settings", default=None)
 
 
 def current() -> Settings:
-    """The process's settings, read from the environment on first use."""
-    global _current
-    if _current is None:
-        _current = read()
-    return _current
+    """The settings of this context: its innermost `override`, else the process's (read from the
+    environment on first use)."""
+    o = _override.get()
+    if o is not None:
+        return o
+    return _process if _process is not None else _read_process()
+
+
+def _read_process() -> Settings:
+    global _process
+    _process = read()
+    return _process
 
 
 def reload() -> Settings:
     """Read the environment again (after a test or a user changed it)."""
-    global _current, _settled
-    _current, _settled = None, False
+    global _process, _settled
+    _process, _settled = None, False
     return current()
 
 
@@ -152,16 +166,16 @@ def settle() -> bool:
     were imported and kernels defined or adopted, were provisional, so the environment is read again once,
     and what was set between `import mylib` and the first kernel call takes effect. Every later call keeps
     what this one read. True (each `on_change` listener called) when the settings changed."""
-    global _current, _settled
+    global _process, _settled
     if _settled:
         return False
     _settled = True
-    if _current is None:
+    if _process is None:
         return False
     fresh = read()
-    if fresh == _current:
+    if fresh == _process:
         return False
-    _current = fresh
+    _process = fresh
     for listener in list(_listeners):
         listener()
     return True
@@ -175,12 +189,12 @@ def on_change(listener) -> None:
 
 @contextlib.contextmanager
 def override(**changes):
-    """A context in which the named settings differ; the previous settings come back on exit."""
-    global _current
+    """A context in which the named settings differ, for this context only (other threads keep theirs);
+    the previous settings come back on exit."""
     settle()  # what an override changes stays changed inside it: the first decision re-reads nothing
-    saved = current()
-    _current = dataclasses.replace(saved, **changes)
+    changed = dataclasses.replace(current(), **changes)
+    token = _override.set(changed)
     try:
-        yield _current
+        yield changed
     finally:
-        _current = saved
+        _override.reset(token)

@@ -31,6 +31,7 @@ copied; where the plan entry names a reference function, each of the last three 
 """
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ class Check:
         import torch
 
         self.restore()
-        _in_reference.append(self.policy.reference_name)
+        token = _in_reference.set((*_in_reference.get(), self.policy.reference_name))
         try:
             with torch.no_grad():   # as a kernel's launch: what it writes joins no graph of the caller's tensors
                 result = self.policy.reference(*args, **kwargs)
@@ -135,7 +136,7 @@ class Check:
             raise TuneError(f"the reference function {self.policy.reference_name} raised on the call's inputs, "
                             f"so no candidate can be checked against it: {one_line(e)}") from None
         finally:
-            _in_reference.pop()
+            _in_reference.reset(token)
         if result is not None and all(_same(t, self.found[n]) for n, t in self.memory.items()):
             raise TuneError(f"the reference function {self.policy.reference_name} returned a {type(result).__name__} "
                             f"and wrote nothing into the call's tensors: what it returns is ignored, so it must "
@@ -182,7 +183,9 @@ class Check:
                 "rejected": sum(1 for c in candidates if c.config in self.rejected)}
 
 
-_in_reference: list[str] = []   # the reference functions being called (a search may not start inside one)
+# the reference functions this context is calling (a search may not start inside one); per context, so
+# another thread's reference never refuses this thread's search
+_in_reference: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("flytune_in_reference", default=())
 
 
 def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], None]) -> tuple[Check | None, dict | None]:
@@ -191,8 +194,9 @@ def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], No
     p = policy()
     if p is None:
         return None, None
-    if _in_reference:  # the reference started a search of a tuned kernel: it would check a kernel against itself
-        raise ReferenceSearchError(f"the reference function {_in_reference[-1]} calls a tuned kernel "
+    inside = _in_reference.get()
+    if inside:  # the reference started a search of a tuned kernel: it would check a kernel against itself
+        raise ReferenceSearchError(f"the reference function {inside[-1]} calls a tuned kernel "
                         f"({getattr(kernel, 'name', None) or 'a @triton.autotune kernel'}) whose key is not decided "
                         f"yet, so its search would start inside the reference: a reference must compute without the "
                         f"kernels being tuned (plain torch, or a kernel launched with a fixed config)")

@@ -14,15 +14,26 @@ and the enclosing one back on exit, whatever the block raised:
 - `root`: the project root, importable while the session that set it is open.
 
 Invariants: outside every session no search is checked, kept against a winner or collected, and the
-settings are the process's own. A session that sets `root` also forces searching and emits nothing
-(`settings.override(autotune="search", emit_dir=None)`, and `ranking` where given): a job's winners
-are the caller's to write. Sessions nest: an inner one is the enclosing one with its fields replaced.
+settings are the process's own. A session that sets `root` also forces searching, emits nothing and
+records no production miss (`settings.override(autotune="search", emit_dir=None, misses=None)`, and
+`ranking` where given): a job's winners are the caller's to write. Sessions nest: an inner one is the
+enclosing one with its fields replaced.
+
+State: the open session belongs to the context that opened it (a `ContextVar`), never to the process:
+two threads each running `flytune_build.tune()` have a session each, and a thread that runs none
+(a serving thread) is outside every session whatever other threads tune. A thread a job starts sees
+its session when it runs in the job's context (`pool.submit(contextvars.copy_context().run, fn)`);
+a plain thread is outside it. `sys.path` is the one process-wide thing a session changes: each open
+root is on it (`importable`, counted across threads), and the path as it was before the first one
+opened comes back when the last one closes.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +51,12 @@ class Session:
 
 
 OUTSIDE = Session()
-_open: list[Session] = []
+_current: contextvars.ContextVar[Session] = contextvars.ContextVar("flytune_session", default=OUTSIDE)
 
 
 def current() -> Session:
-    """The innermost open session (OUTSIDE where none is)."""
-    return _open[-1] if _open else OUTSIDE
+    """The innermost session open in this context (OUTSIDE where none is)."""
+    return _current.get()
 
 
 @contextlib.contextmanager
@@ -58,29 +69,54 @@ def opened(*, collect: bool = False, ranking: str | None = None, **fields: Any) 
     with contextlib.ExitStack() as stack:
         if "root" in fields:
             stack.enter_context(importable(session.root))
-            changes = {"autotune": "search", "emit_dir": None, **({"ranking": ranking} if ranking else {})}
+            changes = {"autotune": "search", "emit_dir": None, "misses": None,
+                       **({"ranking": ranking} if ranking else {})}
             stack.enter_context(settings.override(**changes))
         elif ranking is not None:
             raise TypeError("opened(ranking=...) needs root=: a ranking is set for a job's whole session")
-        stack.callback(_close, session)   # first: a session is never open without its way out
-        _open.append(session)
+        tokens: list = []
+        stack.callback(lambda: tokens and _current.reset(tokens[0]))  # first: never open without its way out
+        tokens.append(_current.set(session))
         yield session
+
+
+class _Roots:
+    """The project roots open on `sys.path`, across every thread: the first to open saves the path, each
+    root is inserted once, a root's last close removes it, and the last close of all puts back the
+    path as it was saved (so what a setup inserted goes too)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.saved: list[str] | None = None
+        self.open: list[str] = []
+
+    def enter(self, root: str) -> None:
+        with self.lock:
+            if not self.open:
+                self.saved = list(sys.path)
+            self.open.append(root)
+            if sys.path[:1] != [root]:
+                sys.path.insert(0, root)
+
+    def exit(self, root: str) -> None:
+        with self.lock:
+            self.open.remove(root)
+            if not self.open:
+                sys.path[:] = self.saved or []
+                self.saved = None
+            elif root not in self.open and root in sys.path:
+                sys.path.remove(root)
+
+
+_roots = _Roots()
 
 
 @contextlib.contextmanager
 def importable(root: Path) -> Iterator[None]:
-    """A block in which modules under `root` import (it is first on `sys.path`); `sys.path` is as it
-    was on exit."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(root))
+    """A block in which modules under `root` import (it is on `sys.path`, first when it opened); once no
+    block of any thread is open, `sys.path` is as it was before the first opened."""
+    _roots.enter(str(root))
     try:
         yield
     finally:
-        sys.path[:] = saved
-
-
-def _close(session: Session) -> None:
-    for i in range(len(_open) - 1, -1, -1):  # by identity: two sessions may hold equal fields
-        if _open[i] is session:
-            del _open[i]
-            return
+        _roots.exit(str(root))

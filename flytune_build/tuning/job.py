@@ -6,7 +6,6 @@ search of the entry's kernel chose, as an artifact with its provenance. It write
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import math
@@ -14,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import codec
+from ..core import codec, streams
 from ..core.artifact import Artifact
 from ..core.codec import did_you_mean
 from ..core.errors import FlytuneError, PlanError, ProjectError, UsageError, foreign_failure, one_line
@@ -113,8 +112,9 @@ def carried(entry: TuneEntry, options: dict) -> dict:
 
 
 def no_search_note(entry: TuneEntry, shape: dict) -> str:
-    return (f"{entry.kernel} {shape}: no search ran (the key was already tuned in this run, "
-            f"or the setup does not call this kernel)")
+    return (f"{entry.kernel} {shape}: no search ran (the key was already tuned in this run, the setup does not "
+            f"call this kernel, or it calls it from a thread of its own that does not carry the job's context: "
+            f"submit the launch as `contextvars.copy_context().run, fn`)")
 
 
 def load_setup(spec: str, file: Path | str, field: str = "setup"):
@@ -173,7 +173,7 @@ def load_reference(root: Path, entry: TuneEntry):
                         "compared with it", file=file, field=field)
     module, _, name = entry.reference.partition(":")
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # stdout is the report's (`--json`)
+        with streams.to_stderr():  # stdout is the report's (`--json`)
             obj = importlib.import_module(module)
     except BaseException as e:
         if not foreign_failure(e):

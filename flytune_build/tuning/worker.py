@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..core import streams
 from ..core.artifact import Artifact
 from ..core.errors import foreign_failure, one_line
 from ..core.project import TuneEntry
@@ -99,7 +100,7 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     try:
         # what the user's setup, kernel hooks or reference print goes to stderr: stdout is the report's
         # (`--json`) in this process and the pipe protocol's in a local worker
-        with session.opened(shipped=winners.lookup), contextlib.redirect_stdout(sys.stderr):
+        with session.opened(shipped=winners.lookup), streams.to_stderr():
             tuned = stability.run(root, entry, shape, int(options.get("repeat", 1)))
     except BaseException as e:
         if not foreign_failure(e):
