@@ -1,0 +1,140 @@
+"""The state model (docs/architecture.md, "State"): what belongs to the process, to one context, to a
+forked child. Tuning runs in threads stay apart, a serving thread is outside every tuning run, and every
+module-level mutable global is named in the architecture's state table."""
+import ast
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from buildkit import tune_pyproject
+from conftest import python_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNELS = '''
+import time
+import torch, triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+
+CALLED = []   # (reference, n): every call of this package's reference function
+
+@ft.autotune([Config({"BLOCK": b}) for b in (16, 32, 64)], ["n"], name="{name}.op")
+@triton.jit
+def op_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) {op} tl.load(y + offs, mask=m), mask=m)
+
+def launch(x, y, out, n):
+    op_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+
+def op(n):
+    g = torch.Generator().manual_seed(n)
+    x, y, out = torch.rand(n, generator=g) + 1, torch.rand(n, generator=g) + 1, torch.empty(n)
+    return lambda: launch(x, y, out, n)
+
+def reference(x, y, out, n):
+    CALLED.append(("{name}", n))
+    time.sleep(0.005)   # the other run's thread goes on meanwhile
+    out.copy_(x {op} y)
+'''
+
+TWO_RUNS = '''
+import json, sys, threading
+from pathlib import Path
+import flytune_build as ft
+from flytune_build.core import settings
+from flytune_build.runtime import session
+
+from triton.runtime import interpreter
+
+# Triton's interpreter keeps a launch's grid in process globals: two threads' launches are serialised
+# here (a GPU needs no such lock; flytune's own state is what this test is about)
+_launching, _call = threading.RLock(), interpreter.GridExecutor.__call__
+def _serialised(self, *args, **kwargs):
+    with _launching:
+        return _call(self, *args, **kwargs)
+interpreter.GridExecutor.__call__ = _serialised
+
+base, got, errors = Path(sys.argv[1]), {}, []
+stdout, path, before = sys.stdout, list(sys.path), settings.current()
+SHAPES = [100, 200, 300, 400, 500, 600]
+
+def tune(name):
+    try:
+        got[name] = ft.tune(base / name, ranking="synthetic", resume=False)
+    except BaseException as e:
+        errors.append(repr(e))
+
+threads = [threading.Thread(target=tune, args=(n,)) for n in ("apkg", "bpkg")]
+for t in threads:
+    t.start()
+sys.path.insert(0, str(base / "apkg"))
+import apkg.kernels as served   # the main thread serves apkg's kernel meanwhile, with FLYTUNE_AUTOTUNE=0
+import torch
+decided = []
+ft.on_decision(lambda e: decided.append((threading.current_thread().name, e["kernel"], e["key"].get("n"), e["tier"])))
+modes, n = set(), 1000
+while any(t.is_alive() for t in threads):
+    modes.add((settings.current().autotune, session.current() is session.OUTSIDE))
+    x = torch.ones(n)
+    served.launch(x, x, torch.empty(n), n)
+    n += 1
+for t in threads:
+    t.join()
+sys.path.remove(str(base / "apkg"))
+out = {"errors": errors, "stdout_restored": sys.stdout is stdout, "path_restored": sys.path == path,
+       "settings_restored": settings.current() == before, "main_modes": sorted(modes), "main_calls": n - 1000}
+for name, report in got.items():
+    files = sorted((base / name / "artifacts" / "interpreter").glob("*.json"))
+    docs = [json.loads(f.read_text()) for f in files]
+    out[name] = {"ok": report.ok, "changes": report.changes(), "shapes": sorted(d["key"]["n"] for d in docs),
+                 "checked_by": sorted({d["provenance"]["outputs"].get("function") for d in docs}),
+                 "rejected": sum(d["provenance"]["outputs"].get("rejected", 0) for d in docs),
+                 "called": sorted({c for c, _ in sys.modules[f"{name}.kernels"].CALLED})}
+out["main_decisions"] = sorted({tier for who, kernel, key_n, tier in decided if who == "MainThread"})
+out["searched_main_keys"] = sorted({key_n for who, kernel, key_n, tier in decided if tier == "search" and key_n >= 1000})
+print(json.dumps(out))
+'''
+
+
+def _project(root: Path, name: str, op: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text("")
+    (root / name / "kernels.py").write_text(KERNELS.replace("{name}", name).replace("{op}", op))
+    shapes = ", ".join(f"{{ n = {n} }}" for n in (100, 200, 300, 400, 500, 600))
+    (root / "pyproject.toml").write_text(tune_pyproject(name, (
+        f'entries = [{{ kernel = "{name}.op", setup = "{name}.kernels:op", '
+        f'reference = "{name}.kernels:reference", shapes = [{shapes}] }}]')))
+
+
+def test_two_tuning_runs_in_two_threads_stay_apart_and_a_serving_thread_is_outside_both(tmp_path):
+    """Two `tune()` calls on two projects in two threads, while the main thread serves with
+    FLYTUNE_AUTOTUNE=0: each run checks its candidates against its own reference, ships its 6 winners,
+    none rejected; the main thread never searches nor writes into a run's output; stdout, sys.path and
+    the settings are as they were."""
+    _project(tmp_path / "apkg", "apkg", "+")
+    _project(tmp_path / "bpkg", "bpkg", "*")
+    script = tmp_path / "two_runs.py"
+    script.write_text(TWO_RUNS)
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "cache")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["errors"] == []
+    for name in ("apkg", "bpkg"):
+        run = got[name]
+        assert run["ok"] and run["changes"] == {"new": 6, "kept": 0, "replaced": 0}, run
+        assert run["shapes"] == [100, 200, 300, 400, 500, 600], run
+        assert run["checked_by"] == [f"{name}.kernels:reference"] and run["rejected"] == 0, run
+        assert run["called"] == [name], run
+    assert got["main_calls"] > 0 and got["main_modes"] == [["off", True]], got
+    assert got["main_decisions"] == ["first"] or set(got["main_decisions"]) <= {"first", "heuristic"}, got
+    assert got["searched_main_keys"] == [], got
+    assert got["stdout_restored"] and got["path_restored"] and got["settings_restored"], got
