@@ -7,7 +7,8 @@ is one). Ownership (core.serving): a bundle owns the kernels under its package w
 installs that package itself, or, for an editable install, when the install's source tree holds it.
 FLYTUNE_ARTIFACT_DIR directories come first (the user's own artifacts).
 
-Every function here reads; none keeps state between calls and none warns by itself: what is ignored
+Every function here reads; none keeps state between calls (but `_device`, a bounded cache of parsed
+device documents) and none warns by itself: what is ignored
 and why goes to the caller's `warn(cause, message)`, so the runtime warns once per cause while an
 audit lists it.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -106,6 +108,9 @@ def discover(warn: Warn = ignore) -> list[Source]:
 
 def artifact_dirs(warn: Warn = ignore) -> list[Source]:
     out = []
+    for d, why in settings.current().refused_artifact_dirs:
+        warn(("artifact-dir", d), f"FLYTUNE_ARTIFACT_DIR names {d!r}, which the file system cannot look up "
+                                  f"({why}); ignored")
     for path in settings.current().artifact_dirs:
         d = str(path)
         try:
@@ -180,20 +185,20 @@ def documents(src: Source, kernel: str, problems: list[str], listing: dict | Non
         yield doc, dev, src.label, None
 
 
-_devices: dict[tuple, DeviceIdentity] = {}
-
-
 def device_of(d: Any, name: str) -> DeviceIdentity:
-    """A device document parsed once per distinct device (a bundle holds few)."""
+    """A device document parsed once per distinct device (a bundle holds few): `_device`'s cache."""
     try:
         if type(d["units"]) is int:  # not True or 1.0: they hash equal to 1
-            return _devices[tuple(d.items())]
-    except (KeyError, TypeError):  # not seen yet, or not an object of scalars
+            return _device(tuple(d.items()))
+    except (KeyError, TypeError, FlytuneError):  # not an object of scalars, or not a device: said below
         pass
-    dev = DeviceIdentity.from_json(d, Fields(name, ArtifactError))
-    if type(d.get("units")) is int:
-        _devices[tuple(d.items())] = dev
-    return dev
+    return DeviceIdentity.from_json(d, Fields(name, ArtifactError))
+
+
+@functools.lru_cache(maxsize=256)
+def _device(items: tuple) -> DeviceIdentity:
+    """The one cache of this module (bounded; pure: the same document is the same device)."""
+    return DeviceIdentity.from_json(dict(items), Fields("device", ArtifactError))
 
 
 _NAME = re.compile(r"^Name:[ \t]*(\S+)[ \t]*$", re.MULTILINE)

@@ -19,12 +19,11 @@ import contextvars
 import dataclasses
 import errno
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import serving
-from .errors import FlytuneWarning, SettingsError, printable
+from .errors import SettingsError
 
 # FLYTUNE_AUTOTUNE: which tiers serve a key not yet decided
 AUTOTUNE_MODES = {"": "auto", "auto": "auto", "1": "search", "search": "search", "0": "off", "off": "off",
@@ -53,6 +52,9 @@ class Settings:
     packs: tuple[str, ...] = ()
     warmup: str = "off"             # FLYTUNE_WARMUP=background: a bundle's kernel, once registered, starts its warm-up
     misses: Path | None = None      # FLYTUNE_MISSES: the file every key no tuned config served is recorded in
+    # FLYTUNE_ARTIFACT_DIR directories the file system refused to look up, with why: left out of
+    # `artifact_dirs`, said once by whoever reads the sources (core.installed.artifact_dirs)
+    refused_artifact_dirs: tuple[tuple[str, str], ...] = ()
 
 
 def read(env=None) -> Settings:
@@ -73,6 +75,7 @@ def read(env=None) -> Settings:
         raise SettingsError(f"must be `background` or `off` (or unset), not {env['FLYTUNE_WARMUP']!r}",
                             field="FLYTUNE_WARMUP")
     epoch = env.get("SOURCE_DATE_EPOCH", "").strip()
+    dirs, refused = artifact_dirs(env.get("FLYTUNE_ARTIFACT_DIR", ""))
     packs = serving.packs_setting(env.get("FLYTUNE_PACKS", ""))
     if packs is None:
         raise SettingsError(f"must be `*` or comma-separated distribution names, not {env['FLYTUNE_PACKS']!r}",
@@ -84,7 +87,8 @@ def read(env=None) -> Settings:
         emit_dir=Path(env["FLYTUNE_EMIT_DIR"]) if env.get("FLYTUNE_EMIT_DIR") else None,
         device=env.get("FLYTUNE_DEVICE") or None,
         interpret=env.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no"),
-        artifact_dirs=artifact_dirs(env.get("FLYTUNE_ARTIFACT_DIR", "")),
+        artifact_dirs=dirs,
+        refused_artifact_dirs=refused,
         cache_dir=Path(env["FLYTUNE_CACHE_DIR"]) if env.get("FLYTUNE_CACHE_DIR") else None,
         flydsl_dir=env.get("FLYDSL_AUTOTUNE_CONFIG_DIR") or None,
         # a build is never refused over its timestamp: anything but digits means "no epoch given"
@@ -101,13 +105,12 @@ def read(env=None) -> Settings:
 # other error of the file system (a name too long for it, a parent the process may not search) would be
 # raised by the next `Path.is_dir()` of the runtime or `inspect --installed`, from a kernel call
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF)
-_warned: set[str] = set()
 
 
-def artifact_dirs(value: str) -> tuple[Path, ...]:
-    """FLYTUNE_ARTIFACT_DIR's directories; one the file system refuses to look up (ENAMETOOLONG, EACCES
-    on a parent) is left out with one warning per process, so no reader meets the error."""
-    out = []
+def artifact_dirs(value: str) -> tuple[tuple[Path, ...], tuple[tuple[str, str], ...]]:
+    """(FLYTUNE_ARTIFACT_DIR's directories, those the file system refuses to look up (ENAMETOOLONG,
+    EACCES on a parent) with why): a refused one is left out, so no reader meets the error."""
+    out, refused = [], []
     for d in value.split(os.pathsep):
         if not d:
             continue
@@ -115,16 +118,12 @@ def artifact_dirs(value: str) -> tuple[Path, ...]:
             os.stat(d)
         except OSError as e:
             if e.errno not in _ABSENT:
-                if d not in _warned:
-                    _warned.add(d)
-                    warnings.warn(printable(f"flytune: FLYTUNE_ARTIFACT_DIR names {d!r}, which the file system "
-                                            f"cannot look up ({e.strerror or e}); ignored"), FlytuneWarning,
-                                  stacklevel=2)
+                refused.append((d, str(e.strerror or e)))
                 continue
         except ValueError:  # a NUL byte: no path at all
             continue
         out.append(Path(d))
-    return tuple(out)
+    return tuple(out), tuple(refused)
 
 
 def triton_env(env=None) -> dict[str, str]:

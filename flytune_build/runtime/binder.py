@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import weakref
 from typing import Any
 
 from ..core import settings
@@ -171,17 +172,20 @@ def compilable(fn):
     under TRITON_INTERPRET, which never compiles)."""
     if type(fn).__name__ == "JITFunction":
         return fn
-    made = _MADE.get(id(fn))
-    if made is None or made[0] is not fn:
-        from triton.runtime.jit import JITFunction
+    try:
+        return _MADE[fn]
+    except KeyError:
+        pass
+    from triton.runtime.jit import JITFunction
 
-        keep = {k: v for k, v in getattr(fn, "kwargs", {}).items()
-                if k in ("do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline")}
-        made = _MADE[id(fn)] = (fn, JITFunction(fn.fn, **keep))
-    return made[1]
+    keep = {k: v for k, v in getattr(fn, "kwargs", {}).items()
+            if k in ("do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline")}
+    made = _MADE[fn] = JITFunction(fn.fn, **keep)
+    return made
 
 
-_MADE: dict[int, tuple] = {}
+# the JITFunction made for each interpreted function: it lives as long as the function (a weak key)
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _binder(fn):

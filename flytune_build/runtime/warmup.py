@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import importlib
 import itertools
+import os
 import re
 import sys
 import threading
@@ -222,8 +223,19 @@ class Auto(threading.Thread):
         return self.idle.wait(timeout)
 
 
-_auto: Auto | None = None
+_auto: Auto | None = None         # this process's background warm-up thread, once started
 _auto_lock = threading.Lock()
+
+
+def _forked() -> None:
+    """In a forked child: the parent's warm-up thread is not running here (a child's registration starts
+    its own); what the parent warmed is in the disk cache the child shares."""
+    global _auto, _auto_lock
+    _auto, _auto_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def on_register(name: str) -> None:

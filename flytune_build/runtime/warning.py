@@ -6,11 +6,13 @@ launch goes through both), however deep inside them it was raised.
 from __future__ import annotations
 
 import inspect
+import threading
 import warnings
 
 from ..core.errors import FlytuneWarning, printable
 
-_seen: set = set()
+_seen: set = set()          # the causes warned of in this process (a forked child inherits them: said once)
+_lock = threading.Lock()    # two threads meeting one cause: one warning
 _INSIDE = ("flytune_build", "triton")
 
 
@@ -18,9 +20,10 @@ def once(cause, message: str) -> bool:
     """Warn `message` the first time `cause` is seen; True when it did. The message is made printable
     (core.errors.printable): what it quotes from data (a distribution's name, a file name) cannot move
     the cursor or recolour a terminal."""
-    if cause in _seen:
-        return False
-    _seen.add(cause)
+    with _lock:
+        if cause in _seen:
+            return False
+        _seen.add(cause)
     warnings.warn(printable(message), FlytuneWarning, stacklevel=_caller_level())
     return True
 
