@@ -138,3 +138,76 @@ def test_two_tuning_runs_in_two_threads_stay_apart_and_a_serving_thread_is_outsi
     assert got["main_decisions"] == ["first"] or set(got["main_decisions"]) <= {"first", "heuristic"}, got
     assert got["searched_main_keys"] == [], got
     assert got["stdout_restored"] and got["path_restored"] and got["settings_restored"], got
+
+
+MUTATORS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "add",
+            "discard", "appendleft", "sort"}
+HOLDERS = {"ContextVar", "Lock", "RLock", "local", "Event", "Condition", "WeakKeyDictionary", "WeakValueDictionary"}
+
+
+def _module_state(path: Path) -> set[str]:
+    """The module-level names of `path` that hold state: rebound by a `global` statement, mutated from a
+    function (a mutating method, an item or attribute assigned), holding a lock, context variable or weak
+    map, an instance of a flytune class that is not a frozen dataclass, or a function's cache."""
+    tree = ast.parse(path.read_text())
+    top = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                if isinstance(t, ast.Name):
+                    top[t.id] = node.value
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found |= {n for n in node.names if n in top}
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node in tree.body and any("cache" in ast.unparse(d) for d in node.decorator_list):
+                found.add(node.name)
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and \
+                        isinstance(inner.func.value, ast.Name) and inner.func.value.id in top and \
+                        inner.func.attr in MUTATORS:
+                    found.add(inner.func.value.id)
+                targets = inner.targets if isinstance(inner, (ast.Assign, ast.Delete)) else \
+                    [inner.target] if isinstance(inner, ast.AugAssign) else []
+                for t in targets:
+                    if isinstance(t, (ast.Subscript, ast.Attribute)) and isinstance(t.value, ast.Name) and \
+                            t.value.id in top:
+                        found.add(t.value.id)
+    for name, value in top.items():
+        if isinstance(value, ast.Call):
+            f = value.func
+            called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if called in HOLDERS or (called.lstrip("_")[:1].isupper() and called in _mutable_classes(tree)):
+                found.add(name)
+    return found
+
+
+def _mutable_classes(tree) -> set[str]:
+    """The classes a module defines that are not frozen dataclasses."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            frozen = any("frozen=True" in ast.unparse(d) for d in node.decorator_list)
+            if not frozen and not any(ast.unparse(b) in ("Exception", "Enum", "NamedTuple") or
+                                      ast.unparse(b).endswith("Error") for b in node.bases):
+                out.add(node.name)
+    return out
+
+
+def _state_table() -> set[str]:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## State\n", 1)[1].split("\n## ", 1)[0]
+    return {m.group(1) for m in re.finditer(r"^\| `([a-z_.]+\.[A-Za-z_]+)`", section, re.MULTILINE)}
+
+
+def test_every_module_level_mutable_global_is_in_the_state_table():
+    """docs/architecture.md's state table names every module-level global that holds state, and nothing
+    that is gone: a new global is a decision written down (per process, per context, what a fork gets)."""
+    found = set()
+    for path in sorted((ROOT / "flytune_build").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT / "flytune_build").with_suffix("").parts)
+        found |= {f"{module}.{name}" for name in _module_state(path)}
+    table = _state_table()
+    assert not found - table, f"module-level state the table does not name: {sorted(found - table)}"
+    assert not table - found, f"the table names state that is gone: {sorted(table - found)}"
