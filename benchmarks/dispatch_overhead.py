@@ -91,7 +91,9 @@ def main(n=100_000, rounds=9):
     print(f"  bare launcher          {med['bare']:.3f} us/call")
     print(f"  triton.autotune hit    {med['triton']:.3f} us/call  overhead {med['triton'] - med['bare']:.3f} us")
     print(f"  adopted triton hit     {med['adopted']:.3f} us/call  overhead {med['adopted'] - med['bare']:.3f} us "
-          f"(flytune adds {med['adopted'] - med['triton']:.3f} us to triton.autotune's own hit)")
+          f"({med['adopted'] - med['flytune']:+.3f} us against a ported hit; triton.autotune's own hit is "
+          f"{med['triton'] / med['adopted']:.1f}x it, {(med['triton'] - med['bare']) / (med['adopted'] - med['bare']):.1f}x "
+          f"its overhead)")
     print(f"  flytune_build hit      {med['flytune']:.3f} us/call  overhead {med['flytune'] - med['bare']:.3f} us")
     print(f"  overhead ratio triton/flytune: {(med['triton'] - med['bare']) / (med['flytune'] - med['bare']):.1f}x")
     print(f"  bare launcher, full config kwargs  {med['bare_full']:.3f} us/call: flytune adds "

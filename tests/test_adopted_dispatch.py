@@ -1,0 +1,144 @@
+"""An adopted `@triton.autotune` kernel's hit skips Triton's `run` (flytune's memo: one key, one lookup,
+the launch) and stays what a Triton hit is to its caller: the config a Triton hit would launch for that
+call, `best_config`, the config's pre_hook, the counters; a call keyed otherwise is decided anew."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flytune_build import triton as adapter
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER
+from flytune_build.runtime import autotuner
+
+HOOKED = []
+
+
+def _hook(nargs):
+    HOOKED.append((nargs["n"], nargs["BLOCK"]))
+
+
+def make(pre_hook=None):
+    configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=pre_hook) for b in (16, 32, 64)]
+
+    @triton.autotune(configs=configs, key=["n"])
+    @triton.jit
+    def add(x, y, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+    return add
+
+
+def call(k, n, dtype=torch.float32):
+    x, y, out = torch.randn(n).to(dtype), torch.randn(n).to(dtype), torch.empty(n, dtype=dtype)
+    k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, out, n)
+    assert torch.equal(out, x + y)
+    return k.best_config.kwargs["BLOCK"]
+
+
+@pytest.fixture
+def bundled(tmp_path, monkeypatch):
+    d = tmp_path / "arts"
+    for n, block, dtype in ((100, 64, "float32"), (100, 32, "float16")):
+        Artifact("hit.add", {"n": n, "x": dtype, "y": dtype, "out": dtype}, INTERPRETER,
+                 Config({"BLOCK": block}, num_warps=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    return d
+
+
+def test_an_adopted_hit_skips_tritons_run_and_counts_as_before(bundled):
+    import flytune_build as ft
+
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    original = k.flytune_adopted
+    assert [call(k, 100) for _ in range(5)] == [64] * 5
+    assert len(original.hits) == 1 and ft.stats()["hit.add"]["dispatch"] == "fast"
+    s = ft.stats()["hit.add"]
+    assert s["calls"]["offline"] == 5 and s["calls"]["heuristic"] == 0
+
+
+def test_clearing_tritons_cache_by_hand_decides_again_as_a_triton_hit_would(bundled, monkeypatch):
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    k.cache.clear()   # what a user does to make Triton decide again
+    monkeypatch.delenv("FLYTUNE_ARTIFACT_DIR")   # (the offline tier keeps its seeds: still bundled)
+    assert call(k, 100) == 64 and call(k, 100) == 64
+
+
+def test_a_hit_is_keyed_on_every_tensors_dtype_as_triton_keys_its_cache(bundled):
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    assert call(k, 100, torch.float16) == 32 and call(k, 100, torch.float16) == 32   # another artifact
+    assert call(k, 100) == 64
+    assert call(k, 50) == 16   # not bundled: the first config, decided anew
+
+
+def test_a_hit_runs_the_configs_pre_hook_with_tritons_arguments_and_sets_best_config(bundled):
+    k = make(pre_hook=_hook)
+    adapter.adopt(k, name="hit.add")
+    HOOKED.clear()
+    for _ in range(3):
+        call(k, 100)
+    assert HOOKED == [(100, 64)] * 3 and k.best_config.pre_hook is _hook
+
+
+def test_reset_forgets_the_hits_and_the_next_call_decides_again(bundled, monkeypatch):
+    import flytune_build as ft
+
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    monkeypatch.delenv("FLYTUNE_ARTIFACT_DIR")
+    ft.reset_stats()
+    assert not k.flytune_adopted.hits
+    assert call(k, 100) == 16   # nothing bundled any more: the first config
+    assert ft.stats()["hit.add"]["calls"]["offline"] == 0
+
+
+def test_an_optional_tensor_given_where_the_first_call_had_none_is_keyed_apart(tmp_path, monkeypatch):
+    configs = [triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32)]
+
+    @triton.autotune(configs=configs, key=["n"])
+    @triton.jit
+    def scale(x, bias, out, n, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(x + offs, mask=m) * 2
+        if HAS_BIAS:
+            v += tl.load(bias + offs, mask=m)
+        tl.store(out + offs, v, mask=m)
+
+    d = tmp_path / "arts"
+    Artifact("hit.scale", {"n": 64, "x": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 32}, num_warps=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    adapter.adopt(scale, name="hit.scale")
+    x, out, bias = torch.randn(64), torch.empty(64), torch.randn(64)
+    for _ in range(2):
+        scale[(2,)](x, None, out, 64, False)
+        assert scale.best_config.kwargs["BLOCK"] == 32 and torch.equal(out, x * 2)
+    scale[(4,)](x, bias, out, 64, True)   # Triton's key has one dtype more: not the bundled one
+    assert scale.best_config.kwargs["BLOCK"] == 16 and torch.allclose(out, x * 2 + bias)
+
+
+def test_an_autotuner_that_overrides_run_keeps_tritons_path_and_says_why(bundled):
+    import flytune_build as ft
+    from triton.runtime.autotuner import Autotuner
+
+    class Mine(Autotuner):
+        def run(self, *args, **kwargs):
+            return super().run(*args, **kwargs)
+
+    k = make()
+    k.__class__ = Mine
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    assert ft.stats()["hit.add"]["dispatch"] == "Mine overrides Autotuner.run"
+    assert not k.flytune_adopted.hits and ft.stats()["hit.add"]["calls"]["offline"] == 2
