@@ -56,7 +56,7 @@ def test_an_adopted_hit_skips_tritons_run_and_counts_as_before(bundled):
     adapter.adopt(k, name="hit.add")
     original = k.flytune_adopted
     assert [call(k, 100) for _ in range(5)] == [64] * 5
-    assert len(original.hits) == 1 and ft.stats()["hit.add"]["dispatch"] == "fast"
+    assert len(original.hits.memo) == 1 and ft.stats()["hit.add"]["dispatch"] == "fast"
     s = ft.stats()["hit.add"]
     assert s["calls"]["offline"] == 5 and s["calls"]["heuristic"] == 0
 
@@ -96,7 +96,7 @@ def test_reset_forgets_the_hits_and_the_next_call_decides_again(bundled, monkeyp
     assert call(k, 100) == 64 and call(k, 100) == 64
     monkeypatch.delenv("FLYTUNE_ARTIFACT_DIR")
     ft.reset_stats()
-    assert not k.flytune_adopted.hits
+    assert not k.flytune_adopted.hits.memo
     assert call(k, 100) == 16   # nothing bundled any more: the first config
     assert ft.stats()["hit.add"]["calls"]["offline"] == 0
 
@@ -141,4 +141,4 @@ def test_an_autotuner_that_overrides_run_keeps_tritons_path_and_says_why(bundled
     adapter.adopt(k, name="hit.add")
     assert call(k, 100) == 64 and call(k, 100) == 64
     assert ft.stats()["hit.add"]["dispatch"] == "Mine overrides Autotuner.run"
-    assert not k.flytune_adopted.hits and ft.stats()["hit.add"]["calls"]["offline"] == 2
+    assert not k.flytune_adopted.hits.memo and ft.stats()["hit.add"]["calls"]["offline"] == 2

@@ -29,9 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import operator
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...core import serving, settings
@@ -42,11 +40,10 @@ from .. import bench, device, events, registry
 from ..decision import Decision, Stats
 from ..kernel import Kernel, first_candidate
 from ..offline import TIER, Index, not_served
-from . import triton_search
+from . import hits, triton_search
 from .triton_keys import artifact_key, call_key, optional_keys, seed_key
 
 TRITON_SEARCHES = object()  # the search tier's answer: Triton runs its own search for this call
-MAX_HITS = 4096             # hit keys remembered per kernel (a key argument holding many values stops here)
 
 
 @dataclass
@@ -72,9 +69,7 @@ class Adopted(Kernel):
         self.pending: dict | None = None       # the key of the search Triton is running for this call
         self.searching = triton_search.Patches(tuner)  # the timers that search runs with
         self.local = threading.local()         # .retrying: this thread's `run` calls Triton again after seeding
-        self.hits: dict[tuple, tuple] = {}     # hit key -> (config object, decision, its kwargs, pre_hook, tier)
-        self.sized = [-1]                      # len(tuner.cache) when `hits` was last added to
-        self.dispatch = fast_path_refused(tuner)  # None: hits skip Triton's `run`; else why they cannot
+        self.hits = hits.Hits(tuner)           # the decided calls' hits, Triton's `run` skipped
         self._reseed = True
         self.warming = False
         self.stale = False                     # the offline tier is read again before the next decision
@@ -89,13 +84,17 @@ class Adopted(Kernel):
 
     @reseed.setter
     def reseed(self, value: bool) -> None:
-        self._reseed = value
+        self._reseed = self.hits.on = value
         self.hits.clear()
+
+    def counts(self) -> dict:
+        """The calls counted per tier for calls Triton's cache served (`Stats.served`)."""
+        return self._stats.served
 
     def stats(self) -> dict:
         """The counters (`Kernel.stats`), and how hits are dispatched: `fast` (flytune's memo, Triton's
         `run` skipped) or why Triton's `run` serves them."""
-        return {**super().stats(), "dispatch": self.dispatch or "fast"}
+        return {**super().stats(), "dispatch": self.hits.refused or "fast"}
 
     @classmethod
     def install(cls, public, tuner, name: str, validate) -> "Adopted":
@@ -117,81 +116,8 @@ class Adopted(Kernel):
         return adopted
 
     def wrap_run(self, original):
-        """`run`: a call whose key was decided is a hit on flytune's own memo (`hits`: the call's hit key,
-        one dict lookup, the config's pre_hook, the launch), doing what a Triton hit does that a caller
-        can see (`best_config` set, the config's pre_hook called with Triton's arguments, the counters);
-        every other call goes through Triton's `run` (`slow`), which decides, searches or serves as
-        Triton does, and is remembered as a hit when it can be (`memorise`)."""
-        tuner, seeded, announce, local, hits = self.tuner, self.seeded, events.announce, self.local, self.hits
-        launch, hit_key, served = tuner.fn.run, _hit_key(tuner), self._served
-        positional, parameters, named = hit_key.positional, hit_key.parameters, hit_key.named
-
-        cache, sized = tuner.cache, self.sized
-
-        def run(*args, **kwargs):
-            try:  # `hit_key`, inlined: the hot path
-                key = positional[0](args)
-                obj, d, meta, hook, tier = hits[key if parameters.isdisjoint(kwargs) else named(key, kwargs)]
-                if len(cache) != sized[0]:  # Triton's cache changed by hand (cleared to re-tune): decide again
-                    raise KeyError
-            except (KeyError, TypeError, IndexError, AttributeError, ValueError):  # not decided, or not keyable
-                return slow(args, kwargs)
-            tuner.best_config = obj
-            if hook is not None:
-                hook({**dict(zip(tuner.arg_names, args)), **kwargs, **meta})
-            try:
-                ret = launch(*args, **kwargs, **meta)
-            except Exception:
-                return slow(args, kwargs)  # Triton's path says what failed, and which tier serves next
-            if d is None:
-                served()[tier] += 1
-            else:
-                d.calls += 1
-            return ret
-
-        def slow(args, kwargs):
-            try:
-                try:
-                    ret = original(*args, **kwargs)
-                except _Seeded:  # `prune_configs` put this call's config in Triton's cache: a hit now
-                    local.retrying = True
-                    try:
-                        ret = original(*args, **kwargs)
-                    finally:
-                        local.retrying = False
-            except Exception as e:
-                self.launch_failed(self.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
-                return run(*args, **kwargs)  # decided again: the next tier serves
-            obj = tuner.best_config
-            d = seeded.get(id(obj))
-            tier = None
-            if d is None:
-                tier = self.served(args, kwargs)
-            else:
-                d.calls += 1
-                if d.calls == 1:
-                    announce(self.name, d)
-            if d is not None or tier is not None:
-                self.memorise(args, kwargs, obj, d, tier, hit_key)
-            return ret
-        return run
-
-    def _served(self) -> dict:
-        return self._stats.served
-
-    def memorise(self, args, kwargs, obj, d, tier, hit_key) -> None:
-        """Remember a call Triton served from its cache as a hit of flytune's memo, where this kernel's hits
-        take that path (`dispatch` is None), the call can be keyed and the memo is not full."""
-        if self.dispatch is not None or not self.reseed or len(self.hits) >= MAX_HITS:
-            return
-        if len(self.tuner.cache) != self.sized[0]:
-            self.hits.clear()
-            self.sized[0] = len(self.tuner.cache)
-        try:
-            if hit_key.learn(args, kwargs):
-                self.hits[hit_key(args, kwargs)] = (obj, d, obj.all_kwargs(), getattr(obj, "pre_hook", None), tier)
-        except (TypeError, IndexError, AttributeError, ValueError):
-            return
+        """`run`: a hit of flytune's memo, or Triton's `run` (`hits.wrapped_run`)."""
+        return hits.wrapped_run(self, original)
 
     def wrap_prune(self, original):
         tuner = self.tuner
@@ -213,7 +139,7 @@ class Adopted(Kernel):
             if d is TRITON_SEARCHES:
                 return original(kwargs)
             tuner.cache[call_key(tuner, tuple(tuner.nargs.values()), kwargs)] = chosen[0]
-            raise _Seeded
+            raise hits.Seeded
         return prune_configs
 
     def _retrying(self) -> bool:
@@ -408,10 +334,6 @@ def _usable(self: Adopted, here, idx: Index):
             yield serving.rank(order, level), art, level, origin, pack
 
 
-class _Seeded(Exception):
-    """Raised through Triton's `run` by `prune_configs` once it has put the call's config in the cache."""
-
-
 def triton_config(kernel: Adopted, config: Config):
     """A fresh `triton.Config` with `config`'s data: a copy of the kernel's declared one (its pre_hook
     with it) when there is one, else a new one."""
@@ -427,91 +349,3 @@ def triton_config(kernel: Adopted, config: Config):
 def _items(key: dict) -> tuple:
     # a null axis is an absent one (Triton keys nothing for None; earlier releases wrote no null axes)
     return tuple(sorted((k, v) for k, v in key.items() if v is not None))
-
-
-def _hit_key(tuner):
-    """The key of a call in `Adopted.hits`, at least as fine as Triton's cache key (the key arguments'
-    values and each tensor argument's dtype): the number of positional arguments, the key arguments'
-    values and the dtypes of the arguments at the kernel's tensor positions, learnt from the first call
-    remembered (`learn`; a call whose tensors lie elsewhere is never remembered, and one with no tensor
-    where the first had one raises AttributeError here), then each keyword that names a parameter with
-    its dtype or value (`grid`, `warmup` and the launch options are no parameter: Triton keys none of
-    them). A position that held None in the first call is keyed by its type too (an optional tensor).
-    IndexError where a key argument is not positional or before any call is learnt (never, for a key
-    naming no parameter), TypeError or AttributeError where a value cannot be keyed: that call takes
-    Triton's `run`.
-
-    Hand-written (indexing unrolled for up to 4 tensors, a getter beyond) over a general key (every
-    argument's `getattr(a, "dtype", None)`, which raises inside for each non-tensor): on the 6-argument
-    stub of benchmarks/dispatch_overhead.py a general key costs 0.93 us, `map` over an itemgetter 0.45 us,
-    the unrolled one 0.18 us."""
-    positions = [tuner.arg_names.index(k) for k in tuner.keys if k in tuner.arg_names]
-    keyable = len(positions) == len(tuner.keys)  # else a key names no parameter: no call is learnt
-    parameters, chosen = frozenset(tuner.arg_names), []
-
-    def hit_key(args, kwargs):
-        key = chosen[0](args)   # IndexError: no call learnt yet
-        if parameters.isdisjoint(kwargs):
-            return key
-        return named_key(key, kwargs)
-
-    def named_key(key, kwargs):
-        return key, tuple((k, getattr(kwargs[k], "dtype", kwargs[k])) for k in sorted(parameters.intersection(kwargs)))
-
-    def learn(args, kwargs) -> bool:
-        """Whether a call's key can be remembered: its tensors (and Nones) lie where the kernel's first did."""
-        if not keyable:
-            return False
-        tensors = tuple(i for i, a in enumerate(args) if hasattr(a, "dtype"))
-        nones = tuple(i for i, a in enumerate(args) if a is None)
-        if not chosen:
-            chosen.append(_positional_key(positions, tensors, nones))
-            learn.layout = (len(args), tensors, nones)
-        return learn.layout == (len(args), tensors, nones)
-
-    hit_key.learn, hit_key.positional, hit_key.parameters, hit_key.named = learn, chosen, parameters, named_key
-    return hit_key
-
-
-def _positional_key(positions: list, tensors: tuple, nones: tuple) -> Callable[[tuple], tuple]:
-    """args -> (how many, the key arguments' values, the dtypes at `tensors`, the types at `nones`);
-    unrolled for one key argument and up to 4 tensors (see `_hit_key`)."""
-    if nones or len(tensors) > 4 or len(positions) != 1:
-        values, tensor_getter, none_getter = _getter(positions), _getter(tensors), _getter(nones)
-        dtype_of = operator.attrgetter("dtype")
-        return lambda a: (len(a), values(a), *map(dtype_of, tensor_getter(a)), *map(type, none_getter(a)))
-    (p,) = positions
-    if not tensors:
-        return lambda a: (len(a), a[p])
-    if len(tensors) == 1:
-        (i,) = tensors
-        return lambda a: (len(a), a[p], a[i].dtype)
-    if len(tensors) == 2:
-        i, j = tensors
-        return lambda a: (len(a), a[p], a[i].dtype, a[j].dtype)
-    if len(tensors) == 3:
-        i, j, k = tensors
-        return lambda a: (len(a), a[p], a[i].dtype, a[j].dtype, a[k].dtype)
-    i, j, k, m = tensors
-    return lambda a: (len(a), a[p], a[i].dtype, a[j].dtype, a[k].dtype, a[m].dtype)
-
-
-def _getter(positions) -> Callable[[tuple], tuple]:
-    """args -> a tuple of the arguments at `positions` (one position: that argument twice, so that the
-    getter stays a C itemgetter); IndexError where `args` is shorter."""
-    if not positions:
-        return lambda args: ()
-    return operator.itemgetter(*positions) if len(positions) > 1 else operator.itemgetter(positions[0], positions[0])
-
-
-def fast_path_refused(tuner) -> str | None:
-    """Why this Autotuner's hits must go through its own `run` (None: they need not)."""
-    from triton.runtime.autotuner import Autotuner
-
-    if not isinstance(tuner.cache, dict):
-        return f"its cache is a {type(tuner.cache).__name__}, not a dict"
-    if type(tuner).run is not Autotuner.run:
-        return f"{type(tuner).__name__} overrides Autotuner.run"
-    if len(tuner.configs) <= 1:
-        return "one config: Triton launches it without a key"
-    return None
