@@ -5,13 +5,15 @@
         compiled = torch.compile(model)
         compiled(x)                          # compiled with the shipped configs: no autotune benchmarking
 
-`serve()` changes only the compiles made while it is open; `missing()` names the private PyTorch
-hooks this torch lacks (then `serve()` changes nothing and says so once). Winners are harvested on
-the target GPU with `flytune harvest` (`flytune_build.harvest(...)`).
+`serve()` changes only the compiles made while it is open; a `Serving` may be entered again (it serves
+until its last exit) and from any number of threads (runtime.inductor's docstring: what is per process,
+what per thread). `missing()` names the private PyTorch hooks this torch lacks (then `serve()` changes
+nothing and says so once). Winners are harvested on the target GPU with `flytune harvest`
+(`flytune_build.harvest(...)`).
 """
 from __future__ import annotations
 
 from .runtime.inductor import SUPPORTED, Serving, missing, serve
-from .runtime.recording import recording
+from .runtime.inductor.recording import recording
 
 __all__ = ["SUPPORTED", "Serving", "missing", "recording", "serve"]

@@ -155,14 +155,14 @@ def test_a_miss_autotunes_as_inductor_does_and_closing_says_so_once(tmp_path, mo
     monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
     monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
     events = []
-    ft.on_decision(events.append)
-    serving = ft_inductor.serve().open()
-    k = load_kernel()
-    serving.before_precompile(k)
-    assert len(k.configs) > 1  # Inductor autotunes it, as without flytune
-    with pytest.warns(FlytuneWarning, match=r"0 generated kernel\(s\) served from the bundle, 1 autotuned by "
-                                            r"Inductor \(not in the bundle: triton_poi_fused_gelu_0\)"):
-        serving.close()
+    with ft.on_decision(events.append):
+        serving = ft_inductor.serve().open()
+        k = load_kernel()
+        serving.before_precompile(k)
+        assert len(k.configs) > 1  # Inductor autotunes it, as without flytune
+        with pytest.warns(FlytuneWarning, match=r"0 generated kernel\(s\) served from the bundle, 1 autotuned by "
+                                                r"Inductor \(not in the bundle: triton_poi_fused_gelu_0\)"):
+            serving.close()
     assert [(e["kernel"], e["tier"], e["key"]["name"]) for e in events] == [
         ("torch.compile", "autotune", "triton_poi_fused_gelu_0")]
 
@@ -201,11 +201,14 @@ def test_where_no_gpu_is_visible_serving_changes_nothing_and_says_so_once(bundle
     monkeypatch.delenv("FLYTUNE_DEVICE")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.warns(FlytuneWarning, match="no GPU is visible.*nothing is served to torch.compile"):
+    with pytest.warns(FlytuneWarning, match="no GPU is visible.*nothing is served to torch.compile") as said:
         with ft_inductor.serve() as serving:
             assert torch._inductor.config.autotune_lookup_table == {}
             assert len(load_kernel().configs) > 1
     assert serving.stats()["device"] is None and ft.stats().get("torch.compile") is None
+    # the advice that applies: neither FLYTUNE_DEVICE nor TRITON_INTERPRET makes Inductor generate Triton kernels
+    (message,) = [str(w.message) for w in said]
+    assert "CUDA or ROCm GPU" in message and "FLYTUNE_DEVICE" not in message and "TRITON_INTERPRET" not in message
 
 
 def test_an_artifact_whose_block_sizes_are_not_the_kernels_is_not_served_and_said_so(tmp_path, monkeypatch):
@@ -236,14 +239,17 @@ def test_serving_a_compile_entry_no_bundle_holds_says_so(bundle_dir):
 
 
 def test_a_harvest_that_autotunes_no_kernel_writes_nothing_and_exits_1(tmp_path, monkeypatch, capsys):
-    """On a CPU Inductor emits C++ and autotunes nothing: an empty harvest is no success."""
+    """A compile whose kernels each had one config (or ran on the CPU): an empty harvest is no success."""
     from flytune_build.cli.main import main
+    from flytune_build.runtime import inductor as rt
 
     (tmp_path / "tiny_entry.py").write_text("import torch\ndef f():\n    return torch.nn.ReLU(), (torch.randn(8),)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
-    assert main(["harvest", "tiny_entry:f", "--output", str(tmp_path / "out"), "--allow-ci"]) == 1
+    monkeypatch.setattr(rt, "compile_once", lambda *a, **kw: None)
+    assert main(["harvest", "tiny_entry:f", "--project", str(tmp_path), "--output", str(tmp_path / "out"),
+                 "--allow-ci"]) == 1
     assert not (tmp_path / "out").exists()
+    assert "Inductor autotuned no kernel of this compile" in capsys.readouterr().out
 
 
 def test_serving_is_only_what_the_user_opened():
@@ -500,15 +506,6 @@ def test_an_unreadable_artifact_in_the_directory_is_said_not_served(tmp_path, mo
     assert serving.shipped == {}
 
 
-def test_a_harvest_reads_the_winners_its_output_already_holds_for_this_device(tmp_path):
-    from flytune_build.tuning.harvest import _shipped
-
-    shipped_artifact(lookup_key()).save(tmp_path)
-    shipped_artifact("ab" * 32, dev=A100).save(tmp_path)  # another device's: not this harvest's to keep
-    assert _shipped(tmp_path, "mylib.block", H200) == {lookup_key(): SHIPPED}
-    assert _shipped(tmp_path / "none", "mylib.block", H200) == {}
-
-
 @pytest.mark.parametrize("mode, warned", [("default", True), ("max-autotune-no-cudagraphs", False)])
 def test_a_winner_harvested_without_the_coordinate_descent_the_compile_runs_is_served_and_said_so(
         mode, warned, tmp_path, monkeypatch):
@@ -535,3 +532,207 @@ def test_a_winner_harvested_without_the_coordinate_descent_the_compile_runs_is_s
     expected = ("torch.compile: 1 kernel(s) served from the bundle (triton_poi_fused_gelu_0) were harvested in "
                 "mode default, without coordinate descent, and this compile runs it (max-autotune)")
     assert [m for m in said if m.startswith(expected)] == ([said[0]] if warned else []), said
+
+
+# -- a harvest is a tuning job: the tuning session, the output's shipped winners, files kept byte for byte ------
+def _harvest_compile(times_ms: dict, descend_to: int | None = None):
+    """A stand-in for runtime.inductor.compile_once (a CPU compiles no Triton kernel): Inductor benchmarks
+    the gelu kernel's real candidates, each timed `times_ms[XBLOCK]`, through the recording open in this
+    context, as the patched `benchmark_all_configs` hands it over; with `descend_to`, its coordinate
+    descent then moves from the winner to that XBLOCK (as the patched `coordinate_descent_tuning` does)."""
+    from flytune_build.runtime import inductor as rt
+
+    def compile_once(model, inputs, mode, dynamic=False):
+        k = load_kernel()
+        launchers = [_Launcher(c) for c in k.configs]
+        k.bench = lambda launcher, *a, **kw: times_ms[launcher.config.kwargs["XBLOCK"]]
+        k.reset_to_zero_args = lambda *a, **kw: None
+        timings = rt.current().benchmark(lambda autotuner, *a, **kw: {lc: autotuner.bench(lc) for lc in launchers}, k)
+        start = min(timings, key=timings.get)
+        found = start if descend_to is None else _Launcher(triton.Config({"XBLOCK": descend_to}, num_warps=8,
+                                                                         num_stages=1))
+        rt.current().coordesc(k, start, found, (), {})
+
+    return compile_once
+
+
+@pytest.fixture
+def entry_project(tmp_path):
+    """A project folder, not installed, whose package holds a compile entry (`harvestpkg.models:block`)."""
+    import sys
+
+    root = tmp_path / "proj"
+    (root / "harvestpkg").mkdir(parents=True)
+    (root / "harvestpkg" / "__init__.py").write_text("")
+    (root / "harvestpkg" / "models.py").write_text(
+        "import torch\nNOTCALLABLE = 3\n"
+        "def block():\n    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), (torch.randn(4, 8),)\n")
+    yield root
+    for name in [m for m in sys.modules if m == "harvestpkg" or m.startswith("harvestpkg.")]:
+        del sys.modules[name]
+
+
+def test_a_harvest_that_keeps_a_winner_leaves_its_file_byte_for_byte(entry_project, tmp_path, monkeypatch):
+    """As `flytune tune`: the output's winner is read through ShippedWinners, kept within the margin, and
+    its file is not rewritten (same bytes, same modification time); a winner beaten past the margin is."""
+    from flytune_build.runtime import inductor as rt
+
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    out = tmp_path / "out"
+    monkeypatch.setattr(rt, "compile_once", _harvest_compile({1024: 0.0200, 512: 0.0100}))
+    first = ft.harvest("harvestpkg.models:block", project=entry_project, output=out, allow_ci=True)
+    (path,) = first.written
+    assert first.outcomes == {"triton_poi_fused_gelu_0": "new"} and Artifact.load(path).config == SHIPPED
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # a rewrite, even within the same tick, would move it
+    before = path.read_bytes()
+
+    monkeypatch.setattr(rt, "compile_once", _harvest_compile({1024: 0.0099, 512: 0.0100}))  # 1%: within 3%
+    again = ft.harvest("harvestpkg.models:block", project=entry_project, output=out, allow_ci=True)
+    assert again.outcomes["triton_poi_fused_gelu_0"].startswith("kept") and again.written == []
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == 1_000_000_000
+
+    monkeypatch.setattr(rt, "compile_once", _harvest_compile({1024: 0.0050, 512: 0.0100}))  # twice as fast
+    beaten = ft.harvest("harvestpkg.models:block", project=entry_project, output=out, allow_ci=True)
+    assert beaten.outcomes["triton_poi_fused_gelu_0"].startswith("replaced") and beaten.written == [path]
+    assert Artifact.load(path).config.kwargs == {"XBLOCK": 1024}
+
+
+def test_a_harvest_keeps_no_winner_of_another_device(entry_project, tmp_path, monkeypatch):
+    from flytune_build.runtime import inductor as rt
+
+    out = tmp_path / "out"
+    shipped_artifact(lookup_key(), Config({"XBLOCK": 1024}, num_warps=4, num_stages=1), dev=A100,
+                     kernel="harvestpkg.models.block").save(out)
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    monkeypatch.setattr(rt, "compile_once", _harvest_compile({1024: 0.0101, 512: 0.0100}))
+    got = ft.harvest("harvestpkg.models:block", project=entry_project, output=out, allow_ci=True)
+    assert got.outcomes == {"triton_poi_fused_gelu_0": "new"} and len(list(out.iterdir())) == 2
+
+
+def test_the_harvests_space_hash_is_the_shared_one():
+    from flytune_build.core.config import space_hash
+    from flytune_build.runtime.bench import Candidate
+    from flytune_build.runtime.inductor import recording
+
+    candidates = [Candidate(Config({"XBLOCK": 1024}, num_warps=4), 0.011), Candidate(SHIPPED, 0.010)]
+    rec = recording.Record("triton_poi_fused_gelu_0", lookup_key(), "{'x': 1048576}", "pointwise", candidates,
+                           SHIPPED, {"winner": 1})
+    (art,) = recording.artifacts([rec], "mylib.block", "default", H200)
+    assert art.provenance["space_hash"] == space_hash([c.config for c in candidates])
+
+
+def _no_cwd_on_path(monkeypatch):
+    """sys.path as a console script (`flytune`) has it: the working directory is not on it."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+    return list(sys.path)
+
+
+@pytest.mark.parametrize("where", ["in the project", "--project"])
+def test_flytune_harvest_imports_the_entry_from_a_project_not_installed(where, entry_project, tmp_path, monkeypatch,
+                                                                        capsys):
+    """A CPU has no Triton kernel for Inductor to autotune: past the import, the advice that applies."""
+    import sys
+
+    from flytune_build.cli.main import main
+
+    path = _no_cwd_on_path(monkeypatch)
+    monkeypatch.chdir(entry_project if where == "in the project" else tmp_path)
+    args = ["--project", str(entry_project)] if where == "--project" else []
+    assert main(["harvest", "harvestpkg.models:block", "--allow-ci", *args]) == 1
+    err = capsys.readouterr().err
+    assert "harvestpkg.models" in sys.modules and "cannot be imported" not in err
+    assert "no GPU is visible" in err and "only for a CUDA or ROCm GPU" in err
+    assert "FLYTUNE_DEVICE" not in err and "TRITON_INTERPRET" not in err
+    assert sys.path == path  # the project root was importable for the harvest only
+
+
+def test_flytune_harvest_as_a_console_script_runs_from_the_project_folder(entry_project):
+    """`flytune` (a console script: the working directory is not on sys.path), no GPU, no interpreter."""
+    import subprocess
+    import sys
+
+    from conftest import python_env
+
+    env = {k: v for k, v in python_env().items() if k not in ("TRITON_INTERPRET", "FLYTUNE_DEVICE")}
+    out = subprocess.run([sys.executable, "-P", "-m", "flytune_build.cli", "harvest", "harvestpkg.models:block",
+                          "--allow-ci"], cwd=entry_project, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr
+    assert "cannot be imported" not in out.stderr and "only for a CUDA or ROCm GPU" in out.stderr
+    assert "FLYTUNE_DEVICE" not in out.stderr and "TRITON_INTERPRET" not in out.stderr
+
+
+def test_a_compile_entry_that_is_not_a_function_is_a_usage_error_naming_it(entry_project, monkeypatch, capsys):
+    from flytune_build.cli.main import main
+
+    _no_cwd_on_path(monkeypatch)
+    monkeypatch.chdir(entry_project)
+    assert main(["harvest", "harvestpkg.models:NOTCALLABLE", "--allow-ci"]) == 2
+    err = capsys.readouterr().err
+    assert "harvestpkg.models:NOTCALLABLE" in err and "int, not a function" in err
+    assert "returns (model, example_inputs)" in err and "Traceback" not in err
+
+
+def test_an_entry_module_the_project_does_not_hold_says_where_it_looked(entry_project):
+    with pytest.raises(ft.UsageError, match="cannot be imported from the project root .*--project DIR"):
+        ft.harvest("nosuchpkg_xyz.models:block", project=entry_project, allow_ci=True)
+    with pytest.raises(ft.UsageError, match="not a directory"):
+        ft.harvest("harvestpkg.models:block", project=entry_project / "missing", allow_ci=True)
+
+
+def test_a_harvest_under_the_interpreter_on_a_gpu_says_to_unset_it(entry_project, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ft.DeviceError, match="TRITON_INTERPRET=1 .* unset TRITON_INTERPRET"):
+        ft.harvest("harvestpkg.models:block", project=entry_project, allow_ci=True)
+
+
+# -- serving where Inductor generates no Triton kernel ----------------------------------------------------------
+def test_serving_under_the_interpreter_says_once_why_nothing_is_served(bundle_dir, monkeypatch):
+    """TRITON_INTERPRET=1 on a CPU: nothing to serve; one warning with the reason, none suggesting a setting
+    that would not help Inductor."""
+    from flytune_build import inductor as ft_inductor
+
+    monkeypatch.delenv("FLYTUNE_DEVICE")
+    ft.reset_stats()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with ft_inductor.serve() as serving:
+                assert torch._inductor.config.autotune_lookup_table == {}
+    said = [str(w.message) for w in rec if issubclass(w.category, FlytuneWarning)]
+    assert len(said) == 1 and "no GPU is visible" in said[0] and "nothing is served" in said[0], said
+    assert "FLYTUNE_DEVICE" not in said[0] and "only for a CUDA or ROCm GPU" in said[0]
+    assert serving.stats()["kernels"] == {"offline": 0, "autotune": 0, "single": 0}
+    assert ft.stats().get("torch.compile") is None
+
+
+def test_serving_under_the_interpreter_on_a_gpu_says_to_unset_it(bundle_dir, monkeypatch):
+    from flytune_build import inductor as ft_inductor
+
+    monkeypatch.delenv("FLYTUNE_DEVICE")
+    ft.reset_stats()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.warns(FlytuneWarning, match="TRITON_INTERPRET=1 .* unset TRITON_INTERPRET.*nothing is served"):
+        ft_inductor.serve()
+
+
+def test_a_re_harvest_whose_descent_went_nowhere_keeps_the_file_of_one_whose_descent_was_timed(
+        entry_project, tmp_path, monkeypatch):
+    """The space hash is of the configs Inductor offered, not of the pair a descent's move was timed as:
+    a kept winner's file stays byte for byte whichever moves the descent tried (seen on an H100:
+    max-autotune re-harvests rewrote every kept file before)."""
+    from flytune_build.runtime import inductor as rt
+
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    out = tmp_path / "out"
+    times = {1024: 0.0200, 512: 0.0100, 256: 0.0200}
+    monkeypatch.setattr(rt, "compile_once", _harvest_compile(times, descend_to=256))  # a move, not taken
+    (path,) = ft.harvest("harvestpkg.models:block", project=entry_project, output=out, allow_ci=True).written
+    assert Artifact.load(path).provenance["inductor"]["coordesc"] is True
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    before = path.read_bytes()
+    monkeypatch.setattr(rt, "compile_once", _harvest_compile(times))  # this time the descent moved nowhere
+    again = ft.harvest("harvestpkg.models:block", project=entry_project, output=out, allow_ci=True)
+    assert again.outcomes["triton_poi_fused_gelu_0"].startswith("kept") and again.written == []
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == 1_000_000_000

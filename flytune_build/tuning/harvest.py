@@ -8,24 +8,27 @@ compile), while runtime.inductor records each autotuned kernel: its lookup hash,
 time, and the winner chosen by flytune's selection (the sequential test and its tie rule), which
 Inductor then uses. A kernel Inductor did not autotune (one candidate) is not an artifact: there is
 nothing to ship for it.
+
+A harvest is a job of `flytune tune`'s kind and follows its rules: it runs in the same tuning session
+(`job.tuning(root)`: the project root importable, so the entry imports from a project that is not
+installed, search forced; and `shipped=` the output's winners), reads the output's shipped winners
+through `shipped.ShippedWinners`, and writes what `ShippedWinners.change` says: a kept winner's file is
+left byte for byte.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import arguments, inductor, installed, settings
+from ..core import arguments, inductor, settings, streams
 from ..core.artifact import Artifact
-from ..core.config import Config
-from ..core.codec import FUNCTION, Fields
-from ..core.errors import ArtifactError, TuneError, UsageError, foreign_failure, one_line
-from ..runtime.selection import Shipped
-from .shipped import MIN_IMPROVEMENT_PCT
+from ..core.codec import FUNCTION
+from ..core.errors import FlytuneError, TuneError, UsageError, foreign_failure, one_line
+from .job import tuning
 from .layout import expand
+from .shipped import MIN_IMPROVEMENT_PCT, ShippedWinners, read_output
 
 
 @dataclass
@@ -40,7 +43,7 @@ class Harvest:
     written: list[Path] = field(default_factory=list)
     output: Path | None = None
     notes: list[str] = field(default_factory=list)
-    outcomes: dict[str, str] = field(default_factory=dict)  # Inductor kernel name -> new | kept | replaced
+    outcomes: dict[str, str] = field(default_factory=dict)  # Inductor kernel name -> new | kept | replaced ...
 
     def to_json(self) -> dict:
         return {"entry": self.entry, "kernel": self.kernel, "mode": self.mode, "device": self.device,
@@ -52,14 +55,16 @@ class Harvest:
                 "notes": list(self.notes)}
 
 
-def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = "default", dynamic: bool = False,
-            min_improvement: float = MIN_IMPROVEMENT_PCT, allow_ci: bool = False) -> Harvest:
-    """Compile `entry` (`module:function` returning `(model, example_inputs)`) on this GPU as `mode`
-    asks (a torch.compile mode, or "aoti") and write each autotuned kernel's winner under `output`
-    (a template: {arch}, {backend}, {device}). A winner `output` already holds for a kernel stays
-    unless this run's is faster by more than `min_improvement` percent (as `flytune tune`). Prints
-    nothing. Raises UsageError for an entry that cannot be used, and where CI is set unless `allow_ci`
-    (shared runners do not choose winners)."""
+def harvest(entry: str, *, project: str | Path = ".", output: str | Path = "artifacts/{arch}", mode: str = "default",
+            dynamic: bool = False, min_improvement: float = MIN_IMPROVEMENT_PCT, allow_ci: bool = False) -> Harvest:
+    """Compile `entry` (`module:function` returning `(model, example_inputs)`, imported from the
+    `project` root as `flytune tune` imports a plan's setups) on this GPU as `mode` asks (a
+    torch.compile mode, or "aoti") and write each autotuned kernel's winner under `output` (a template:
+    {arch}, {backend}, {device}; relative to the working directory). A winner `output` already holds for
+    a kernel stays unless this run's is faster by more than `min_improvement` percent, and its file is
+    left byte for byte (as `flytune tune`). Prints nothing. Raises UsageError for an entry that cannot
+    be used, and where CI is set unless `allow_ci` (shared runners do not choose winners); DeviceError
+    where no GPU is visible (Inductor generates C++ for a CPU and autotunes nothing)."""
     if not (isinstance(entry, str) and FUNCTION.fullmatch(entry.strip())):
         raise UsageError(f"the compile entry must be `module:function` (a function returning (model, "
                          f"example_inputs)), not {entry!r}")
@@ -67,65 +72,79 @@ def harvest(entry: str, *, output: str | Path = "artifacts/{arch}", mode: str = 
     min_improvement = arguments.percent(min_improvement, "min_improvement")
     allow_ci, dynamic = arguments.flag(allow_ci, "allow_ci"), arguments.flag(dynamic, "dynamic")
     output = arguments.path(output, "output")
+    root = Path(arguments.path(project, "project")).resolve()
+    if not root.is_dir():
+        raise UsageError(f"project {project}: not a directory (the project root the compile entry imports from)")
     if mode not in inductor.MODES:
         raise UsageError(f"mode must be one of {', '.join(inductor.MODES)}, not {mode!r}")
     if settings.current().ci and not allow_ci:
         raise UsageError("refusing to harvest where CI is set: shared runners do not choose winners (harvest on "
                          "the intended GPU; allow_ci=True or --allow-ci overrides)")
-    model, inputs = _setup(module, function, entry)
-    from ..runtime import device, inductor as rt, recording
+    from ..runtime import inductor as rt
+    from ..runtime import session
 
-    dev = device.current()
     kernel = f"{module}.{function}"
-    directory = expand(output, dev)
-    shipped = {key: Shipped(config, min_improvement / 100) for key, config in _shipped(directory, kernel, dev).items()}
-    start = time.perf_counter()
-    with recording.Recording(shipped=shipped) as rec:
-        try:
-            with contextlib.redirect_stdout(sys.stderr):
-                rt.compile_once(model, inputs, mode, dynamic)
-        except BaseException as e:
-            if not foreign_failure(e):
-                raise
-            raise TuneError(f"compiling {entry} ({mode}) failed: {one_line(e)}", field="entry") from None
-    seconds = time.perf_counter() - start
-    arts = recording.artifacts(rec.records.values(), kernel, mode, dev)
-    out = Harvest(entry, kernel, mode, dev.spec(), seconds, arts, output=directory)
-    out.outcomes = {r.name: r.outcome or "new" for r in rec.records.values() if r.winner is not None}
-    out.written = [a.save(out.output) for a in arts]
-    if not arts:
-        out.notes.append("Inductor autotuned no kernel of this compile, so nothing was written: a CPU compile "
-                         "(Inductor emits C++ there) or a model whose kernels each have one config; harvest on "
-                         "the target GPU")
+    with tuning(root):  # the tuning session of `flytune tune`: the project root importable, search forced
+        model, inputs = _setup(module, function, entry, root)
+        dev = rt.target_device()
+        directory = expand(output, dev)
+        winners = ShippedWinners(read_output(directory).get(kernel, {}), min_improvement)
+        start = time.perf_counter()
+        with session.opened(shipped=winners.lookup), rt.Recording(kernel=kernel) as rec:
+            _compile(rt, model, inputs, mode, dynamic, entry)
+        seconds = time.perf_counter() - start
+    out = Harvest(entry, kernel, mode, dev.spec(), seconds, output=directory)
+    out.artifacts = rt.artifacts(rec.records.values(), kernel, mode, dev)
+    for art in out.artifacts:
+        change, written = winners.change(art)  # kept and unchanged: None, the file stays as it is
+        out.outcomes[art.provenance["inductor"]["name"]] = change
+        if written is not None:
+            out.written.append(written.save(directory))
+            winners.saved(written)
+    if not out.artifacts:
+        out.notes.append("Inductor autotuned no kernel of this compile, so nothing was written: the entry's model "
+                         "and inputs are on the CPU (Inductor generates C++ for them: return them on the GPU), "
+                         "or each generated kernel had one config")
     return out
 
 
-def _shipped(directory: Path, kernel: str, dev) -> dict[str, Config]:
-    """The winners `directory` already holds for `kernel` on `dev`, by lookup hash (unreadable files are
-    the build's and `flytune verify`'s to report)."""
-    out: dict[str, Config] = {}
-    if not directory.is_dir():
-        return out
-    for doc, device, _, _ in installed.documents(installed.Source(str(directory), directory), kernel, []):
-        if device == dev and inductor.is_inductor(doc["key"]):  # read and checked by the one directory reader
-            out[doc["key"][inductor.AXIS]] = Config.from_json(doc["config"], Fields(directory, ArtifactError))
-    return out
-
-
-def _setup(module: str, function: str, entry: str):
-    """(model, example_inputs) from the entry; what its import and call print goes to stderr (stdout is
-    the caller's, `--json`'s), and whatever they raise, `sys.exit` too, is a TuneError naming the entry."""
+def _compile(rt, model, inputs: tuple, mode: str, dynamic: bool, entry: str) -> None:
+    """runtime.inductor's compile; what it prints goes to stderr (stdout is `--json`'s), and whatever
+    the model's compile raises is a TuneError naming the entry (flytune's own errors stay themselves)."""
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            fn = getattr(importlib.import_module(module), function)
-            got = fn()
+        with streams.to_stderr():
+            rt.compile_once(model, inputs, mode, dynamic)
+    except FlytuneError:
+        raise
+    except BaseException as e:
+        if not foreign_failure(e):
+            raise
+        raise TuneError(f"compiling {entry} ({mode}) failed: {one_line(e)}", field="entry") from None
+
+
+def _setup(module: str, function: str, entry: str, root: Path):
+    """(model, example_inputs) from the entry, its module imported with `root` importable; what its
+    import and call print goes to stderr (stdout is the caller's, `--json`'s). An entry that cannot be
+    used is a UsageError naming it and the fix; whatever its import or call raises otherwise, `sys.exit`
+    too, is a TuneError naming the entry."""
+    try:
+        with streams.to_stderr():
+            mod = importlib.import_module(module)
     except ImportError as e:
-        raise UsageError(f"compile entry {entry}: module {module} cannot be imported ({e}); install the package "
-                         f"(pip install -e .) or run from its directory") from None
-    except AttributeError as e:
-        if "has no attribute" in str(e) and function in str(e):
-            raise UsageError(f"compile entry {entry}: module {module} has no {function}") from None
+        raise UsageError(_import_advice(e, entry, module, root)) from None
+    except BaseException as e:
+        if not foreign_failure(e):
+            raise
         raise TuneError(f"compile entry {entry} failed: {one_line(e)}", field="entry") from None
+    if not hasattr(mod, function):
+        raise UsageError(f"compile entry {entry}: module {module} has no {function}")
+    fn = getattr(mod, function)
+    if not callable(fn):
+        raise UsageError(f"compile entry {entry}: {module}.{function} is {type(fn).__name__}, not a function: name "
+                         f"a function of {module} that returns (model, example_inputs)")
+    try:
+        with streams.to_stderr():
+            got = fn()
     except BaseException as e:
         if not foreign_failure(e):
             raise
@@ -134,3 +153,15 @@ def _setup(module: str, function: str, entry: str):
         raise UsageError(f"compile entry {entry} must return (model, example_inputs), example_inputs a tuple of "
                          f"tensors; it returned {type(got).__name__}")
     return got[0], tuple(got[1])
+
+
+def _import_advice(e: ImportError, entry: str, module: str, root: Path) -> str:
+    """Why the entry's module cannot be imported, and what to do: a module the project does not hold,
+    or one it imports that this environment lacks."""
+    lacking = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    if lacking and lacking.split(".")[0] != module.split(".")[0]:
+        return (f"compile entry {entry}: module {module} cannot be imported: it imports {lacking}, which this "
+                f"environment lacks (install {lacking.split('.')[0]})")
+    return (f"compile entry {entry}: module {module} cannot be imported from the project root {root} ({e}); run "
+            f"from the directory that holds it or pass --project DIR (project=...), or install the package "
+            f"(pip install -e .)")
