@@ -81,22 +81,24 @@ def opened(*, collect: bool = False, ranking: str | None = None, **fields: Any) 
 
 
 class _Roots:
-    """The project roots open on `sys.path`, across every thread: the first to open saves the path, each
-    root is inserted once, a root's last close removes it, and the last close of all puts back the
-    path as it was saved (so what a setup inserted goes too)."""
+    """The project roots open on `sys.path`, across every thread: the first to open saves the path, a root
+    not first on it is inserted first, its last close removes that entry (the first of its name), and the
+    last close of all puts back the path as it was saved (so what a setup inserted goes too)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.saved: list[str] | None = None
         self.open: list[str] = []
+        self.inserted: set[str] = set()
 
     def enter(self, root: str) -> None:
         with self.lock:
             if not self.open:
                 self.saved = list(sys.path)
             self.open.append(root)
-            if sys.path[:1] != [root]:
+            if sys.path[:1] != [root] and root not in self.inserted:
                 sys.path.insert(0, root)
+                self.inserted.add(root)
 
     def exit(self, root: str) -> None:
         with self.lock:
@@ -104,8 +106,11 @@ class _Roots:
             if not self.open:
                 sys.path[:] = self.saved or []
                 self.saved = None
-            elif root not in self.open and root in sys.path:
-                sys.path.remove(root)
+                self.inserted.clear()
+            elif root not in self.open and root in self.inserted:
+                self.inserted.discard(root)
+                if root in sys.path:
+                    sys.path.remove(root)
 
 
 _roots = _Roots()
