@@ -19,6 +19,15 @@ from kernels import make_add
 SAMPLE = ROOT / "sample_pkg"
 
 
+@pytest.fixture(autouse=True)
+def _forget_misses():
+    from flytune_build.runtime import misses
+
+    misses.reset()
+    yield
+    misses.reset()  # this test's misses are not written by a later test's flush, nor at exit
+
+
 def add(k, n):
     x = torch.randn(n)
     out = torch.empty_like(x)
@@ -133,7 +142,7 @@ def test_a_hostile_misses_file_is_a_typed_error_and_never_fails_a_kernel_call(tm
     k = make_add("t.misses.hostile", default=lambda a: Config({"BLOCK": 32}))
     with pytest.warns(ft.FlytuneWarning, match="cannot record"):
         add(k, 100)  # the call is served all the same
-    misses.flush()
+        misses.flush()  # the writer thread's write or this one: the warning is said by then
 
 
 def test_the_writer_stays_within_its_own_read_cap_and_writes_through_a_link(tmp_path, monkeypatch):
@@ -148,3 +157,68 @@ def test_the_writer_stays_within_its_own_read_cap_and_writes_through_a_link(tmp_
     assert link.is_symlink() and target.stat().st_size <= 20_000
     back = misses_file.load(link)
     assert back["dropped"] > 0 and len(back["misses"]) + back["dropped"] == 400
+
+
+def test_tune_misses_says_a_file_that_does_not_exist_does_not_exist(tmp_path, capfd):
+    from flytune_build.cli.main import main
+
+    absent = tmp_path / "absent.json"
+    with pytest.raises(UsageError, match="absent.json: does not exist") as e:
+        ft.tune(SAMPLE, misses=absent, output=tmp_path / "out", ranking="synthetic")
+    assert e.value.file == str(absent)
+    assert main(["tune", "--project", str(SAMPLE), "--misses", str(absent), "--output", str(tmp_path / "out"),
+                 "--ranking", "synthetic", "--no-progress"]) == 2
+    err = capfd.readouterr().err
+    assert "does not exist" in err and "no miss names" not in err
+    assert not (tmp_path / "out").exists()
+    empty = tmp_path / "empty.json"
+    misses_file.write(empty, misses_file.empty())
+    with pytest.raises(UsageError, match="records no miss"):
+        ft.tune(SAMPLE, misses=empty, output=tmp_path / "out", ranking="synthetic")
+
+
+@pytest.mark.parametrize(("value", "kind"), [([1, 2], "an array"), ({"a": 1}, "an object"), ([], "an array")])
+def test_a_key_value_that_is_no_scalar_is_an_input_error_naming_the_field_and_nothing_is_tuned(tmp_path, value,
+                                                                                               kind):
+    good = {"kernel": "sample_pkg.rmsnorm", "key": {"x": "float32", "M": 8, "N": 256}, "device": "interpreter",
+            "tier": "heuristic", "calls": 1, "decisions": 1}
+    bad = dict(good, key={"x": "float32", "M": 8, "N": value})
+    path = tmp_path / "misses.json"
+    path.write_text(json.dumps({"format": 1, "misses": [good, bad]}))
+    with pytest.raises(ft.InputError) as e:
+        misses_file.load(path)
+    assert (e.value.field, e.value.file) == ("misses[1].key.N", str(path))
+    assert "must be a number, a string, a boolean or null" in e.value.rule and kind in e.value.rule
+    with pytest.raises(ft.InputError, match=r"misses\[1\]\.key\.N"):
+        ft.tune(SAMPLE, misses=path, output=tmp_path / "out", ranking="synthetic")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_text_output_names_a_missed_kernel_the_plan_has_no_entry_for(tmp_path):
+    from conftest import flytune
+
+    path = tmp_path / "misses.json"
+    doc = misses_file.empty()
+    misses_file.add(doc, "sample_pkg.rmsnorm", {"x": "float32", "M": 8, "N": 256}, "interpreter", "heuristic", 7, 1)
+    for n in (3, 4):
+        misses_file.add(doc, "other.kernel", {"n": n}, "interpreter", "heuristic", 2, 1)
+    misses_file.write(path, doc)
+    r = flytune("tune", "--project", SAMPLE, "--misses", path, "--output", tmp_path / "out", "--ranking", "synthetic",
+                "--no-progress", TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "cache",
+                PYTHONPATH=SAMPLE)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "other.kernel" in line]
+    assert len(said) == 1, r.stdout + r.stderr
+    assert "no entry for other.kernel" in said[0] and "2 missed key(s)" in said[0] and "4 call(s)" in said[0]
+
+
+def test_a_tuning_run_in_process_records_no_miss(tmp_path, monkeypatch):
+    from flytune_build.runtime import misses
+
+    monkeypatch.syspath_prepend(str(SAMPLE))
+    path = tmp_path / "misses.json"
+    monkeypatch.setenv("FLYTUNE_MISSES", str(path))
+    report = ft.tune(SAMPLE, kernels=["sample_pkg.rmsnorm"], output=tmp_path / "out", ranking="synthetic")
+    assert report.ok and report.count("tuned") >= 1, [o.reason for o in report.failed]
+    misses.flush()
+    assert not path.exists() or misses_file.load(path)["misses"] == []

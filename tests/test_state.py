@@ -211,3 +211,113 @@ def test_every_module_level_mutable_global_is_in_the_state_table():
     table = _state_table()
     assert not found - table, f"module-level state the table does not name: {sorted(found - table)}"
     assert not table - found, f"the table names state that is gone: {sorted(table - found)}"
+
+
+SERVE_KERNEL = '''
+
+@ft.autotune([Config({"BLOCK": b}) for b in (16, 32)], ["n"], name="{name}.serve")
+@triton.jit
+def serve_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * 2, mask=m)
+
+def serve(n, times=1):
+    x, out = torch.ones(n), torch.empty(n)
+    for _ in range(times):
+        serve_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+    assert bool((out == 2).all())
+'''
+
+STRESS = '''
+import json, os, sys, threading, time
+from pathlib import Path
+from triton.runtime import interpreter
+
+_launching, _call = threading.RLock(), interpreter.GridExecutor.__call__
+def _serialised(self, *args, **kwargs):   # Triton's interpreter keeps a launch's grid in process globals
+    with _launching:
+        return _call(self, *args, **kwargs)
+interpreter.GridExecutor.__call__ = _serialised
+
+import torch
+import flytune_build as ft
+import torch._inductor.config as inductor_config
+import flytune_build.inductor
+
+base, started = Path(sys.argv[1]), time.monotonic()
+sys.path.insert(0, str(base / "apkg"))
+import apkg.kernels as k
+
+# a pre-fork server: the parent serves, then forks two workers that serve and exit
+k.serve(10, 3)
+children = []
+for w in range(2):
+    pid = os.fork()
+    if pid == 0:
+        k.serve(10, 2)
+        k.serve(20 + w, 1)
+        sys.exit(0)
+    children.append(pid)
+codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+
+# then threads: two tuning runs, three serving threads, two threads entering serve() again and again
+user_table = {"user-key": {"XBLOCK": 8, "num_warps": 1, "num_stages": 1}}
+inductor_config.autotune_lookup_table = user_table
+errors, reports = [], {}
+k.serve(30)   # decided once, before the threads
+def run(target, *args):
+    try:
+        target(*args)
+    except BaseException as e:
+        errors.append(f"{target.__name__}: {e!r}")
+def tune(name):
+    reports[name] = ft.tune(base / name, ranking="synthetic", resume=False)
+def served():
+    k.serve(30, 50)
+def serving():
+    for _ in range(300):
+        with ft.inductor.serve() as s:
+            with s:
+                pass
+threads = [threading.Thread(target=run, args=(tune, "apkg")), threading.Thread(target=run, args=(tune, "bpkg"))]
+threads += [threading.Thread(target=run, args=(served,)) for _ in range(3)]
+threads += [threading.Thread(target=run, args=(serving,)) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({"errors": errors, "children": codes, "changes": {n: r.changes() for n, r in reports.items()},
+                  "ok": {n: r.ok for n, r in reports.items()},
+                  "table_restored": inductor_config.autotune_lookup_table == user_table,
+                  "seconds": time.monotonic() - started}))
+'''
+
+
+def test_stress_threads_tuning_runs_serving_and_forked_workers_keep_exact_counts(tmp_path):
+    """A serving process under load, as one test: a parent serves and forks two workers that serve and
+    exit; then two tuning runs, three serving threads and two threads entering `serve()` 300 times each
+    (re-entered) run at once, all writing one FLYTUNE_MISSES file. The runs ship their winners, the
+    lookup table is the user's again, and the misses file counts every serving call exactly once, no
+    decision twice, and nothing of the tuning runs."""
+    _project(tmp_path / "apkg", "apkg", "+")
+    _project(tmp_path / "bpkg", "bpkg", "*")
+    kernels = tmp_path / "apkg" / "apkg" / "kernels.py"
+    kernels.write_text(kernels.read_text() + SERVE_KERNEL.replace("{name}", "apkg"))
+    script = tmp_path / "stress.py"
+    script.write_text(STRESS)
+    misses = tmp_path / "misses.json"
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "cache",
+                     FLYTUNE_MISSES=misses)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["errors"] == [] and got["children"] == [0, 0], got
+    assert got["changes"] == {n: {"new": 6, "kept": 0, "replaced": 0} for n in ("apkg", "bpkg")}, got
+    assert got["ok"] == {"apkg": True, "bpkg": True} and got["table_restored"], got
+    doc = json.loads(misses.read_text())
+    rows = {(m["kernel"], m["key"]["n"]): (m["calls"], m["decisions"]) for m in doc["misses"]}
+    assert rows == {("apkg.serve", 10): (3 + 2 * 2, 1), ("apkg.serve", 20): (1, 1), ("apkg.serve", 21): (1, 1),
+                    ("apkg.serve", 30): (1 + 3 * 50, 1)}, rows
+    assert doc.get("dropped", 0) == 0

@@ -456,9 +456,10 @@ def stats() -> dict:
 def reset_stats() -> None:
     """Reset every kernel's decisions and counters, rediscover bundles and the device (tests)."""
     registry.reset()
-    inductor = sys.modules.get("flytune_build.runtime.inductor")
-    if inductor is not None:
-        inductor.reset()
+    for loaded in ("flytune_build.runtime.inductor", "flytune_build.runtime.misses"):  # where imported at all
+        module = sys.modules.get(loaded)
+        if module is not None:
+            module.reset()
     settings.reload()
     TIER.reset()
     device.reset()

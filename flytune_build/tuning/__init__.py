@@ -52,7 +52,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
         from ..core import misses as misses_file
 
         path = Path(arguments.path(misses, "misses"))
-        entries, missed_notes = misses_file.plan(misses_file.misses(misses_file.load(path)), entries, path)
+        entries, missed = misses_file.plan(misses_file.read(path), entries, path)
+        missed_notes = [f"flytune: warning: {note}" for note in missed]
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise UsageError(f"repeat must be at least 1, not {repeat}")
     margin = MIN_IMPROVEMENT_PCT if min_improvement is None else float(min_improvement)
@@ -65,6 +66,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
                       str(Path(output).resolve()) if output else None, repeat, margin)
     load_references(proj.root, entries)  # a plan naming a reference that cannot be used is refused first
     fingerprints = fingerprint.of_plan(proj.root, entries)
+    for note in missed_notes if reporter is not None else ():  # told as every note is: the text output has them
+        reporter.note(note)
     report = _run(proj, entries, options, reporter, fingerprints)
     report.notes[:0] = missed_notes
     return report
