@@ -7,12 +7,14 @@ from __future__ import annotations
 import hashlib
 import importlib
 import io
+import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from buildkit import KERNEL, artifact, install
+from buildkit import KERNEL, ROOT, artifact, install
 
 import flytune_build as ft
 from flytune_build import FlytuneWarning, pipeline
@@ -544,3 +546,241 @@ def test_a_hand_made_dist_info_naming_another_owners_bundle_owns_nothing(tmp_pat
     (k,) = [k for k in inspection.installed()["kernels"] if k["kernel"] == KERNEL_NAME]
     assert [s["role"] for s in k["sources"] if s["dist"] == "ownpkg"] == ["owner"]
     assert [s["role"] for s in k["sources"] if s["dist"] == "evil"] in ([], ["pack, not accepted"])
+
+
+# -- a package imported from its own source tree (run from the project root) ---------------------------------
+def source_tree(tmp_path: Path, files: dict[str, str], package_dir: str = PKG) -> Path:
+    """A project root holding `ownpkg/` (the owner's code) and `files`, put first on sys.path as
+    `python` run from there puts it; returns the root."""
+    root = tmp_path / "checkout"
+    (root / package_dir).mkdir(parents=True)
+    (root / package_dir / "__init__.py").write_text(KERNEL.replace("fixpkg.add", KERNEL_NAME))
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def first_on_path(monkeypatch, where: Path) -> None:
+    monkeypatch.syspath_prepend(str(where))
+    sys.modules.pop(PKG, None)
+    importlib.invalidate_caches()
+
+
+EGG_INFO = {"ownpkg.egg-info/PKG-INFO": "Metadata-Version: 2.1\nName: ownpkg\nVersion: 1.0\n",
+            "ownpkg.egg-info/top_level.txt": "ownpkg\n"}
+
+
+@pytest.mark.parametrize("files,on_path", [
+    (EGG_INFO, "."),                                                         # what a setuptools build leaves
+    ({"pyproject.toml": '[project]\nname = "OwnPkg"\nversion = "1.0"\n'}, "."),  # hatchling: no egg-info
+    ({"pyproject.toml": '[project]\nname = "ownpkg"\nversion = "1.0"\n'}, "src"),  # src layout
+], ids=["egg-info", "pyproject", "src-layout"])
+def test_the_installed_bundle_serves_the_distributions_own_source_tree_imported_first(
+        tmp_path, site, monkeypatch, files, on_path):
+    """Run from the project root, `import ownpkg` imports the checkout, not the installed copy: the
+    installed bundle still serves it (the same distribution's source, the same kernels), with no warning,
+    and `inspect --installed` and the warm-up's plan say so alike."""
+    from flytune_build.audit import inspection
+    from flytune_build.runtime import warmup
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    root = source_tree(tmp_path, files, package_dir=f"{on_path}/{PKG}" if on_path != "." else PKG)
+    first_on_path(monkeypatch, root / on_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FlytuneWarning)
+        assert served(100) == ("offline", 32, None)
+        assert importlib.import_module(PKG).__file__.startswith(str(root))
+        (k,) = [k for k in inspection.installed()["kernels"] if k["kernel"] == KERNEL_NAME]
+    assert [(s["dist"], s["role"], s["keys_served"]) for s in k["sources"]] == [("ownpkg", "owner", 1)]
+    units, notes = warmup.plan(("ownpkg",))
+    assert units and not any("does not own" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("files", [{}, {"pyproject.toml": '[project]\nname = "otherlib"\n'},
+                                   {"ownpkg.egg-info/PKG-INFO": "Metadata-Version: 2.1\nName: otherlib\n"}],
+                         ids=["bare", "other-project", "other-egg-info"])
+def test_a_shadowing_tree_that_is_not_the_distributions_source_is_said_once_naming_both_paths(
+        tmp_path, site, monkeypatch, files):
+    from flytune_build.runtime import warmup
+
+    install(site, owner_project(tmp_path), "ownpkg")
+    root = source_tree(tmp_path, files)
+    first_on_path(monkeypatch, root)
+    with pytest.warns(FlytuneWarning) as got:
+        assert served(100)[0] == "heuristic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FlytuneWarning)  # no reset: nothing is said twice
+        x = torch.randn(200)
+        assert torch.allclose(importlib.import_module(PKG).add(x, x), 2 * x)
+    assert len(got) == 1, [str(w.message) for w in got]
+    said = [str(w.message) for w in got if "is imported from" in str(w.message)]
+    assert str(root / PKG) in said[0] and str(site / PKG) in said[0] and "does not own" in said[0]
+    assert any("does not own" in n for n in warmup.plan(("ownpkg",))[1])
+
+
+def test_run_from_the_project_root_after_a_real_build_the_installed_wheel_serves(tmp_path):
+    """The guide's user: a wheel built with pip (leaving `fixpkg.egg-info` in the project root) and
+    installed; `python -c` run from the project root imports the source tree, and the installed bundle
+    serves it, no warning (FLYTUNE_AUTOTUNE=bundle: nothing else may)."""
+    import subprocess
+    import zipfile
+
+    from buildkit import make_project, pip_wheel
+    from conftest import python_env
+
+    proj = make_project(tmp_path / "project")
+    r = pip_wheel(proj, tmp_path / "dist")
+    assert r.returncode == 0, r.stderr
+    assert (proj / "fixpkg.egg-info").is_dir()
+    (whl,) = (tmp_path / "dist").glob("*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(whl) as zf:
+        zf.extractall(site)
+    code = ("import warnings, torch, flytune_build as ft\nwarnings.simplefilter('error', ft.FlytuneWarning)\n"
+            "import fixpkg\nx = torch.randn(100)\nassert torch.equal(fixpkg.add(x, x), x + x)\n"
+            "print(fixpkg.__file__, ft.stats()['fixpkg.add']['calls']['offline'])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=proj, capture_output=True, text=True, check=False,
+                       env=python_env(PYTHONPATH=f"{site}{os.pathsep}{ROOT}", TRITON_INTERPRET=1,
+                                      FLYTUNE_AUTOTUNE="bundle", FLYTUNE_CACHE_DIR=tmp_path / "cache"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(proj / "fixpkg" / "__init__.py"), "1"]
+
+
+def test_an_adopted_kernel_imported_from_its_source_tree_is_seeded_from_the_installed_bundle(
+        tmp_path, site, monkeypatch):
+    from flytune_build.runtime import registry
+
+    install(site, project(tmp_path / "owner", "ownpkg", PKG, [artifact(100, 32, kernel=KERNEL_NAME,
+                                                                       key=adopted_key(100))], "", ADOPTED_SOURCE),
+            "ownpkg")
+    root = source_tree(tmp_path, EGG_INFO)
+    (root / PKG / "__init__.py").write_text(ADOPTED_SOURCE)
+    first_on_path(monkeypatch, root)
+    ft.reset_stats()
+    mod = importlib.import_module(PKG)
+    x = torch.randn(100)
+    assert torch.allclose(mod.add(x, x), 2 * x)
+    assert registry.kernel(KERNEL_NAME).stats()["calls"]["offline"] == 1 and mod.add_kernel.best_config.kwargs == {
+        "BLOCK": 32}
+
+
+# -- two distributions listing one __init__.py: ambiguity, never ownership -------------------------------------
+def copied_init(site: Path) -> dict[str, bytes]:
+    return {f"{PKG}/__init__.py": (site / PKG / "__init__.py").read_bytes()}
+
+
+def test_a_pack_that_copies_the_owners_init_takes_no_kernel_of_it(tmp_path, site):
+    """A pack wheel installing a byte-identical `ownpkg/__init__.py` (its RECORD lists the owner's file)
+    and a bundle of `ownpkg.add`, the kernel's name: the owner, whose bundle is ownpkg's own, keeps its
+    kernels; the pack's configs serve nothing, and the warning names the file and both distributions."""
+    other = tmp_path / "o"
+    install(other, retuned_owner(tmp_path), "ownpkg")
+    install(site, owner_project(tmp_path), "ownpkg")
+    intruder(site, other / PKG / "_flytune", "Vendor", f"{PKG}/add/_flytune", f"{PKG}.add",
+             {f"{PKG}/add/__init__.py": b"", **copied_init(site)})
+    with pytest.warns(FlytuneWarning) as got:
+        assert served(100) == ("offline", 32, None)   # the owner's, not the pack's 64
+    said = [str(w.message) for w in got if "is listed as its own file by Vendor and ownpkg" in str(w.message)]
+    assert len(said) == 1 and "Vendor and ownpkg" in said[0], [str(w.message) for w in got]
+    with pytest.warns(FlytuneWarning, match="the distribution does not own that package"):
+        assert served(200)[0] == "heuristic"           # the pack's other key: no owner's, no accepted pack's
+
+
+def test_two_distributions_shipping_the_same_packages_bundle_are_ambiguous_and_neither_serves(tmp_path, site):
+    """The pack also writes `ownpkg/_flytune/` (its configs over the owner's) and names `ownpkg._flytune`:
+    both list `ownpkg/__init__.py` and both ship ownpkg's bundle. Nobody owns ownpkg's kernels (the
+    heuristic serves), and one warning names both distributions."""
+    other = tmp_path / "o"
+    install(other, retuned_owner(tmp_path), "ownpkg")
+    install(site, owner_project(tmp_path), "ownpkg")
+    intruder(site, other / PKG / "_flytune", "Vendor", f"{PKG}/_flytune", PKG, copied_init(site))
+    with pytest.warns(FlytuneWarning) as got:
+        assert served(100)[0] == "heuristic"
+    said = [str(w.message) for w in got if "ambiguous" in str(w.message)]
+    assert len(said) == 1 and "Vendor and ownpkg" in said[0] and "each ship a bundle" in said[0], \
+        [str(w.message) for w in got]
+
+
+def test_a_pack_copying_the_init_of_a_package_that_ships_no_bundle_owns_nothing(tmp_path, site):
+    """The owner installs ownpkg with no bundle; a pack copying its `__init__.py` does not become ownpkg's
+    owner by that claim: neither ships ownpkg's own bundle, so neither owns it, nor `ownpkg.add` in it."""
+    import shutil
+
+    other = tmp_path / "o"
+    install(other, retuned_owner(tmp_path), "ownpkg")
+    install(site, owner_project(tmp_path), "ownpkg")
+    shutil.rmtree(site / PKG / "_flytune")
+    intruder(site, other / PKG / "_flytune", "Vendor", f"{PKG}/add/_flytune", f"{PKG}.add",
+             {f"{PKG}/add/__init__.py": b"", **copied_init(site)})
+    with pytest.warns(FlytuneWarning, match=r"none ships package ownpkg's own bundle: which of them owns ownpkg is "
+                                            r"ambiguous"):
+        assert served(100)[0] == "heuristic"
+
+
+def test_a_pack_shipping_a_bundle_into_a_package_another_installs_as_a_whole_owns_nothing(tmp_path, site):
+    """The owner installs ownpkg (its `__init__.py` and `ops.py`) and no bundle; a pack copies the
+    `__init__.py` and writes `ownpkg/_flytune/`: the package as a whole is the owner's, so the pack's
+    bundle owns nothing there, and nothing serves ownpkg's kernels from it."""
+    import shutil
+
+    other = tmp_path / "o"
+    install(other, retuned_owner(tmp_path), "ownpkg")
+    install(site, owner_project(tmp_path), "ownpkg")
+    shutil.rmtree(site / PKG / "_flytune")
+    (site / "ownpkg-1.0.dist-info" / "entry_points.txt").unlink()  # ownpkg, installed with no bundle
+    ops = b"X = 1\n"
+    (site / PKG / "ops.py").write_bytes(ops)
+    record = site / "ownpkg-1.0.dist-info" / "RECORD"
+    record.write_text(f"{PKG}/ops.py,sha256={encode(hashlib.sha256(ops).digest())},{len(ops)}\n" + record.read_text())
+    intruder(site, other / PKG / "_flytune", "Vendor", f"{PKG}/_flytune", PKG, copied_init(site))
+    with pytest.warns(FlytuneWarning, match=r"Vendor ships package ownpkg's bundle but another installs more of it: "
+                                            r"which of them owns ownpkg is ambiguous"):
+        assert served(100)[0] == "heuristic"
+
+
+def test_a_namespace_stub_every_portion_lists_keeps_each_portion_its_own(tmp_path, site):
+    """pkgutil-style namespace packages: each portion's RECORD lists the parent's stub `__init__.py`; a
+    portion with a bundle still owns its own package."""
+    stub = b"__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n"
+    root = project(tmp_path / "portion", "ns-portion", "nsroot", [artifact(100, 32, kernel="nsroot.portion.add")])
+    text = (root / "pyproject.toml").read_text().replace('package = "nsroot"', 'package = "nsroot.portion"')
+    (root / "pyproject.toml").write_text(text)
+    (root / "nsroot" / "__init__.py").write_bytes(stub)
+    (root / "nsroot" / "portion").mkdir()
+    (root / "nsroot" / "portion" / "__init__.py").write_text(KERNEL.replace("fixpkg.add", "nsroot.portion.add"))
+    install(site, root, "ns-portion")
+    info = site / "ns_portion-1.0.dist-info"
+    record = (info / "RECORD").read_text()
+    line = f"nsroot/__init__.py,sha256={encode(hashlib.sha256(stub).digest())},{len(stub)}\n"
+    for rel in ("nsroot/__init__.py", "nsroot/portion/__init__.py"):
+        data = (root / rel).read_bytes()
+        (site / rel).write_bytes(data)
+        record = f"{rel},sha256={encode(hashlib.sha256(data).digest())},{len(data)}\n" + record
+    (info / "RECORD").write_text(record)
+    other = site / "ns_other-1.0.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: ns-other\nVersion: 1.0\n")
+    (other / "RECORD").write_text(line + "ns_other-1.0.dist-info/RECORD,,\n")
+    assert [(s.dist, s.package, s.refused) for s in installed.bundles()] == [("ns-portion", "nsroot.portion", "")]
+
+
+def test_a_stale_second_dist_info_of_the_same_distribution_is_no_contest(tmp_path, site):
+    install(site, owner_project(tmp_path), "ownpkg")
+    old = site / "ownpkg-0.9.dist-info"
+    old.mkdir()
+    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: ownpkg\nVersion: 0.9\n")
+    for name in ("RECORD", "entry_points.txt"):
+        (old / name).write_text((site / "ownpkg-1.0.dist-info" / name).read_text())
+    assert served(100) == ("offline", 32, None)
+
+
+def test_two_claims_of_one_init_are_ambiguity_unless_one_ships_the_packages_bundle():
+    """core.serving.contest: (ships the package's bundle, other modules of it installed) per claimant."""
+    assert serving.contest({"owner": (True, 3), "pack": (False, 0)}, False) == ("owner",)
+    assert serving.contest({"owner": (True, 0), "pack": (False, 0)}, False) == ("owner",)
+    assert serving.contest({"pack": (True, 0), "owner": (False, 3)}, False) == ()   # the package is the other's
+    assert serving.contest({"a": (True, 1), "b": (True, 1)}, False) == ()
+    assert serving.contest({"a": (False, 0), "b": (False, 2)}, False) == ()
+    assert serving.contest({"a": (False, 0), "b": (False, 0)}, True) == ("a", "b")   # pkgutil namespace stub
+    assert serving.modules(["p/__init__.py", "p/a.py", "p/_c.so", "p/sub/b.py", "p/_flytune/m.json"], "p") == 2

@@ -16,6 +16,12 @@ names its source, and an artifact that records no search has none to contradict:
 package imported is only one the project or distribution itself declares (`[tool.flytune].package`,
 or a package the wheel's or installed distribution's own files install): never a name read from
 artifact or manifest data alone.
+
+An Inductor artifact (core.inductor: its key is Inductor's lookup hash) names a compile entry, not a
+`@triton.jit` kernel the package defines: Inductor generates its kernel when torch.compile runs under
+`flytune_build.inductor.serve()`. --deep checks it by what can be checked without a GPU and Inductor,
+the build's rules (`core.inductor.problems`), and says once how many it checked so; --execute skips it
+("compiled by torch.compile", in `--json`).
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from ..core.errors import (
     InputError,
     foreign_failure,
 )
-from ..core import streams
+from ..core import inductor, streams
 from ..core.codec import Fields
 from ..core.config import Config
 from ..core.target import match_level
@@ -58,7 +64,7 @@ def check(src, *, execute: bool = False) -> None:
                                        file=package))
         return
     here = device.current() if execute else None
-    for art in src.artifacts:
+    for art in _kernels_own(src):
         k = registry.kernel(art.kernel)  # a flytune_build.autotune kernel, or an adopted @triton.autotune one
         if k is None:
             src.errors.append(ArtifactError(f"names kernel {art.kernel}, which importing {package} neither "
@@ -98,6 +104,28 @@ def check(src, *, execute: bool = False) -> None:
     if execute and not any(r["executed"] for r in src.execution):
         src.errors.append(FlytuneError(f"--execute ran no artifact on {here}: {_why_none(src.execution)}",
                                        file=src.path))
+
+
+INDUCTOR_SKIPPED = "an Inductor artifact: torch.compile compiles its kernel under flytune_build.inductor.serve()"
+
+
+def _kernels_own(src) -> list:
+    """The artifacts of kernels the package defines or adopts; each Inductor artifact (Inductor generates
+    its kernel, the package never defines it) is checked here by the build's rules and set aside."""
+    own, compiled = [], 0
+    for art in src.artifacts:
+        if inductor.AXIS not in art.key:
+            own.append(art)
+            continue
+        compiled += 1
+        for field, rule in inductor.problems(art.key, art.config):
+            src.errors.append(ArtifactError(rule, file=art.filename, field=field))
+        _ran(src, art, INDUCTOR_SKIPPED)
+    if compiled:
+        src.warnings.append(f"{compiled} Inductor artifact(s) checked by the build's rules only (lookup hash, block "
+                            f"sizes, num_warps, num_stages): torch.compile compiles their kernels under "
+                            f"`flytune_build.inductor.serve()`, where a GPU and Inductor check the rest")
+    return own
 
 
 def check_chosen(k, art) -> str | None:

@@ -3,9 +3,11 @@
 
 Discovery is by entry points in group `flytune.bundles` (nothing is imported to find a bundle): an
 entry point's value is a dotted module name inside its distribution's own files (RECORD, where there
-is one). Ownership (core.serving): a bundle owns the kernels under its package when its distribution
-installs that package itself, or, for an editable install, when the install's source tree holds it.
-FLYTUNE_ARTIFACT_DIR directories come first (the user's own artifacts).
+is one). Ownership (core.serving), one rule for the runtime, warm-up and `inspect --installed`
+(`ownership`): a bundle owns the kernels under its package when its distribution installs that package
+itself (another listing its `__init__.py` too is ambiguity: `serving.contest`), or, for an editable
+install, when the install's source tree holds it; imported from elsewhere, only from the distribution's
+own source tree (`source_tree`). FLYTUNE_ARTIFACT_DIR directories come first (the user's own artifacts).
 
 Every function here reads; none keeps state between calls (but `_device`, a bounded cache of parsed
 device documents) and none warns by itself: what is ignored
@@ -24,7 +26,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import artifactdir, bundle, fsutil, serving, settings
 from .artifact import Artifact
@@ -67,6 +69,7 @@ class Source:
     dist: str | None = None                 # the distribution that installed the bundle
     package: str | None = ""                # the package whose kernels it owns (default: the manifest's); None: none
     recorded: bool = True                   # its distribution has a RECORD (an installer laid it out)
+    refused: str = ""                       # why it owns no package (package None): said once, and by a miss
 
     def __post_init__(self):
         if self.package == "":
@@ -128,17 +131,17 @@ def bundles(warn: Warn = ignore) -> list[Source]:
     """Every installed bundle. A distribution without a RECORD (laid out by hand) owns its package only
     where no distribution an installer laid out owns it too: a hand-made dist-info naming another's
     `pkg._flytune` is no owner."""
-    out = []
+    out, records = [], {}
     for dist_name, ep in sorted(entry_points(warn), key=lambda t: (t[1].name, t[1].value)):
-        src = locate(ep, dist_name, warn)
+        src = locate(ep, dist_name, warn, records)
         if src is not None:
             out.append(src)
     recorded = {s.package for s in out if s.recorded and s.package}
     for i, s in enumerate(out):
         if not s.recorded and s.package in recorded:
-            warn(("owner", s.label), f"{s.label}: its distribution has no RECORD and package {s.package} is "
-                 f"another distribution's (installed with a RECORD): it owns no kernel")
-            out[i] = dataclasses.replace(s, package=None)
+            why = f"its distribution has no RECORD and package {s.package} is another's (installed with a RECORD)"
+            warn(("owner", s.label), f"{s.label}: {why}: it owns no kernel")
+            out[i] = dataclasses.replace(s, package=None, refused=why)
     return out
 
 
@@ -257,11 +260,12 @@ def _metadata_text(dist) -> str:
     return metadata_text(dist, "METADATA") or metadata_text(dist, "PKG-INFO") or ""
 
 
-def locate(ep, dist_name: str | None = None, warn: Warn = ignore) -> Source | None:
+def locate(ep, dist_name: str | None = None, warn: Warn = ignore, records: dict | None = None) -> Source | None:
     """The bundle an entry point names, read without importing the package: its value is a dotted
     module name (`<package>._flytune`, or an editable wheel's), looked up inside the distribution's own
     files, never a path and never wherever the import system would find that name. Whether the bundle
-    owns its package's kernels is `Source.package` (`owned_package`)."""
+    owns its package's kernels is `Source.package` (`ownership`; why not: `Source.refused`, warned once).
+    `records` keeps a site directory's RECORDs between calls (`claimants`)."""
     name = dist_name or (ep.dist.name if ep.dist else ep.name)
     label = f"{name} bundle"
     parts = serving.bundle_parts(ep.value)
@@ -291,38 +295,141 @@ def locate(ep, dist_name: str | None = None, warn: Warn = ignore) -> Source | No
     except FlytuneError as e:
         warn(("manifest", str(manifest_path)), f"{e}; bundle ignored, the next tier serves")
         return None
-    package = owned_package(ep.value, manifest, record, ep.dist)
-    if package is None and manifest.kernels:
-        warn(("owner", label), f"{label}: entry point {ep.value!r} with manifest package "
-             f"{manifest.package!r}: the distribution does not own that package (it does not install "
-             f"it itself, another distribution installs its __init__.py, or an editable install's source "
-             f"tree does not hold it), so the bundle owns no kernel (its artifacts serve only as an "
-             f"accepted config pack)")
-    return Source(label, root, manifest, name, package, record is not None)
+    owner = ownership(ep.value, manifest, record, ep.dist, name, records)
+    if owner.package is None and manifest.kernels:
+        warn(owner.cause or ("owner", label), f"{label}: entry point {ep.value!r} with manifest package "
+             f"{manifest.package!r}: the distribution does not own that package: {owner.why}; so the bundle "
+             f"owns no kernel (its artifacts serve only as an accepted config pack)")
+    return Source(label, root, manifest, name, owner.package, record is not None, owner.why)
 
 
-def owned_package(value: str, manifest: bundle.Manifest, record: set[str] | None, dist=None) -> str | None:
-    """The package whose kernels a bundle owns, or None. The manifest's package P, where the bundle
-    sits in the very package directory the interpreter imports P from (`import_location`: a copy of
-    P elsewhere on sys.path, never imported, owns nothing) and:
-    - for an editable wheel's entry point, the install's source tree (direct_url.json) holds that
-      directory;
-    - otherwise the entry point names P's bundle and the distribution owns P (core.serving.owns,
-      against its RECORD and the files beside it); a distribution without a RECORD (laid out by hand,
-      not by an installer) is taken at its manifest's word."""
-    package = manifest.package
-    if dist is None:
-        return None
+class Ownership(NamedTuple):  # a bundle's package, or None and why not (`cause`: one warning for all it disowns)
+    package: str | None
+    why: str = ""
+    cause: tuple = ()
+
+
+def ownership(value: str, manifest: bundle.Manifest, record: set[str] | None, dist, dist_name: str = "",
+              records: dict | None = None) -> Ownership:
+    """Whether a bundle owns its manifest's package P, and why not: an editable wheel's, where its source
+    tree (direct_url.json) holds the directory P is imported from (`import_location`); any other, where
+    its entry point names P's bundle, its RECORD owns P (core.serving.disowned; no RECORD: the manifest's
+    word) unless another's claim undoes it (`claimants`, core.serving.contest), and P is imported from
+    where it was installed or from the distribution's own source tree (`source_tree`)."""
+    package, name = manifest.package, dist_name or getattr(dist, "name", None) or "?"
     places = import_location(package)
-    root = Path(dist.locate_file("/".join(serving.bundle_parts(value) or ())))
+    where = ", ".join(map(str, places)) or "nowhere"
     if serving.is_editable_value(value):
         tree = _editable_tree(dist)
-        return package if tree is not None and places and _inside(places, tree) else None
-    if serving.bundle_package(value) != package or not places or not _inside([root.parent], *places):
-        return None
-    if record is not None and not serving.owns(record, package, lambda rel: os.path.lexists(dist.locate_file(rel))):
-        return None
-    return package
+        if tree is not None and places and _inside(places, tree):
+            return Ownership(package)
+        return Ownership(None, f"it is an editable install whose source tree ({tree or 'none recorded'}) does not "
+                               f"hold package {package}, imported from {where}")
+    if serving.bundle_package(value) != package:
+        return Ownership(None, f"its entry point names {value!r}, not {serving.bundle_value(package)!r}")
+    if not places:
+        return Ownership(None, f"package {package} cannot be imported here")
+    site, contested = Path(dist.locate_file("")), []
+    why = "" if record is None else serving.disowned(
+        record, package, lambda rel: os.path.lexists(site / rel),
+        lambda init, parent: _shared(site, init, parent, package, name, records, contested, record))
+    if why:
+        return Ownership(None, why, contested[0] if contested else ())
+    installed_at = Path(dist.locate_file("/".join(serving.bundle_parts(value) or ()))).parent
+    if not _inside([installed_at], *places) and source_tree(places, package, name) is None:
+        return Ownership(None, f"package {package} is imported from {where}, not from {installed_at}, where {name} "
+                               f"installed it with this bundle, and that is not {name}'s source tree (no egg-info or "
+                               f"pyproject.toml of {name} beside it): run elsewhere, or `pip install -e .` that tree")
+    return Ownership(package)
+
+
+def _shared(site: Path, init: str, parent: str, package: str, name: str, records: dict | None,
+            contested: list, record: set[str]) -> str:
+    """Why other distributions of `site` listing `init` (`parent`'s) undo the claim of `name`, whose bundle
+    is `package`'s ('' where it stands: core.serving.contested); an ambiguity's cause goes into `contested`."""
+    me = serving.normalize(name)
+    claims = {shown: (_ships_bundle(text, info, parent), serving.modules(text.splitlines(), parent))
+              for n, (shown, text, info) in claimants(site, init, records).items() if n != me}
+    if not claims:
+        return ""
+    claims[name] = (parent == package, serving.modules(record, parent))  # its entry point names `package`'s
+    namespace = _namespace_stub(site / init)
+    if not serving.contest(claims, namespace):
+        contested.append(("owner-ambiguous", str(site / init)))
+    return serving.contested(f"{init} (in {site})", parent, name, claims, namespace)
+
+
+def claimants(site: Path, rel: str, records: dict | None = None) -> dict[str, tuple[str, str, Path]]:
+    """The distributions of `site` whose RECORD lists `rel`: normalised name -> (name as its `.dist-info`
+    directory spells it, RECORD text, that directory). `records` keeps a site's RECORDs between calls."""
+    listed = (records or {}).get(site)
+    if listed is None:
+        try:
+            infos = sorted(e for e in os.listdir(site) if e.endswith(".dist-info"))
+        except OSError:
+            infos = []
+        listed = []
+        for info in infos:  # read as bytes, decoded only where they list `rel`: a site's RECORDs are megabytes
+            try:
+                listed.append((info.rsplit(".", 1)[0].split("-", 1)[0], fsutil.read_regular(
+                    site / info / "RECORD", BundleError, MAX_METADATA_BYTES), site / info))
+            except FlytuneError:  # none (laid out by hand), or no regular file: it claims nothing
+                continue
+        if records is not None:
+            records[site] = listed
+    needle = f"\n{rel},".encode()
+    return {serving.normalize(shown): (shown, "\n" + data.decode("utf-8", "replace"), info)
+            for shown, data, info in reversed(listed) if data.startswith(needle[1:]) or needle in data}
+
+
+def _ships_bundle(text: str, info: Path, package: str) -> bool:
+    """Whether the distribution of `info` (its RECORD `text`) ships `package`'s own bundle: its entry point
+    `<package>._flytune`, the manifest among its files and on disk."""
+    from importlib.metadata import PathDistribution
+
+    manifest = serving.bundle_prefix(package) + bundle.MANIFEST
+    if f"\n{manifest}," not in text or not os.path.lexists(info.parent / manifest):
+        return False
+    try:
+        return any(ep.group == bundle.ENTRY_POINT_GROUP and ep.value.strip() == serving.bundle_value(package)
+                   for ep in PathDistribution(info).entry_points)
+    except (ValueError, TypeError, OSError):
+        return False
+
+
+def _namespace_stub(path: Path) -> bool:
+    """Whether an `__init__.py` is a pkgutil / pkg_resources namespace stub (every portion lists it)."""
+    try:
+        data = fsutil.read_regular(path, BundleError, 1 << 16)
+        return b"extend_path" in data or b"declare_namespace" in data
+    except FlytuneError:
+        return False
+
+
+def source_tree(places: list[Path], package: str, dist_name: str) -> Path | None:
+    """What shows that `package`, imported from `places` (a source tree first on sys.path: run from the
+    project root), is `dist_name`'s own source: beside its top package, the egg-info a setuptools build
+    leaves (PKG-INFO's Name) or the pyproject.toml (`[project] name`, flat or src layout); else None."""
+    from .project import read_toml
+
+    base = places[0].parents[package.count(".")] if len(places) == 1 else None
+    try:
+        eggs = [base / e / "PKG-INFO" for e in os.listdir(base) if e.endswith(".egg-info")][:64] if base else []
+    except OSError:
+        eggs = []
+    for path in [*eggs, base / "pyproject.toml", base.parent / "pyproject.toml"] if base else ():
+        try:
+            if path.name == "PKG-INFO":
+                found = _NAME.search(fsutil.read_regular(path, BundleError, 1 << 20).decode("utf-8", "replace"))
+                name = found.group(1) if found else None
+            else:
+                project = read_toml(path).get("project") if os.path.lexists(path) else None
+                name = project.get("name") if isinstance(project, dict) else None
+        except FlytuneError:
+            continue
+        if isinstance(name, str) and serving.normalize(name) == serving.normalize(dist_name):
+            return path
+    return None
 
 
 def import_location(package: str) -> list[Path]:

@@ -9,7 +9,13 @@ Used by the runtime's offline tier and warm-up, the adopted-kernel adapter, the 
 - Who owns a kernel: a kernel's name is module-qualified (`sample_pkg.rmsnorm`), so the bundle of
   package P owns the kernels named P or P.<anything> (the longest such package, when several are
   installed), where its distribution owns P (`owns`: it installs P, and no `__init__.py` of P or its
-  parents is another distribution's; an editable install owns P where its source tree holds P). Artifacts a bundle holds for any other kernel are a *config pack* for that kernel's owner.
+  parents is another distribution's; an editable install owns P where its source tree holds P). Two
+  distributions listing one `__init__.py` as their own is ambiguity, never ownership (`contest`): the
+  one that ships that package's own bundle owns it, unless another installs more of the package; else
+  none does (a pkgutil namespace stub aside). Where P
+  is imported from elsewhere than where the distribution installed it, its bundle serves only where
+  that tree is the distribution's own source (core.installed.source_tree: run from the project root).
+  Artifacts a bundle holds for any other kernel are a *config pack* for that kernel's owner.
 - Which packs serve: only those the owner's manifest accepts by distribution name (`[tool.flytune]
   packs`) or the user opts into (FLYTUNE_PACKS); the owner's artifacts win at every match level, packs
   fill what the owner lacks.
@@ -18,7 +24,7 @@ Used by the runtime's offline tier and warm-up, the adopted-kernel adapter, the 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from . import codec
@@ -109,14 +115,70 @@ def owns(paths: Collection[str], package: str, exists: Callable[[str], bool]) ->
     `exists` where the distribution is installed is one of its own files. A bundle dropped into another
     distribution's regular package (`fla/ops/_flytune/`, or a new `fla/ops/mine/` beside it) owns
     nothing; a portion of a namespace package (parents without `__init__.py`) owns its package."""
+    return not disowned(paths, package, exists)
+
+
+def disowned(paths: Collection[str], package: str, exists: Callable[[str], bool],
+             shared: Callable[[str, str], str] | None = None) -> str:
+    """Why a distribution whose own files are `paths` does not own `package` (`owns`), '' where it does.
+    `shared(init, parent)`, where given, is asked about each `__init__.py` of the package or a parent that
+    the distribution lists as its own: what other distributions listing the same file make of that claim
+    ('' where it stands, else why not: `contest`)."""
     if not installs(paths, package):
-        return False
+        return f"it installs no module of package {package} itself"
     parts = package.split(".")
     for depth in range(1, len(parts) + 1):
         init = "/".join(parts[:depth]) + "/__init__.py"
-        if init not in paths and exists(init):
-            return False
-    return True
+        if init not in paths:
+            if exists(init):
+                return (f"{init} is not among its own files: package {'.'.join(parts[:depth])} is another "
+                        f"distribution's, and {package} lies in it")
+            continue
+        why = shared(init, ".".join(parts[:depth])) if shared is not None else ""
+        if why:
+            return why
+    return ""
+
+
+def modules(paths: Iterable[str], package: str) -> int:
+    """How many modules directly in `package`, its `__init__.py` aside, files at `paths` install (paths,
+    or RECORD lines: a path and its hash and size after commas)."""
+    base = package.replace(".", "/") + "/"
+    names = (str(p).split(",", 1)[0].replace("\\", "/")[len(base):] for p in paths if str(p).startswith(base))
+    return sum(1 for n in names if "/" not in n and n.endswith((".py", ".so", ".pyd")) and n != "__init__.py")
+
+
+def contest(claims: Mapping[str, tuple[bool, int]], namespace: bool) -> tuple[str, ...]:
+    """Who owns a package whose `__init__.py` several distributions list as their own file (`claims`:
+    each one's name -> (whether it ships that package's own bundle, `<package>._flytune`, and how many
+    of its other modules it installs: `modules`)). Two claims of one file are ambiguity, never ownership
+    by that claim alone: the one distribution that ships the package's bundle owns it, unless another
+    installs more of the package (the package as a whole is that one's); where several ship one, none
+    does; where none does, each one is a portion where the file is a pkgutil namespace stub
+    (`extend_path`, `declare_namespace`), else none is."""
+    bundled = [name for name, (ships, _) in claims.items() if ships]
+    if len(bundled) == 1 and not any(n > claims[bundled[0]][1] for _, n in claims.values()):
+        return (bundled[0],)
+    return tuple(claims) if namespace and not bundled else ()
+
+
+def contested(init: str, package: str, claimant: str, claims: Mapping[str, tuple[bool, int]],
+              namespace: bool) -> str:
+    """Why `claimant`'s claim on `init`, the `__init__.py` of `package` that every distribution of `claims`
+    lists as its own, does not stand (`contest`); '' where it does."""
+    owners = contest(claims, namespace)
+    if claimant in owners:
+        return ""
+    names = " and ".join(sorted(claims))
+    if owners:
+        return (f"{init} is listed as its own file by {names}: two distributions claiming one file is ambiguity, "
+                f"not ownership, and {owners[0]}, which ships package {package}'s own bundle, owns it")
+    shipping = sorted(n for n, (ships, _) in claims.items() if ships)
+    why = (f"{' and '.join(shipping)} each ship a bundle for package {package}" if len(shipping) > 1 else
+           f"{shipping[0]} ships package {package}'s bundle but another installs more of it" if shipping else
+           f"none ships package {package}'s own bundle")
+    return (f"{init} is listed as its own file by {names}, and {why}: which of them owns {package} is ambiguous, "
+            f"so none does (uninstall the one that should not be there)")
 
 
 def packs_setting(raw: str) -> tuple[str, ...] | None:

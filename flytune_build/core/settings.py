@@ -27,13 +27,14 @@ from .errors import SettingsError
 
 # FLYTUNE_AUTOTUNE: which tiers serve a key not yet decided
 AUTOTUNE_MODES = {"": "auto", "auto": "auto", "1": "search", "search": "search", "0": "off", "off": "off",
-                  "strict": "strict"}
+                  "strict": "strict", "bundle": "bundle"}
 RANKINGS = ("measured", "synthetic")
 
 
 @dataclass(frozen=True)
 class Settings:
-    autotune: str = "auto"          # auto | search (always search) | off (never search) | strict (must hit)
+    # auto | search (always search) | off (never search) | strict (must hit) | bundle (only an installed bundle)
+    autotune: str = "auto"
     ranking: str = "measured"       # measured | synthetic (a deterministic ranking, never a measurement)
     print_autotuning: bool = False  # FLYTUNE_PRINT_AUTOTUNING=1: one line per decision on stderr
     emit_dir: Path | None = None    # FLYTUNE_EMIT_DIR: with autotune=search, each winner is saved here
@@ -62,7 +63,7 @@ def read(env=None) -> Settings:
     env = os.environ if env is None else env
     raw = env.get("FLYTUNE_AUTOTUNE", "").strip().lower()
     if raw not in AUTOTUNE_MODES:
-        raise SettingsError(f"must be one of 0, 1, auto, search, off, strict (or unset), not {raw!r}",
+        raise SettingsError(f"must be one of 0, 1, auto, search, off, strict, bundle (or unset), not {raw!r}",
                             field="FLYTUNE_AUTOTUNE")
     ranking = env.get("FLYTUNE_RANKING", "measured").strip() or "measured"
     if ranking not in RANKINGS:

@@ -6,8 +6,9 @@ key's first call is "search"), every later call for the tier that serves it ("sc
 adopted `@triton.autotune` kernel serves from Triton's own cache, which are not known per key, are
 counted per tier in `Stats.served`.
 
-`failure` and `miss` are the two errors a decision can end in: an accepted artifact that fails to
-launch (never retried with a default), and FLYTUNE_AUTOTUNE=strict with no tuned config for a call.
+`failure`, `miss` and `unbundled` are the errors a decision can end in: an accepted artifact that fails
+to launch (never retried with a default), FLYTUNE_AUTOTUNE=strict with no tuned config for a call, and
+FLYTUNE_AUTOTUNE=bundle with no installed bundle serving it.
 """
 from __future__ import annotations
 
@@ -92,3 +93,11 @@ def miss(kernel: str, key: Any, device: Any, fallback: str) -> TierMissError:
     """FLYTUNE_AUTOTUNE=strict: no tuned config serves `key` on `device`; `fallback` names what would have."""
     return TierMissError(f"has no tuned config for key {key} on device {device}: FLYTUNE_AUTOTUNE=strict forbids "
                          f"falling back to {fallback}", file=f"kernel {kernel}", field="key")
+
+
+def unbundled(kernel: str, key: Any, device: Any, why: str) -> TierMissError:
+    """FLYTUNE_AUTOTUNE=bundle: no installed bundle serves `key` on `device`; `why` says what is installed."""
+    return TierMissError(f"is not served by an installed bundle for key {key} on device {device}: {why} "
+                         f"(FLYTUNE_AUTOTUNE=bundle: only installed bundles serve; the scratch cache, "
+                         f"FLYTUNE_ARTIFACT_DIR, the heuristic and a search are skipped)", file=f"kernel {kernel}",
+                         field="key")

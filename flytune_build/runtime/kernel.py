@@ -12,7 +12,14 @@ tier of its mode's order that answers.
     auto    scratch, offline, heuristic, search
     off     scratch, offline, heuristic, first       (=0: never search)
     strict  scratch, offline, then TierMissError     (a tuned config must serve)
+    bundle  offline, then TierMissError              (an installed bundle must serve: the proof)
     search  search, its winner emitted               (=1: always search)
+
+`bundle` proves what the installed bundles serve: the scratch cache (which holds every winner a
+`flytune tune` found here) is skipped, the offline tier serves from installed bundles only (owner and
+accepted packs; FLYTUNE_ARTIFACT_DIR is not read), and a key they do not serve is a TierMissError
+saying why (no bundle holds the kernel, one holds it but does not own it, only for other devices,
+not this key, its artifact rejected).
 
 "first" is the first candidate a search would time (the declared configs after `prune_configs_by`,
 in declared order), with its pre_hook: what Triton's Autotuner launches with one config. A kernel
@@ -32,12 +39,13 @@ from ..core.config import Config, space_hash
 from ..core.errors import ArtifactExecutionError, DeclarationError, FlytuneError
 from . import callbacks, device, warning
 from .binding import Binding
-from .decision import Decision, Stats, failure, miss
+from .decision import Decision, Stats, failure, miss, unbundled
 
 ORDER = {
     "auto": ("scratch", "offline", "heuristic", "search"),
     "off": ("scratch", "offline", "heuristic", "first"),
     "strict": ("scratch", "offline", "miss"),
+    "bundle": ("offline", "miss"),
     "search": ("search",),
 }
 # what `strict` names as the fallback it forbids, and why "first" served
@@ -94,9 +102,13 @@ class Kernel:
     def decide(self, mode: str, key: dict, tiers: Mapping[str, Tier], can_search: bool = True) -> Decision | None:
         """The decision of the first tier of `mode`'s order that answers (`tiers`: what this kernel has,
         by tier name); None where none does (a warm-up, which never searches). Under `strict` a key no
-        tuned tier serves raises `TierMissError`, naming the fallback `auto` would have taken."""
+        tuned tier serves raises `TierMissError`, naming the fallback `auto` would have taken; under
+        `bundle`, one no installed bundle serves, saying why."""
+        before = dict(self._stats.fallbacks)  # what this decision falls back for says why a bundle did not serve
         for tier in order(mode, can_search):
             if tier == "miss":
+                if mode == "bundle":
+                    raise unbundled(self.name, key, device.current(), self.unbundled_why(before))
                 fallback = next((t for t in order("auto", can_search)[2:] if t in tiers), "search")
                 raise miss(self.name, key, device.current(), FALLBACK_NAMES[fallback])
             step = tiers.get(tier)
@@ -106,6 +118,16 @@ class Kernel:
                     self.fallback(FIRST_REASONS["off" if mode == "off" else "auto"])
                 return d
         return None
+
+    def unbundled_why(self, before: dict) -> str:
+        """Why no installed bundle served the key being decided: what this decision fell back for (an
+        artifact rejected, only other devices bundled), else what is installed for this kernel."""
+        said = [reason for reason, n in self._stats.fallbacks.items() if n > before.get(reason, 0)]
+        if said:
+            return "; ".join(said)
+        from .offline import TIER
+
+        return TIER.explain(self.name, device.current())
 
     def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
         """Raise unless `config` may be launched for a call passing `caller` (`binding.Binding.check`)."""

@@ -5,7 +5,9 @@ What is installed, and who owns what, is core.installed's (found once per proces
 kernel's shard is read, hash-checked and indexed on that kernel's first call, and never again. For a
 kernel its owner does not own, a bundle is a config pack, served only where the owner accepts it
 (`[tool.flytune] packs`, carried in its manifest) or the user opts in (FLYTUNE_PACKS), and only for
-keys the owner lacks (`Hit.pack` names it).
+keys the owner lacks (`Hit.pack` names it). Under FLYTUNE_AUTOTUNE=bundle (the proof that installed
+bundles serve) FLYTUNE_ARTIFACT_DIR directories are not read, and `explain` says why a kernel's key is
+not served by any installed bundle.
 """
 from __future__ import annotations
 
@@ -129,20 +131,60 @@ class OfflineTier:
         sources = self.sources()
         owner = serving.owner(kernel, [s.package for s in sources if s.package is not None])
         accepted = {p for s in sources if owner is not None and s.package == owner for p in s.manifest.packs}
+        bundles_only = settings.current().autotune == "bundle"
         out = []
         for order, src in enumerate(sources):
             if src.manifest is None:
+                if bundles_only:
+                    warning.once(("bundle-mode", src.label), f"{src.label}: not read under FLYTUNE_AUTOTUNE=bundle, "
+                                 f"which proves what installed bundles serve")
+                    continue
                 out.append(((serving.USER, order), src))
             elif owner is not None and src.package == owner:
                 out.append(((serving.OWNER, order), src))
             elif kernel in src.manifest.kernels:
                 if serving.pack_accepted(src.dist or "", accepted, settings.current().packs):
                     out.append(((serving.PACK, order), src))
-                else:
+                elif not (src.refused and serving.under(kernel, src.manifest.package)):  # else said: why it owns none
                     warning.once(("pack", src.label, kernel), f"{src.label}: holds artifacts for {kernel}, which it "
                                  f"does not own ({owner or 'no installed bundle'} does): a config pack, not accepted "
                                  f"by the owner's [tool.flytune] packs nor FLYTUNE_PACKS; ignored")
         return out
+
+    def explain(self, kernel: str, device: DeviceIdentity) -> str:
+        """Why no installed bundle serves a key of `kernel` on `device` (FLYTUNE_AUTOTUNE=bundle's
+        TierMissError): each bundle holding the kernel that serves none of it, and why; for each that
+        serves it, the devices it holds it for and how many keys it serves here."""
+        sources = self.sources()
+        ranked = {id(src) for _, src in self.ranked(kernel)}
+        said = []
+        for src in sources:
+            if src.manifest is None or kernel not in src.manifest.kernels:
+                continue
+            if id(src) not in ranked:
+                said.append(f"{src.label} holds it but serves none of it: " + (
+                    f"the distribution does not own package {src.manifest.package}: {src.refused}" if src.refused
+                    else "a config pack that neither its owner's [tool.flytune] packs nor FLYTUNE_PACKS accept"))
+                continue
+            try:
+                shard = src.shard(kernel)
+                levels = [src.served_level(installed.device_of(d, src.label), device) for d in shard.devices]
+            except FlytuneError as e:
+                said.append(f"{src.label}: {e}")
+                continue
+            keys = sum(1 for row in shard.rows if levels[row[0]] is not None)
+            if keys:
+                said.append(f"{src.label} serves {keys} tuned key(s) of it on {device}, not this one")
+            else:
+                others = sorted({not_served(installed.device_of(d, src.label), device) for d in shard.devices})
+                said.append(f"{src.label} holds it for {', '.join(others) or 'no device'} only")
+        if not said:
+            owner = serving.owner(kernel, [s.package for s in sources if s.package is not None])
+            said.append("no installed bundle holds artifacts for it" +
+                        (f" (its package {owner}'s bundle holds none)" if owner is not None else ""))
+        if settings.current().artifact_dirs:
+            said.append("FLYTUNE_ARTIFACT_DIR is not read under FLYTUNE_AUTOTUNE=bundle")
+        return "; ".join(said)
 
     def index(self, kernel: str, axes: tuple[str, ...], device: DeviceIdentity) -> Index:
         """Every artifact of `kernel` usable on `device`; per key, the best (core.serving.best)."""

@@ -26,7 +26,9 @@ Invariants (tests/test_warmup.py, tests/test_warmup_inprocess.py):
   would see stand-ins): a key they do not serve is decided by its first call, as without a warm-up;
 - under the interpreter nothing compiles: each config is reported "interpreter: nothing to compile"
   (tuned keys are still decided ahead);
-- artifacts without a specialization (tuned before it was recorded) are skipped with a note.
+- artifacts without a specialization (tuned before it was recorded) are skipped with a note; so are
+  Inductor artifacts (core.inductor), which torch.compile compiles under `flytune_build.inductor.serve()`
+  (re-tuning them would not help: Inductor generates their kernels, not the package).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import arguments, bundle, codec, installed, serving, settings
+from ..core import arguments, bundle, codec, inductor, installed, serving, settings
 from ..core import specialization as spec_format
 from ..core.artifact import Artifact
 from ..core.codec import Fields
@@ -304,7 +306,10 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
     for u in units.values():
         if u.spec is None:
             u.status = "skipped"
-            u.note = (f"{len(u.keys)} artifact(s) record no specialization (tuned before flytune recorded it): "
+            u.note = (f"{len(u.keys)} Inductor artifact(s): Inductor's lookup table serves them to torch.compile "
+                      f"under `flytune_build.inductor.serve()`, which compiles them; not warmed here"
+                      if inductor.is_inductor(u.keys[0]) else
+                      f"{len(u.keys)} artifact(s) record no specialization (tuned before flytune recorded it): "
                       f"re-tune to warm them")
     return sorted(units.values(), key=lambda u: (u.kernel, u.spec is not None, u.config.canonical())), notes
 
