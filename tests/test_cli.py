@@ -452,9 +452,11 @@ def test_deep_refuses_a_hand_edited_config_unless_its_provenance_says_it_was_cho
 
     assert deep(tuned).returncode == 0
     edited = Artifact(tuned.kernel, tuned.key, tuned.device, Config({"BLOCK": 8192}, num_warps=8), tuned.provenance)
-    r = deep(edited)
+    r = deep(edited)  # none of its candidates: plain verify refuses it already, as the build does
     assert r.returncode == 1 and (f"{path.name}: Field `config` is Config(BLOCK=8192, num_warps=8, num_stages=3, "
-                                  f"num_ctas=1), none of kernel sample_pkg.rmsnorm's declared configs") in r.stdout
+                                  f"num_ctas=1), none of the {len(tuned.provenance['candidates'])} candidates its "
+                                  f"provenance searched") in r.stdout
+    assert flytune("verify", proj, **env).returncode == 1
     declared = Config({"BLOCK": 256}, num_warps=2)  # declared, and candidate #0: not the winner its selection names
     cands = tuned.provenance["candidates"]
     last = len(cands) - 1

@@ -556,14 +556,16 @@ def test_a_resume_state_an_earlier_release_wrote_loads_and_its_jobs_are_re_tuned
     assert all("depends" in rec for rec in read_state(state.parent).values())
 
 
-def test_a_misspelled_plan_kernel_fails_its_jobs_naming_the_real_kernels(tmp_path):
+def test_a_misspelled_plan_kernel_is_refused_once_before_any_job_naming_the_field_and_the_real_kernels(tmp_path):
     entry = add_entry(100).replace('"fleetpkg.add"', '"fleetpkg.addd"')
     proj = make_project(tmp_path / "p", entry)
     r = flytune(proj, "--no-progress", env=env_for(tmp_path))
     assert r.returncode == 1 and not list((tmp_path / "p" / "out").rglob("*.json")), r.stdout
-    assert ("flytune: error: fleetpkg.addd n=100,pause=0.0: UsageError: kernel fleetpkg.addd: not a kernel its "
-            "setup registers (registered kernels: fleetpkg.add) (did you mean `fleetpkg.add`?)") in r.stderr
-    assert "0 tuned, 0 resumed, 1 failed" in r.stdout and "no search ran" not in r.stderr
+    assert r.stdout == "", r.stdout
+    said = (f"flytune: error: {proj}/pyproject.toml: Field `tool.flytune.tune.entries[0].kernel` names "
+            f"'fleetpkg.addd', a kernel no setup registers (registered kernels: fleetpkg.add) (did you mean "
+            f"`fleetpkg.add`?)")
+    assert r.stderr.startswith(said) and r.stderr.count("fleetpkg.addd") == 1, r.stderr
     r = flytune(make_project(tmp_path / "q", add_entry(100)), "--kernel", "fleetpkg.addd", env=env_for(tmp_path))
     assert r.returncode == 2 and r.stderr.strip() == ("flytune: error: kernel fleetpkg.addd: not in the tuning plan "
                                                       "(its kernels: fleetpkg.add) (did you mean `fleetpkg.add`?)")

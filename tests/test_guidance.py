@@ -140,3 +140,147 @@ def test_a_default_may_return_the_kwargs_as_a_plain_dict():
     assert Config.coerce({"BLOCK": 64}) == Config({"BLOCK": 64})
     assert Config.coerce({"BLOCK": 64, "num_warps": 8}) == Config({"BLOCK": 64}, num_warps=8)
     assert Config.coerce({"kwargs": {"BLOCK": 64}, "num_warps": 8}) == Config({"BLOCK": 64}, num_warps=8)
+
+
+# -- a plan's mistakes: said once, naming the plan file, the field and the fix ---------------------------------
+SETUPS = '''
+import torch
+from fixpkg import add
+
+
+def setup(n):
+    x, y = torch.ones(n), torch.ones(n)
+    return lambda: add(x, y)
+
+
+def scale(n):
+    return lambda: None
+'''
+
+
+def planned(tmp_path, plan: str):
+    """A project whose [tool.flytune.tune] plan is `plan` (tune/plan.toml), with setups in fixpkg.setups."""
+    proj = make_project(tmp_path / "p", extra='[tool.flytune.tune]\nplan = "tune/plan.toml"\n')
+    (proj / "fixpkg" / "setups.py").write_text(SETUPS)
+    (proj / "tune").mkdir()
+    (proj / "tune" / "plan.toml").write_text(plan)
+    return proj
+
+
+def entry(kernel, shapes=(100,), setup="fixpkg.setups:setup", extra=""):
+    return (f'\n[[entries]]\nkernel = "{kernel}"\nsetup = "{setup}"\n{extra}'
+            f'shapes = [{", ".join(f"{{ n = {n} }}" for n in shapes)}]\n')
+
+
+def tune(proj, tmp_path, *args):
+    return flytune("tune", "--project", proj, "--ranking", "synthetic", "--allow-ci", *args,
+                   FLYTUNE_CACHE_DIR=tmp_path / "c", PYTHONPATH=proj)
+
+
+def test_a_misspelled_plan_kernel_is_said_once_naming_the_plan_file_the_field_and_the_kernel_meant(tmp_path):
+    proj = planned(tmp_path, entry("fixpkg.addd", (100, 200, 300)))
+    r = tune(proj, tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert out.count("fixpkg.addd") == 1 and out.count("did you mean") == 1, out
+    assert r.stderr.startswith(f"flytune: error: {proj / 'tune' / 'plan.toml'}: Field `entries[0].kernel` names "
+                               f"'fixpkg.addd', a kernel no setup registers (registered kernels: fixpkg.add) (did you "
+                               f"mean `fixpkg.add`?): correct the name in the plan")
+    assert not (proj / "artifacts" / "interpreter").exists()  # nothing ran
+
+
+def test_two_misspelled_kernels_over_three_shapes_are_one_error_naming_each_entry_once(tmp_path):
+    proj = planned(tmp_path, entry("fixpkg.add", (100,)) + entry("fixpkg.ad", (100, 200, 300)) +
+                   entry("fixpkg.adds", (100, 200, 300)))
+    r = tune(proj, tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and len(out.strip().splitlines()) == 1, out
+    for field, name in (("entries[1].kernel", "'fixpkg.ad'"), ("entries[2].kernel", "'fixpkg.adds'")):
+        assert out.count(field) == 1 and out.count(name) == 1, out
+    assert out.count("did you mean `fixpkg.add`?") == 2 and "tune/plan.toml" in out
+
+
+def test_an_autotuner_that_names_a_plain_function_names_the_plan_field_and_what_to_name(tmp_path):
+    proj = planned(tmp_path, entry("fixpkg.scaled", (100, 200), setup="fixpkg.setups:scale",
+                                   extra='autotuner = "fixpkg.setups:scale"\n'))
+    r = tune(proj, tmp_path, "--no-progress")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"{proj / 'tune' / 'plan.toml'}: Field `entries[0].autotuner` names 'fixpkg.setups:scale', a "
+            f"function, not a @triton.autotune kernel: name the kernel @triton.autotune decorates, or leave "
+            f"`autotuner` out for a @flytune_build.autotune one") in r.stderr
+    assert "DeclarationError" not in r.stdout + r.stderr
+    # the entry's second shape fails alike: said once, the other pointing at it
+    assert r.stderr.count("not a @triton.autotune kernel") == 1
+    assert "fixpkg.scaled n=200: the same error as fixpkg.scaled n=100" in r.stderr
+
+
+def test_a_setup_attribute_that_is_not_there_names_the_one_that_is(tmp_path):
+    from flytune_build.tuning.job import load_setup
+
+    (tmp_path / "typo_setups.py").write_text("def setup(n):\n    return lambda: None\n")
+    with pytest.raises(ProjectError) as e:
+        sys.path.insert(0, str(tmp_path))
+        try:
+            load_setup("typo_setups:setpu", tmp_path / "plan.toml", "entries[3].setup")
+        finally:
+            sys.path.remove(str(tmp_path))
+    assert e.value.field == "entries[3].setup"
+    assert e.value.rule == ("names 'typo_setups:setpu', which cannot be loaded: module typo_setups has no attribute "
+                            "'setpu' (did you mean `typo_setups:setup`?)")
+
+
+def test_a_setup_module_that_raises_on_import_is_named_with_the_field_not_a_traceback(tmp_path, monkeypatch):
+    from flytune_build.tuning.job import load_setup
+
+    (tmp_path / "boom_setups.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ProjectError, match="its import raised SystemExit: 3") as e:
+        load_setup("boom_setups:setup", tmp_path / "plan.toml", "entries[0].setup")
+    assert e.value.field == "entries[0].setup"
+
+
+def test_a_tune_output_outside_the_sources_says_how_to_make_it_ship(tmp_path):
+    import dataclasses
+
+    from flytune_build.tuning.driver import unshipped_note
+
+    proj = project_mod.load(make_project(tmp_path / "p"))
+    note = unshipped_note(proj, proj.root / "tuned" / "interpreter")
+    assert note.endswith("the build does not ship what this run writes there: move the output under a "
+                         "source (`output = \"artifacts/{arch}\"` in [tool.flytune.tune]), or add 'tuned' to "
+                         "[tool.flytune] sources")
+    error = project_mod.unshipped_output_error(dataclasses.replace(proj, tune_output="tuned/{arch}"))
+    assert error.field == "tool.flytune.tune.output" and str(error).endswith(
+        "so the build never ships what `flytune tune` writes there: move the output under a source (`output = "
+        "\"artifacts/{arch}\"` in [tool.flytune.tune]), or add 'tuned' to [tool.flytune] sources")
+    assert project_mod.unshipped_output_error(dataclasses.replace(proj, tune_output="artifacts/{arch}")) is None
+    outside = unshipped_note(proj, tmp_path / "elsewhere")
+    assert "tune into a directory under the sources instead" in outside and "add 'elsewhere'" not in outside
+
+
+def test_the_in_process_worker_that_cannot_start_says_why_and_what_to_do_once(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the worker starts")
+    proj = planned(tmp_path, entry("fixpkg.add"))
+    env = {k: v for k, v in python_env(PYTHONPATH=proj, FLYTUNE_CACHE_DIR=tmp_path / "c").items()
+           if k not in ("TRITON_INTERPRET", "FLYTUNE_DEVICE")}
+    r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project", str(proj), "--allow-ci",
+                        "--ranking", "synthetic"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.strip() == ("flytune: error: the inprocess worker could not start: DeviceError: cannot detect the "
+                                "device: no GPU is visible and TRITON_INTERPRET is not set (set FLYTUNE_DEVICE, or "
+                                "TRITON_INTERPRET=1)")
+
+
+def test_inspect_of_a_project_gives_the_bytes_of_its_artifacts(tmp_path):
+    import json
+
+    proj = make_project(tmp_path / "p")
+    size = sum(p.stat().st_size for p in (proj / "artifacts").glob("*.json"))
+    r = flytune("inspect", proj)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"  2 artifact(s), {size} bytes" and size > 0
+    doc = json.loads(flytune("inspect", "--json", proj).stdout)
+    assert doc["bytes"] == size and len(doc["sizes"]) == 2

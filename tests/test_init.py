@@ -224,3 +224,188 @@ def test_init_refuses_a_package_that_is_no_dotted_name(tmp_path):
     with pytest.raises(InputError, match="dotted Python package name") as e:
         scaffold.scaffold(root, package=str(root / "mypkg"))
     assert e.value.field == "--package"
+
+
+# -- what `init` writes always reads back; a write that fails leaves the project as it was ------------------
+def test_init_refuses_an_inline_tool_table_naming_the_field_and_the_fix_and_writes_nothing(tmp_path, capsys):
+    inline = 'tool = { black = { line-length = 88 } }\n\n' + PYPROJECT
+    root = package(tmp_path, inline)
+    before = snapshot(root)
+    assert init(root) == 1
+    err = capsys.readouterr().err
+    assert "pyproject.toml: Field `tool` is written in a form TOML closes to the [tool.flytune] table" in err
+    assert "write it as a [tool] header" in err and "then run `flytune init` again" in err
+    assert snapshot(root) == before
+
+
+def test_init_refuses_an_inline_setuptools_table_it_would_add_packages_find_to(tmp_path, capsys):
+    root = package(tmp_path, PYPROJECT + '\n[tool]\nsetuptools = { zip-safe = false }\n')
+    before = snapshot(root)
+    assert init(root) == 1
+    assert "Field `tool.setuptools` is written in a form TOML closes to the [tool.setuptools.packages.find]" in \
+        capsys.readouterr().err
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("tool", [
+    'tool.black.line-length = 88\n\n',                 # dotted keys at the top: `tool` a table
+    '',                                                # and below, a [tool] table of dotted keys
+])
+def test_init_appends_to_a_tool_table_written_as_dotted_keys_and_the_file_reads_back(tmp_path, tool):
+    text = tool + PYPROJECT + ('' if tool else '\n[tool]\nblack.line-length = 88\nisort.profile = "black"\n')
+    root = package(tmp_path, text)
+    assert init(root) == 0
+    written = (root / "pyproject.toml").read_text()
+    assert written.startswith(text)  # appended to, never rewritten
+    doc = tomllib.loads(written)
+    assert doc["tool"]["black"] == {"line-length": 88} and doc["tool"]["flytune"]["package"] == "mylib"
+    assert project_mod.load(root).tune_plan == "tune/plan.toml"
+
+
+def test_init_appends_in_the_files_own_line_endings(tmp_path):
+    crlf = PYPROJECT.replace("\n", "\r\n").encode()
+    root = package(tmp_path)
+    (root / "pyproject.toml").write_bytes(crlf)
+    assert init(root) == 0
+    written = (root / "pyproject.toml").read_bytes()
+    assert written.startswith(crlf) and b"\n" not in written.replace(b"\r\n", b"")
+
+
+def test_init_with_a_file_where_the_plan_directory_goes_names_it_and_writes_nothing(tmp_path, capsys):
+    root = package(tmp_path)
+    (root / "tune").write_text("notes\n")
+    before = snapshot(root)
+    assert init(root) == 1
+    err = capsys.readouterr().err
+    assert f"{root / 'tune'}: is a file where `flytune init` needs a directory, for tune/plan.toml: move it " \
+           f"aside" in err
+    assert snapshot(root) == before  # pyproject.toml included: the next init is not refused
+    (root / "tune").unlink()
+    assert init(root) == 0 and (root / "tune" / "plan.toml").is_file()
+
+
+def test_init_leaves_a_read_only_pyproject_alone_and_says_how_to_go_on(tmp_path, capsys):
+    root = package(tmp_path)
+    (root / "pyproject.toml").chmod(0o444)
+    before = snapshot(root)
+    assert init(root) == 1
+    assert "pyproject.toml: is read-only, and `flytune init` appends to it: make it writable (chmod u+w " \
+           "pyproject.toml)" in capsys.readouterr().err
+    assert snapshot(root) == before and (root / "pyproject.toml").stat().st_mode & 0o777 == 0o444
+
+
+def test_init_into_a_read_only_package_directory_writes_nothing(tmp_path, capsys):
+    root = package(tmp_path)
+    (root / "mylib").chmod(0o555)
+    before = snapshot(root)
+    try:
+        assert init(root) == 1
+    finally:
+        (root / "mylib").chmod(0o755)
+    assert "mylib: is not writable, and `flytune init` writes mylib/tuning.py there" in capsys.readouterr().err
+    assert snapshot(root) == before and not (root / "tune").exists()
+
+
+def test_a_write_that_fails_midway_undoes_the_others_and_the_next_init_runs(tmp_path, monkeypatch):
+    from flytune_build.core.errors import OutputError
+    from flytune_build.pipeline import scaffold
+
+    root = package(tmp_path)
+    (root / "tune").mkdir()
+    before = snapshot(root)
+    real = scaffold.atomic_write
+
+    def disk_full_at_pyproject(path, data, mode=0o644):
+        if Path(path).name == "pyproject.toml":
+            raise OutputError("cannot be written: No space left on device", file=path)
+        real(path, data, mode)
+
+    monkeypatch.setattr(scaffold, "atomic_write", disk_full_at_pyproject)
+    with pytest.raises(OutputError) as e:
+        scaffold.write(scaffold.scaffold(root))
+    assert e.value.file == str(root / "pyproject.toml")
+    assert "undid what it had written (the project is as it was)" in str(e.value)
+    assert "then run `flytune init` again" in str(e.value)
+    assert snapshot(root) == before and (root / "tune").is_dir()  # there before: kept
+    assert not (root / "mylib" / "tuning.py").exists()
+    monkeypatch.undo()
+    assert init(root) == 0
+
+
+def test_a_forced_init_that_fails_restores_the_plan_it_replaced(tmp_path, monkeypatch):
+    from flytune_build.core.errors import OutputError
+    from flytune_build.pipeline import scaffold
+
+    root = package(tmp_path, PYPROJECT + '\n[tool.flytune]\nsources = ["mine"]\ntargets = ["sm_90"]\n')
+    (root / "tune").mkdir()
+    (root / "tune" / "plan.toml").write_text("# mine\n")
+    (root / "tune" / "plan.toml").chmod(0o640)
+    before = snapshot(root)
+    real = scaffold.atomic_write
+
+    replaced = []
+
+    def disk_full_at_pyproject(path, data, mode=0o644):  # written last: the plan was replaced by then
+        if Path(path).name == "pyproject.toml":
+            replaced.append((root / "tune" / "plan.toml").read_text())
+            raise OSError(28, "No space left on device")
+        real(path, data, mode)
+
+    monkeypatch.setattr(scaffold, "atomic_write", disk_full_at_pyproject)
+    with pytest.raises(OutputError, match="No space left on device"):
+        scaffold.write(scaffold.scaffold(root, force=True))
+    assert "[[entries]]" in replaced[0]
+    assert snapshot(root) == before and (root / "tune" / "plan.toml").stat().st_mode & 0o777 == 0o640
+
+
+SHADOWING = '''
+import triton
+import triton.language as tl
+import flytune_build as ft
+from flytune_build import Config
+''' + "".join(f'''
+
+@ft.autotune([Config({{"BLOCK": 64}})], key=["n"])
+@triton.jit
+def {name}(x, n, BLOCK: tl.constexpr):
+    tl.store(x + tl.arange(0, BLOCK), 1.0, mask=tl.arange(0, BLOCK) < n)
+''' for name in ("device_kernel", "torch_kernel", "softmax_kernel", "os_kernel", "sum_kernel", "lambda_kernel"))
+
+
+def test_setup_names_never_shadow_the_setups_modules_imports_builtins_or_each_other(tmp_path):
+    import ast
+    import builtins
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "softmax").mkdir()
+    (tmp_path / "softmax" / "__init__.py").write_text("")
+    (tmp_path / "softmax" / "kernels.py").write_text(SHADOWING)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "softmax"\nversion = "0.1"\n')
+    assert init(tmp_path) == 0
+    tree = ast.parse((tmp_path / "softmax" / "tuning.py").read_text())
+    defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    imported = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    assert imported == {"os", "torch", "softmax"}
+    assert len(defined) == len(set(defined)) == 7 and not set(defined) & (imported | set(dir(builtins)))
+    setups = [e.setup.split(":")[1] for e in project_mod.load_plan(tmp_path, "tune/plan.toml")]
+    assert setups == ["device_setup", "torch_setup", "softmax_setup", "os_setup", "sum_setup", "lambda_setup"]
+    assert set(defined) == {"device", *setups}
+    # and the module runs: each name is the import's or the setup's own
+    r = subprocess.run([sys.executable, "-c", "import os, torch, softmax, softmax.tuning as t; "
+                        "assert (t.os, t.torch, t.softmax) == (os, torch, softmax) and t.device() == 'cpu'"],
+                       cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(__file__).parents[1]}"})
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_kernel_no_plan_can_name_is_left_out_with_what_to_do(tmp_path, capsys):
+    root = package(tmp_path)
+    (root / "mylib" / "my-ops.py").write_text(KERNELS)  # no import reaches it by that name
+    assert init(root) == 0
+    out = capsys.readouterr().out
+    assert "mylib/my-ops.py:12: add_kernel is left out of tune/plan.toml: its module 'mylib.my-ops' cannot be " \
+           "imported by that name" in out
+    assert [e.kernel for e in project_mod.load_plan(root, "tune/plan.toml")] == ["mylib.kernels.add_kernel",
+                                                                                 "mylib.scale"]

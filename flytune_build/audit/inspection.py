@@ -16,11 +16,15 @@ def inspect(src: Source) -> dict:
                   for t in targets} for k in kernels}
     axes = {k: sorted({ax for a in src.artifacts if a.kernel == k for ax in a.key_axes()}) for k in kernels}
     tuned = sorted({(a.provenance or {}).get("triton") for a in src.artifacts} - {None})
+    # a bundle's sizes are its shards' and files' as read; a project's (or an sdist's) artifacts are read
+    # canonical, so each file is its canonical bytes: measured here, never reported as 0
+    measured = [] if src.sizes else [(a.filename, len(a.to_bytes())) for a in src.artifacts]
+    sizes, total = src.sizes or dict(measured), sum(src.sizes.values()) + sum(n for _, n in measured)
     return {"path": src.path, "kind": src.kind, "ok": src.ok, "package": src.manifest.package if src.manifest else None,
             "targets": [{"label": t.label(), "accept": list(t.accept)} for t in targets],
             "coverage": matrix, "key_axes": axes,
             "toolchain": {"declared": src.manifest.triton if src.manifest else None, "tuned_with_triton": tuned},
-            "artifacts": len(src.artifacts), "bytes": sum(src.sizes.values()), "sizes": dict(sorted(src.sizes.items())),
+            "artifacts": len(src.artifacts), "bytes": total, "sizes": dict(sorted(sizes.items())),
             "errors": [e.to_json() for e in src.errors]}
 
 

@@ -2,10 +2,11 @@
 distribution, opened without a GPU and without importing the package (unless `--deep`).
 
 Bundles are read by core.bundle and judged by core.verification, the rules the build applies, so a
-defect reads the same here as in the build; toolchain drift is a warning unless `--strict`. A wheel
-is read as installers and the runtime read it (dist.wheelfile); every file is read through
-core.fsutil (regular files only, capped) and every directory walked by core.fsutil.find (contained,
-loop-free, bounded). Anything that holds no bundle is a violation, never "ok". A Source is data: its
+defect reads the same here as in the build; toolchain drift, rankings mixed on one device and a
+bundle with no artifact are warnings unless `--strict` (a project's drift, which its build rejects, is
+a violation). A wheel is read as installers and the runtime read it (dist.wheelfile); every file is
+read through core.fsutil (regular files only, capped) and every directory walked by core.fsutil.find
+(contained, loop-free, bounded). Anything that holds no bundle is a violation, never "ok". A Source is data: its
 text is cli.render's (which escapes control characters in names), its JSON `to_json`.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Source:
     targets: tuple[Target, ...] = ()
     package: str | None = None
     drift: list[FlytuneError] = field(default_factory=list)  # toolchain drift: warnings unless --strict
+    mixed: list[FlytuneError] = field(default_factory=list)  # rankings mixed on one device: warnings unless --strict
     modules: set[str] = field(default_factory=set)  # packages the project or distribution itself declares
     execution: list[dict] | None = None  # verify --execute: per artifact, executed (ok) or skipped and why
 
@@ -207,6 +209,7 @@ def _bundle(src: Source, label: str, manifest_bytes: bytes, read) -> bundle.Mani
     src.errors += found.errors
     src.warnings += found.warnings
     src.drift += verification.toolchain(got.artifacts, got.where, declared).errors
+    src.mixed += verification.rankings(got.artifacts, got.where).errors
     _installed_drift(src, declared)
     return got.manifest
 
@@ -283,7 +286,10 @@ def _project(root: Path, label: str) -> Source:
     state = verify.verify(collect.collect(build_mod.BuildState(proj)))
     src.artifacts, src.errors, src.targets = state.artifacts, list(state.rejected), proj.targets
     src.package, src.modules = proj.package, {proj.package}
-    src.warnings += state.warnings + [f"excluded {p} (tuned on {d})" for p, d in state.excluded]
+    src.mixed = verify.mixed(state)  # the build's warnings; here, as for any source, violations under --strict
+    said = {str(e) for e in src.mixed}
+    src.warnings += [w for w in state.warnings if w not in said]
+    src.warnings += [f"excluded {p} (tuned on {d})" for p, d in state.excluded]
     _installed_drift(src, verification.Declaration.of_project(proj))
     return src
 
@@ -306,6 +312,7 @@ def _directory(root: Path) -> Source:
     found = verification.check(src.artifacts, lambda a: origin[id(a)])
     src.errors += found.errors
     src.warnings += found.warnings
+    src.mixed += verification.rankings(src.artifacts, lambda a: origin[id(a)]).errors
     if not src.artifacts and not src.errors:
         src.errors.append(ArtifactError("holds no artifact file (*.json): nothing to verify", file=root))
     return src
@@ -411,11 +418,12 @@ def _installed_bundle(src: Source, name: str, ep, record: dict) -> None:
 # -- verify / inspect / diff ---------------------------------------------------------------------------------
 def verify(path: str, *, strict: bool = False, deep: bool = False, execute: bool = False) -> Source:
     src = open_source(path)
-    for drift in src.drift:
-        (src.errors.append(drift) if strict else src.warnings.append(str(drift)))
-    if strict and src.ok and not src.artifacts:  # a bundle that serves nothing is no pre-tuned package
-        src.errors.append(BundleError("holds a bundle with no artifact: it serves nothing (strict); tune and "
-                                      "build again, or drop [tool.flytune]", file=src.path))
+    for finding in src.drift + src.mixed:
+        (src.errors.append(finding) if strict else src.warnings.append(str(finding)))
+    if src.ok and not src.artifacts:  # a bundle that serves nothing is no pre-tuned package: never a silent ok
+        empty = BundleError(f"holds a bundle with no artifact: it serves nothing{' (strict)' if strict else ''}; "
+                            f"tune and build again, or drop [tool.flytune]", file=src.path)
+        (src.errors.append(empty) if strict else src.warnings.append(str(empty)))
     if (deep or execute) and src.ok:
         from . import execution as deep_mod
 

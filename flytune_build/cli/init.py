@@ -7,7 +7,8 @@ from ..core.errors import printable
 def add_command(command) -> None:
     i = command("init", "configure an existing package: [tool.flytune], a tuning plan of the kernels its source "
                 "declares, setups to fill in",
-                "0 written, 1 something is in the way (nothing is written), 2 usage error")
+                "0 written, 1 something is in the way or a write failed (nothing is written: what was "
+                "written is undone), 2 usage error")
     i.add_argument("--project", default=".", help="project root holding pyproject.toml (default: .)")
     i.add_argument("--package", help="the package whose kernels to tune (default: the one package of the project)")
     i.add_argument("--target", dest="targets", action="append", metavar="ARCH",
@@ -32,7 +33,7 @@ def command(args) -> int:
     if s.todo:
         print("then, by hand:")
         for n, line in enumerate(s.todo, 1):
-            print(f"  {n}. {line}")
+            print(printable(f"  {n}. {line}"))  # a path or a kernel's name from the source: printable
     print("next:")
     for line in s.commands:
         print(f"  {line}")

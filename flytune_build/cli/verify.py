@@ -13,7 +13,7 @@ def add_command(command) -> None:
     v.add_argument("paths", nargs="+", metavar="PATH",
                    help="a wheel, an sdist, a project or artifact directory, or an installed distribution name")
     v.add_argument("--json", action="store_true", help=f"machine-readable report (\"format\": {JSON_FORMAT})")
-    v.add_argument("--strict", action="store_true", help="toolchain drift is an error, not a warning")
+    v.add_argument("--strict", action="store_true", help="toolchain drift, mixed rankings and an empty bundle are errors, not warnings")
     v.add_argument("--deep", action="store_true", help="import the package and check artifacts against kernels")
     v.add_argument("--execute", action="store_true", help="run each matching artifact once (GPU or interpreter)")
 

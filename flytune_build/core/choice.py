@@ -24,6 +24,7 @@ have neither). Data only; indices name entries of `provenance.candidates`:
                     "noise": 0.011,               the run's pooled relative dispersion of paired rounds
                     "shipped": {"index": 2, "margin": 0.03, "gain": 0.004, "outcome": "kept"},
                     "stability": {"runs": 3, "agreed": 3}}     `flytune tune --repeat`
+                   The artifact's config is the candidate `winner` names (`contradicted`: what verify checks).
     "outputs":     {"reference": {"kwargs": {...}, ...},   the config every candidate's outputs were compared with,
                     or "function": "mylib.ref:add",       the plan entry's reference function, where it named one
                     "rtol": null, "atol": null,  the plan entry's tolerances (null: by dtype, runtime.outputs)
@@ -32,10 +33,12 @@ have neither). Data only; indices name entries of `provenance.candidates`:
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .codec import FUNCTION, Fields
-from .config import check_json
+from .config import Config, check_json
+from .errors import ArtifactError, FlytuneError
 
 TIMERS = ("cuda-graph", "cuda-events", "cpu-time", "user", "synthetic")
 OUTCOMES = ("kept", "replaced")
@@ -139,3 +142,38 @@ def check_outputs(value: Any, f: Fields, path: str = "provenance.outputs") -> di
     if "note" in value:
         f.string(value["note"], f"{path}.note", max_len=512)
     return value
+
+
+def contradicted(config: Config, provenance: Any) -> str | None:
+    """Why `config` is not the winner its own `provenance` records, as an error's rule (None: it is).
+
+    The winner is `provenance.selection.winner` (an index into `provenance.candidates`) where recorded,
+    else, for releases that recorded no selection, one of the candidates. Nothing contradicts a config
+    whose provenance records no search (no candidates: written by hand, imported by an earlier release),
+    names a maintainer's choice (`by_hand`, which says why), is an import (`ranking: imported`), or is an
+    Inductor harvest whose coordinate descent moved the benchmark's winner (`inductor.coordesc`: before
+    the selection chose between such moves, the shipped config was none of the candidates)."""
+    p = provenance if isinstance(provenance, Mapping) else {}
+    candidates = p.get("candidates")
+    inductor = p.get("inductor")
+    if not isinstance(candidates, list) or not candidates or isinstance(p.get("by_hand"), str) \
+            or p.get("ranking") == "imported" or (isinstance(inductor, Mapping) and inductor.get("coordesc") is True):
+        return None
+    f = Fields(None, ArtifactError)
+    searched: list[Config | None] = []
+    for c in candidates:
+        try:
+            searched.append(Config.from_json(c.get("config"), f) if isinstance(c, Mapping) else None)
+        except FlytuneError:
+            searched.append(None)
+    chosen = p.get("selection")
+    winner = chosen.get("winner") if isinstance(chosen, Mapping) else None
+    hint = "edited after the search? a config chosen by hand says why in provenance.by_hand"
+    if type(winner) is int and 0 <= winner < len(searched) and searched[winner] is not None:
+        if searched[winner] == config:
+            return None
+        return (f"is {config}, but its provenance's selection chose candidate #{winner}, {searched[winner]} "
+                f"({hint})")
+    if config in searched:
+        return None
+    return f"is {config}, none of the {len(searched)} candidates its provenance searched ({hint})"

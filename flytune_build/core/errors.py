@@ -128,7 +128,11 @@ def printable(text: str) -> str:
 
 def one_line(e: BaseException, *, with_type: bool = True, limit: int = 300) -> str:
     """An exception as one line, at most `limit` characters: its type and the first non-empty line of its
-    message (a compiler's thousands of lines, a remote traceback: the first says what failed)."""
+    message (a compiler's thousands of lines, a remote traceback: the first says what failed). A
+    flytune error's line is flytune's own, naming the file, the field and the fix: up to 2,000 characters,
+    so a long path never cuts the fix off."""
+    if isinstance(e, FlytuneError):
+        limit = max(limit, 2000)
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     text = lines[0] if lines else ""
     if with_type or not text:

@@ -318,6 +318,42 @@ def _matches(segs: list[str], parts: list[str]) -> bool:
     return bool(parts) and fnmatch.fnmatchcase(parts[0], segs[0]) and _matches(segs[1:], parts[1:])
 
 
+def unshipped_fix(root: str | Path, sources, directory: str | Path) -> str:
+    """What to do about a tune output `directory` that `ships` says no source reaches: tune under a source,
+    or (inside the project) add the output's top directory to `sources`."""
+    under = next(filter(None, map(_plain, sources)), None)
+    move = f'`output = "{under}/{{arch}}"`' if under else "an `output` under a directory the sources name"
+    try:
+        rel = Path(os.path.realpath(directory)).relative_to(os.path.realpath(root))
+    except ValueError:
+        return f"tune into a directory under the sources instead ({move} in [tool.flytune.tune], or --output)"
+    top = rel.parts[0] if rel.parts else "."
+    return f"move the output under a source ({move} in [tool.flytune.tune]), or add {top!r} to [tool.flytune] sources"
+
+
+def unshipped_output_error(proj: Project) -> ProjectError | None:
+    """The error (a warning where `strict = false`) of a `tune.output` no source reaches: what, where, and
+    what to do; None where every target's output ships."""
+    unshipped = unshipped_tune_output(proj)
+    if unshipped is None:
+        return None
+    return ProjectError(f"is {proj.tune_output!r}, which writes {unshipped}: outside the sources "
+                        f"({', '.join(proj.sources)}), so the build never ships what `flytune tune` writes there: "
+                        f"{unshipped_fix(proj.root, proj.sources, proj.root / unshipped)}",
+                        file=proj.root / "pyproject.toml", field="tool.flytune.tune.output")
+
+
+_MAGIC = frozenset("*?[")
+
+
+def _plain(source: str) -> str | None:
+    """A source as the directory it names (`artifacts/**` is `artifacts`); None for a glob."""
+    text = source.replace("\\", "/").rstrip("/")
+    while text.endswith("/**"):
+        text = text[:-3]
+    return text if text and text != "." and not _MAGIC.intersection(text) else None
+
+
 def unshipped_tune_output(proj: Project) -> str | None:
     """The `tune.output` directory (expanded for each target's arch) that `sources` does not reach, if any:
     `flytune tune` would write there and the build would keep shipping what the sources hold."""

@@ -8,11 +8,11 @@ each came from, and, for coverage and toolchain, the `Declaration` they answer t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import inductor, options
+from . import choice, inductor, options
 from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
 from .key import is_dtype_name
 
@@ -75,11 +75,13 @@ class Findings:
 
 def check(artifacts: list[Artifact], where: Where, declared: Declaration | None = None, *,
           with_toolchain: bool = True, kernels: Iterable[str] = ()) -> Findings:
-    """Key axes, conflicts, bundle file names, backend options, then (with a declaration) the toolchain and, over the
-    artifacts still kept, coverage of them and of `kernels` (the project's tuning plan). A verifier
-    that only warns of drift runs `toolchain` itself."""
+    """Key axes, conflicts, bundle file names, backend options, each config the winner its provenance
+    records, then (with a declaration) the toolchain and, over the artifacts still kept, coverage of them
+    and of `kernels` (the project's tuning plan). A verifier that only warns of drift runs `toolchain`
+    itself; `rankings` (a warning unless `verify --strict`, never a build's rejection) is run apart."""
     found = key_axes(artifacts, where).merge(conflicts(artifacts, where)).merge(file_names(artifacts, where))
     found.merge(backend_options(artifacts, where)).merge(inductor_configs(artifacts, where))
+    found.merge(chosen(artifacts, where))
     if declared is not None:
         if with_toolchain:
             found.merge(toolchain(artifacts, where, declared))
@@ -263,6 +265,67 @@ def file_names(artifacts: list[Artifact], where: Where) -> Findings:
                          *arts)
             break
     return found
+
+
+def chosen(artifacts: list[Artifact], where: Where) -> Findings:
+    """Each config is the winner its own provenance records (`choice.contradicted`): an artifact whose
+    config was edited after its search is rejected, naming the winner it records. One that records no
+    search (written by hand), a maintainer's choice (`provenance.by_hand`) or an import is not."""
+    found = Findings()
+    for a in artifacts:
+        why = choice.contradicted(a.config, a.provenance)
+        if why is not None:
+            found.reject(ArtifactError(why, file=where(a), field="config"), a)
+    return found
+
+
+def ranked(a: Artifact) -> str | None:
+    """How an artifact's winner was ranked, as rankings compare: `synthetic` (a deterministic rank, never
+    a time), `measured` (measured, or imported from another tool's measurements), None where unrecorded."""
+    r = (a.provenance or {}).get("ranking")
+    return "synthetic" if r == "synthetic" else "measured" if r in ("measured", "imported") else None
+
+
+def rankings(artifacts: list[Artifact], where: Where) -> Findings:
+    """No device's winners mix a synthetic ranking with measured ones: a synthetic rank is not a time, so
+    a bundle serving both for one device ships arbitrary winners as tuned ones. Each synthetic artifact
+    beside a measured one of its device is named, with them: `flytune verify` warns (a violation under
+    --strict), the build warns and bundles them all the same (a re-tune beside an earlier release's
+    synthetic folder builds strict, as it always did).
+
+    Compared: every artifact that records how it was chosen (`provenance.measurement` or `.selection`,
+    which every search since 062c083 writes), and each kernel whose own artifacts for the device were
+    ranked both ways. The first releases recorded an adopted kernel's winners, which Triton timed, as
+    measured in a synthetic run, beside the ported kernels' synthetic ones and recording neither: such a
+    folder keeps verifying as it always did."""
+    found = Findings()
+    by_device: dict[str, list[Artifact]] = defaultdict(list)
+    for a in artifacts:
+        if ranked(a) is not None:
+            by_device[a.device.spec()].append(a)
+    for spec, arts in sorted(by_device.items()):
+        kinds: dict[str, set] = defaultdict(set)
+        for a in arts:
+            kinds[a.kernel].add(ranked(a))
+        counted = [a for a in arts if len(kinds[a.kernel]) > 1 or _records_choice(a)]
+        measured = [a for a in counted if ranked(a) == "measured"]
+        if not measured:
+            continue
+        names = ", ".join(where(a) for a in measured[:2]) + (f" and {len(measured) - 2} more" if len(measured) > 2
+                                                              else "")
+        for a in counted:
+            if ranked(a) == "synthetic":
+                found.reject(ArtifactError(
+                    f"is synthetic, beside {len(measured)} measured artifact(s) for device {spec} ({names}): the "
+                    f"rankings are mixed, and a synthetic rank is not a time (re-tune the synthetic shapes on the "
+                    f"device with `flytune tune --ranking measured`, or remove them)",
+                    file=where(a), field="provenance.ranking"), a)
+    return found
+
+
+def _records_choice(a: Artifact) -> bool:
+    p = a.provenance or {}
+    return isinstance(p.get("measurement"), Mapping) or isinstance(p.get("selection"), Mapping)
 
 
 def toolchain(artifacts: list[Artifact], where: Where, declared: Declaration) -> Findings:

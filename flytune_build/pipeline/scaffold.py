@@ -1,25 +1,32 @@
-"""`flytune init`: an existing package's `[tool.flytune]`, tuning plan and setups, from its source.
+"""`flytune init`: an existing package's `[tool.flytune]`, tuning plan and setups, from its source (read,
+never imported: `discovery`).
 
-The package is read, never imported: its kernels are found by their decorators in the syntax tree
-(`@flytune_build.autotune`, however imported, and `@triton.autotune`), so `init` runs where torch and
-triton are not installed and runs none of the package's code. Invariants: everything is checked
-before anything is written (a refusal writes nothing); an existing `[tool.flytune]` or plan file is
-replaced only with `force`, and the setups module never; pyproject.toml is only appended to, so
-what was there stays byte for byte (but for a replaced `[tool.flytune]`, with `force`).
+Invariants: `init` is all or nothing. Every file is made in memory and read back first (pyproject.toml
+as what it held plus exactly the tables appended, the plan as a plan, the setups module as Python whose
+names shadow neither its imports nor each other), every path is checked, then each file is written
+atomically, and a write that fails undoes the others: the project is as it was. An existing
+`[tool.flytune]` or plan is replaced only with `force`, the setups module never; pyproject.toml is only
+appended to, in its own line endings, so what was there stays byte for byte (but a `force`d table).
 """
 from __future__ import annotations
 
 import ast
+import builtins
+import keyword
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import fsutil
 from ..core import project as project_mod
+from ..core.artifact import KERNEL_NAME, KERNEL_NAME_MAX
 from ..core.codec import Fields
-from ..core.errors import InputError, ProjectError
+from ..core.errors import InputError, OutputError, ProjectError
 from ..core.fsutil import atomic_write
 from ..core.target import parse_targets
+from .discovery import FoundKernel, find_kernels
 
 PLAN = "tune/plan.toml"
 OUTPUT = "artifacts/{arch}"
@@ -28,27 +35,8 @@ SETUPS = "tuning"  # the module of setups, inside the package
 # setuptools backends find packages on their own, and a flat layout with artifacts/ and tune/ beside
 # the package is "several top-level packages" to them: the one layout that needs `packages.find`
 SETUPTOOLS_BACKENDS = (None, "setuptools.build_meta", "setuptools.build_meta:__legacy__", "flytune_build.backend")
-POINTER_USES = {"load", "store", "make_block_ptr", "make_tensor_descriptor"}  # a parameter used in these is a tensor
 DEFAULT_SIZE = 1024
 HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
-
-
-@dataclass(frozen=True)
-class FoundKernel:
-    """A kernel found in the package's source."""
-
-    name: str                # the kernel name its artifacts carry
-    function: str            # the decorated function
-    module: str              # its dotted module
-    file: Path
-    line: int
-    adopted: bool            # a `@triton.autotune` kernel, served once `flytune_build.triton.adopt` names it
-    registered: bool         # adopted: an `adopt` call of its module names it already
-    axes: tuple[str, ...]    # the key's scalar axes: the keys of a plan shape
-    setup: str = ""          # the setup function's name in the setups module
-
-    def where(self, root: Path) -> str:
-        return f"{self.file.relative_to(root).as_posix()}:{self.line}"
 
 
 @dataclass
@@ -63,6 +51,7 @@ class Scaffold:
     actions: list[str] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+    read: dict[Path, bytes] = field(default_factory=dict)  # what a file to rewrite held when planned
 
 
 def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tuple[str, ...] = ("interpreter",),
@@ -96,11 +85,11 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
         raise InputError(f"package {package!r}{field_hint} is not under the project root or src/: no "
                          f"{package.replace('.', '/')}/__init__.py", file=root)
 
-    s = Scaffold(root, package, find_kernels(package_dir, package))
-    _name_setups(s.kernels)
-    text = _tool_flytune(s, pyproject, text, tool, targets, force)
-    text = _packaging(s, root, doc, package_dir, text)
-    s.files[pyproject] = text
+    kernels, left_out = _plannable(root, find_kernels(package_dir, package))
+    s = Scaffold(root, package, kernels, todo=left_out, read={pyproject: text.encode("utf-8")})
+    base, before = _without_tool_flytune(s, pyproject, text, doc, tool, force)
+    blocks = [("tool.flytune", _tool_flytune(s, targets))] + _packaging(s, root, doc, package_dir)
+    s.files[pyproject] = _appended(s, pyproject, base, before, blocks)
     _plan_file(s, force)
     _setups_module(s, package_dir)
     _next_steps(s, doc)
@@ -108,140 +97,170 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
 
 
 def write(s: Scaffold) -> None:
-    """Write what `scaffold` planned, each file atomically, each inside the project: a file that is a
-    symlink, or a path through one that leaves the project, is refused before anything is written."""
-    root = s.root.resolve()
-    for path in s.files:
-        if path.is_symlink() or not path.resolve().is_relative_to(root):
-            raise InputError("is a symlink, or reached through one that leaves the project: `flytune init` "
-                             "wrote nothing (write it by hand, or replace the link with a file)", file=path)
-    for path, text in s.files.items():
-        atomic_write(path, text.encode("utf-8"))
+    """Write what `scaffold` planned, all or nothing. Every path is checked first (an InputError naming what
+    is in the way and what to do; nothing written), then each file is written atomically, keeping a
+    replaced file's mode; a failed write undoes the others, and an OutputError names it and what to do."""
+    staged = [(path, text.encode("utf-8")) for path, text in s.files.items()]
+    for path, _ in staged:
+        _check_path(s.root, path)
+    # new files first, then those replaced, pyproject.toml last: what an interrupted run (a kill, no undo)
+    # leaves is at worst files the next `init` may replace, never a [tool.flytune] it refuses to
+    staged.sort(key=lambda item: (item[0] == s.root / "pyproject.toml", os.path.lexists(item[0])))
+    made: list[Path] = []                                 # directories this call created
+    done: list[tuple[Path, bytes | None, int]] = []       # (file, what it held before or None, its mode)
+    try:
+        for path, data in staged:
+            _make_directories(path.parent, made)
+            if path in s.read:  # appended to: what was planned from must still be there, never overwritten
+                fsutil.unchanged(path, s.read[path])
+            old = fsutil.read_regular(path, OutputError, MAX_KEPT_BYTES) if os.path.lexists(path) else None
+            mode = stat.S_IMODE(path.stat().st_mode) if old is not None else 0o644
+            atomic_write(path, data, mode)
+            done.append((path, old, mode))
+    except BaseException as e:
+        left = _undo(done, made)
+        if not isinstance(e, (OSError, OutputError)):
+            raise
+        where = e.file if isinstance(e, OutputError) and e.file else getattr(e, "filename", None) or s.root
+        why = e.rule if isinstance(e, OutputError) else f"cannot be written: {e.strerror or e}"
+        undone = ("`flytune init` undid what it had written (the project is as it was)" if not left else
+                  f"`flytune init` could not undo all it had written ({'; '.join(left)})")
+        raise OutputError(f"{why}; {undone}: free space on its disk or make its directory writable, then run "
+                          f"`flytune init` again", file=where) from None
 
 
-MAX_SOURCE_BYTES = 16 << 20  # a module read to find its kernels
+def _writable(path: Path) -> bool:
+    """Whether this process may write `path`, and its mode says anyone may: root ignores the mode, but
+    a file or directory made read-only says not to write it."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    wanted = os.W_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)
+    return os.access(path, wanted) and bool(mode & 0o222)
+
+
+def _check_path(root: Path, path: Path) -> None:
+    """An InputError naming what is in the way of writing `path` (nothing is written), or nothing."""
+    rel = path.relative_to(root).as_posix()  # `scaffold` plans every file under the root
+    again = "then run `flytune init` again; nothing was written"
+    if path.is_symlink() or not path.resolve().is_relative_to(root.resolve()):
+        raise InputError("is a symlink, or reached through one that leaves the project: `flytune init` "
+                         "wrote nothing (write it by hand, or replace the link with a file)", file=path)
+    directory = root
+    for part in Path(rel).parts[:-1]:
+        directory = directory / part
+        if os.path.lexists(directory) and not directory.is_dir():
+            raise InputError(f"is a file where `flytune init` needs a directory, for {rel}: move it aside (or "
+                             f"remove it), {again}", file=directory)
+    nearest = path.parent
+    while not os.path.lexists(nearest):
+        nearest = nearest.parent
+    if not _writable(nearest):
+        raise InputError(f"is not writable, and `flytune init` writes {rel} "
+                         f"{'there' if nearest == path.parent else 'below it'}: make it writable "
+                         f"(chmod u+w {nearest.relative_to(root).as_posix() or '.'}), {again}", file=nearest)
+    if os.path.lexists(path):
+        if not path.is_file():
+            raise InputError(f"is not a regular file, and `flytune init` writes a file there: move it aside, "
+                             f"{again}", file=path)
+        if not _writable(path):
+            how = "appends to" if path.name == "pyproject.toml" else "replaces"
+            raise InputError(f"is read-only, and `flytune init` {how} it: make it writable (chmod u+w {rel}), "
+                             f"{again}", file=path)
+
+
+def _make_directories(directory: Path, made: list[Path]) -> None:
+    """Create `directory` and the parents it lacks, each added to `made` (outermost first)."""
+    for d in reversed([d for d in (directory, *directory.parents) if not os.path.lexists(d)]):
+        try:
+            d.mkdir()
+        except OSError as e:
+            raise OutputError(f"cannot be created: {e.strerror or e}", file=d) from None
+        made.append(d)
+
+
+def _undo(done: list[tuple[Path, bytes | None, int]], made: list[Path]) -> list[str]:
+    """Put back what `write` changed: replaced files restored, new files and directories removed, the
+    last first. Returns what could not be put back, in words (nothing: the project is as it was)."""
+    left = []
+    for path, old, mode in reversed(done):
+        try:
+            if old is None:
+                os.unlink(path)
+            else:
+                atomic_write(path, old, mode)
+        except OSError as e:
+            left.append(f"{path}: {e}")
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError as e:
+            left.append(f"{d}: {e.strerror or e}")
+    return left
+
+
+MAX_KEPT_BYTES = 64 << 20    # a file `write` replaces, held in memory to be put back if a later write fails
 PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def find_kernels(package_dir: Path, package: str) -> list[FoundKernel]:
-    """Every `@flytune_build.autotune` and `@triton.autotune` kernel under `package_dir`, in file and line
-    order. A file that does not parse is skipped: the build or the import names its error."""
-    found = []
-    # a contained, bounded walk of regular files (a FIFO or a link to /dev/zero named *.py is skipped),
-    # each read capped: reading the source never hangs
-    reached = fsutil.find(package_dir, "**", suffix=".py", error=InputError, file=package_dir, root_name="the package")
-    for rel_posix in sorted(reached.files.values()):
-        path = package_dir / rel_posix
-        rel = Path(rel_posix).with_suffix("")
-        parts = [p for p in rel.parts if p != "__init__"]
-        module = ".".join([package, *parts])
-        try:
-            tree = ast.parse(fsutil.read_regular(path, InputError, MAX_SOURCE_BYTES).decode("utf-8"), str(path))
-        except (SyntaxError, UnicodeDecodeError, ValueError, InputError):
-            continue
-        aliases = _aliases(tree)
-        adopted = _adopt_names(tree, aliases)
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                k = _kernel(node, aliases, module, path, adopted.get(node.name))
-                if k is not None:
-                    found.append(k)
-    return sorted(found, key=lambda k: (str(k.file), k.line))
+def _plannable(root: Path, kernels: list[FoundKernel]) -> tuple[list[FoundKernel], list[str]]:
+    """(the kernels a plan can name, each with its setup's name; what to do about those it cannot): a
+    kernel of a module no import reaches by name (`my-ops.py`), or whose name is no dotted kernel name
+    (its artifacts would be refused), is left out of the plan, said in the list of what to do by hand."""
+    kept, left_out = [], []
+    for k in kernels:
+        where = f"{k.where(root)}: {k.function} is left out of {PLAN}"
+        if not all(IDENTIFIER.fullmatch(p) and not keyword.iskeyword(p) for p in k.module.split(".")):
+            left_out.append(f"{where}: its module {k.module!r} cannot be imported by that name (rename the file "
+                            f"to a Python identifier, then add the kernel to the plan)")
+        elif not KERNEL_NAME.fullmatch(k.name) or len(k.name) > KERNEL_NAME_MAX:
+            left_out.append(f"{where}: its name {k.name!r} is no dotted kernel name such as {k.module}.add "
+                            f"(rename it, then add it to the plan)")
+        else:
+            kept.append(k)
+    return _name_setups(kept), left_out
 
 
-def _adopt_names(tree: ast.Module, aliases: dict[str, str]) -> dict[str, str]:
-    """Function -> name, for each `flytune_build.triton.adopt(function, name="...")` of the module."""
-    out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _dotted(node.func, aliases) == "flytune_build.triton.adopt" and node.args \
-                and isinstance(node.args[0], ast.Name):
-            for kw in node.keywords:
-                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
-                    out[node.args[0].id] = kw.value.value
-            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
-                out[node.args[0].id] = node.args[1].value
-    return out
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # ASCII: a plan's `setup` takes no other
+SETUP_IMPORTS = ("os", "torch")  # what the setups module imports besides the kernels' modules
+DEVICE_HELPER = ("device", "input_device", "inputs_device")  # the setups module's helper, by preference
 
 
-def _aliases(tree: ast.Module) -> dict[str, str]:
-    """Local name -> the dotted name it was imported as (`ft` -> `flytune_build`)."""
-    out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                out[a.asname or a.name] = f"{node.module}.{a.name}"
-    return out
+def _imported(kernels: list[FoundKernel]) -> set[str]:
+    """The names the setups module imports (its kernels' top-level packages too), and the builtins a
+    name of its own would shadow."""
+    return set(SETUP_IMPORTS) | {k.module.split(".")[0] for k in kernels} | set(dir(builtins))
 
 
-def _dotted(node: ast.AST, aliases: dict[str, str]) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return ""
-    return ".".join([aliases.get(node.id, node.id), *reversed(parts)])
+def _free(candidates: tuple[str, ...], taken: set[str]) -> str:
+    """The first candidate that is a plain identifier, no keyword and not taken; else the last one
+    numbered (`add_setup_2`)."""
+    for name in candidates:
+        if IDENTIFIER.fullmatch(name) and not keyword.iskeyword(name) and name not in taken:
+            return name
+    stem = next((c for c in reversed(candidates) if IDENTIFIER.fullmatch(c)), "setup")
+    n = 2
+    while f"{stem}_{n}" in taken:
+        n += 1
+    return f"{stem}_{n}"
 
 
-def _decorator_kind(dec: ast.AST, aliases: dict[str, str]) -> str:
-    """"flytune", "triton" (an autotune of either), "jit" (`triton.jit`) or ""."""
-    name = _dotted(dec.func if isinstance(dec, ast.Call) else dec, aliases)
-    if name.startswith("flytune_build.") and name.endswith(".autotune"):
-        return "flytune"
-    if name in ("triton.autotune", "triton.runtime.autotune", "triton.runtime.autotuner.autotune"):
-        return "triton"
-    if name in ("triton.jit", "triton.runtime.jit"):
-        return "jit"
-    return ""
-
-
-def _kernel(node, aliases: dict[str, str], module: str, path: Path, adopted_as: str | None) -> FoundKernel | None:
-    for dec in node.decorator_list:
-        kind = _decorator_kind(dec, aliases)
-        if kind in ("flytune", "triton") and isinstance(dec, ast.Call):
-            # flytune's default name; an adopted kernel has none until `adopt` names it: the package's name
-            # and the function's, as a library would spell it
-            name = f"{module}.{node.name}" if kind == "flytune" else \
-                adopted_as or f"{module.split('.')[0]}.{node.name.removesuffix('_kernel') or node.name}"
-            for kw in dec.keywords:
-                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
-                    name = kw.value.value
-            return FoundKernel(name, node.name, module, path, node.lineno, kind == "triton", adopted_as is not None,
-                               _axes(dec, node))
-    return None
-
-
-def _axes(dec: ast.Call, fn) -> tuple[str, ...]:
-    """The key's axes that are not tensors: a key entry that is a string or the first argument of a
-    call (`pow2("M")`), less the parameters the kernel loads from or stores to."""
-    key = next((kw.value for kw in dec.keywords if kw.arg == "key"), dec.args[1] if len(dec.args) > 1 else None)
-    names = []
-    for item in key.elts if isinstance(key, (ast.List, ast.Tuple)) else ():
-        if isinstance(item, ast.Call) and item.args:
-            item = item.args[0]
-        if isinstance(item, ast.Constant) and isinstance(item.value, str):
-            names.append(item.value)
-    pointers = set()
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
-                and (node.func.attr in POINTER_USES or node.func.attr.startswith("atomic_")):
-            pointers |= {n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)}
-    return tuple(n for n in names if n not in pointers)
-
-
-def _name_setups(kernels: list[FoundKernel]) -> None:
-    """Each kernel's setup function: its function's name less a `_kernel` suffix, made unique."""
-    taken: set[str] = set()
-    for i, k in enumerate(kernels):
+def _name_setups(kernels: list[FoundKernel]) -> list[FoundKernel]:
+    """Each kernel with its setup function's name: its function's name less a `_kernel` suffix, unless
+    that is taken (an import of the setups module, a builtin, its device helper: `add_setup`; another
+    kernel's setup: `<module>_add`)."""
+    reserved = _imported(kernels) | {_free(DEVICE_HELPER, _imported(kernels))}
+    named: set[str] = set()
+    out = []
+    for k in kernels:
         base = k.function.removesuffix("_kernel") or k.function
-        name = base if base not in taken else f"{k.module.rsplit('.', 1)[-1]}_{base}"
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        kernels[i] = FoundKernel(k.name, k.function, k.module, k.file, k.line, k.adopted, k.registered, k.axes, name)
+        mod = k.module.rsplit(".", 1)[-1]
+        then = (f"{mod}_{base}", f"{base}_setup") if base in named else (f"{base}_setup", f"{mod}_{base}")
+        setup = _free((base, *then, f"{mod}_{base}_setup"), reserved | named)
+        named.add(setup)
+        out.append(FoundKernel(k.name, k.function, k.module, k.file, k.line, k.adopted, k.registered, k.axes, setup))
+    return out
 
 
 def _package_dir(root: Path, doc: dict, package: str) -> Path | None:
@@ -264,53 +283,120 @@ def _ours(name: str) -> bool:
     return name == "tool.flytune" or name.startswith("tool.flytune.")
 
 
-def _tool_flytune(s: Scaffold, pyproject: Path, text: str, tool: dict, targets: tuple[str, ...], force: bool) -> str:
-    if "flytune" in tool:
-        if not force:
-            raise ProjectError("already has a [tool.flytune] table; `flytune init` wrote nothing (--force replaces "
-                               "it, and the plan file)", file=pyproject)
-        lines = text.splitlines(keepends=True)
-        headers = _tables(text)
-        spans = [(i, headers[n + 1][0] if n + 1 < len(headers) else len(lines))
-                 for n, (i, name) in enumerate(headers) if _ours(name)]
-        kept = [line for i, line in enumerate(lines) if not any(a <= i < b for a, b in spans)]
-        # the cut must remove [tool.flytune] and nothing else (a header-like line inside a multi-line
-        # string is no header): the rest parses to exactly what it was
-        before = {**project_mod.tomllib.loads(text)}
-        before["tool"] = {k: v for k, v in before.get("tool", {}).items() if k != "flytune"}
-        before = {k: v for k, v in before.items() if k != "tool" or v}
-        try:
-            after = project_mod.tomllib.loads("".join(kept))
-        except project_mod.tomllib.TOMLDecodeError:
-            after = None
-        if not spans or after != before:
-            raise ProjectError("holds [tool.flytune] as dotted keys, an inline table or beside a header-like line "
-                               "inside a string, which `flytune init --force` cannot replace; remove it by hand "
-                               "and run `flytune init` again", file=pyproject)
-        text = "".join(kept)
-        s.actions.append(f"replaced [tool.flytune] in {pyproject.name} (--force)")
-    else:
+def _without_tool_flytune(s: Scaffold, pyproject: Path, text: str, doc: dict, tool: dict,
+                          force: bool) -> tuple[str, dict]:
+    """(pyproject.toml's text that [tool.flytune] is appended to, what it parses to): the file as it is,
+    or, with `force`, less the [tool.flytune] tables it holds."""
+    if "flytune" not in tool:
         s.actions.append(f"appended [tool.flytune] to {pyproject.name}")
-    target_list = ", ".join(f'"{t}"' for t in targets)
-    block = (f'\n[tool.flytune]\npackage = "{s.package}"\nsources = ["{SOURCES}"]\n'
-             f'# one per device you ship for; a GPU: {{ arch = "sm_90", name = "NVIDIA H200", units = 132 }}\n'
-             f'targets = [{target_list}]\n\n'
-             f'[tool.flytune.tune]\nplan = "{PLAN}"\noutput = "{OUTPUT}"\n')
-    return _append(text, block)
+        return text, doc
+    if not force:
+        raise ProjectError("already has a [tool.flytune] table; `flytune init` wrote nothing (--force replaces "
+                           "it, and the plan file)", file=pyproject)
+    lines = text.splitlines(keepends=True)
+    headers = _tables(text)
+    spans = [(i, headers[n + 1][0] if n + 1 < len(headers) else len(lines))
+             for n, (i, name) in enumerate(headers) if _ours(name)]
+    kept = [line for i, line in enumerate(lines) if not any(a <= i < b for a, b in spans)]
+    # the cut must remove [tool.flytune] and nothing else (a header-like line inside a multi-line
+    # string is no header): the rest parses to exactly what it was
+    before = {**doc}
+    before["tool"] = {k: v for k, v in tool.items() if k != "flytune"}
+    before = {k: v for k, v in before.items() if k != "tool" or v}
+    try:
+        after = project_mod.tomllib.loads("".join(kept))
+    except project_mod.tomllib.TOMLDecodeError:
+        after = None
+    if not spans or after != before:
+        raise ProjectError("holds [tool.flytune] as dotted keys, an inline table or beside a header-like line "
+                           "inside a string, which `flytune init --force` cannot replace; remove it by hand "
+                           "and run `flytune init` again", file=pyproject)
+    s.actions.append(f"replaced [tool.flytune] in {pyproject.name} (--force)")
+    return "".join(kept), before
+
+
+def _tool_flytune(s: Scaffold, targets: tuple[str, ...]) -> str:
+    target_list = ", ".join(_toml_string(t) for t in targets)
+    return (f'\n[tool.flytune]\npackage = "{s.package}"\nsources = ["{SOURCES}"]\n'
+            f'# one per device you ship for; a GPU: {{ arch = "sm_90", name = "NVIDIA H200", units = 132 }}\n'
+            f'targets = [{target_list}]\n\n'
+            f'[tool.flytune.tune]\nplan = "{PLAN}"\noutput = "{OUTPUT}"\n')
 
 
 def _append(text: str, block: str) -> str:
+    newline = "\r\n" if "\r\n" in text else "\n"  # the file's own line endings
     if text and not text.endswith("\n"):
-        text += "\n"
-    return text + block
+        text += newline
+    return text + block.replace("\n", newline)
 
 
-def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path, text: str) -> str:
+def _appended(s: Scaffold, pyproject: Path, base: str, before: dict, blocks: list[tuple[str, str]]) -> str:
+    """`base` with each (table, block) appended, parsed back before anything is written: it must read
+    as `before` plus exactly the appended tables (TOML closes an inline table to them, and a table
+    defined twice does not parse), and its [tool.flytune] as the build will read it."""
+    text, expected = base, before
+    for table, block in blocks:
+        text = _append(text, block)
+        expected = _merged(expected, project_mod.tomllib.loads(block))
+        try:
+            got = project_mod.tomllib.loads(text)
+        except project_mod.tomllib.TOMLDecodeError:
+            got = None
+        if got != expected:
+            raise _closed(pyproject, table, before)
+    doc = project_mod.tomllib.loads(text)
+    name = doc.get("project", {}).get("name") if isinstance(doc.get("project"), dict) else None
+    proj = project_mod.parse(doc["tool"]["flytune"], root=s.root, file=pyproject,
+                             name=name if isinstance(name, str) else None)
+    project_mod.check_owned(proj, doc)
+    return text
+
+
+def _merged(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merged(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
+
+
+def _closed(pyproject: Path, table: str, doc: dict) -> ProjectError:
+    """Why [table] cannot be appended to pyproject.toml, naming the table in the way and the fix."""
+    node, where = doc, []
+    for part in table.split("."):
+        if not isinstance(node, dict) or part not in node:
+            break
+        where.append(part)
+        node = node[part]
+    if not where:
+        return ProjectError(f"would not read back as what it holds plus the [{table}] table `flytune init` appends; "
+                            f"nothing was written: add [{table}] by hand", file=pyproject)
+    field_ = ".".join(where)
+    return ProjectError(f"is written in a form TOML closes to the [{table}] table `flytune init` appends (an "
+                        f"inline table, `{where[-1]} = {{ ... }}`, takes nothing added after it); nothing was "
+                        f"written: write it as a [{field_}] header with its keys below it (each inline table "
+                        f"inside it as a [{field_}.NAME] header of its own), then run `flytune init` again",
+                        file=pyproject, field=field_)
+
+
+TOML_ESCAPES = {**{c: f"\\u{c:04x}" for c in (*range(0x20), 0x7F)}, ord('"'): '\\"', ord("\\"): "\\\\"}
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.translate(TOML_ESCAPES) + '"'
+
+
+def _toml_key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _toml_string(name)
+
+
+def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path) -> list[tuple[str, str]]:
+    """The tables the build needs appended (each (table, block)), and what is left to do by hand."""
+    blocks = []
     system = doc.get("build-system") if isinstance(doc.get("build-system"), dict) else None
     backend = system.get("build-backend") if system else None
     if system is None:
-        text = _append(text, '\n[build-system]\nrequires = ["setuptools>=70", "flytune-build"]\n'
-                             'build-backend = "flytune_build.backend"\n')
+        blocks.append(("build-system", '\n[build-system]\nrequires = ["setuptools>=70", "flytune-build"]\n'
+                                       'build-backend = "flytune_build.backend"\n'))
         s.actions.append("appended [build-system]: setuptools with flytune_build.backend")
         backend = "flytune_build.backend"
     elif backend in ("setuptools.build_meta", "setuptools.build_meta:__legacy__"):
@@ -324,16 +410,18 @@ def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path, text: str)
                       f"{package_dir.relative_to(root).as_posix()}` before each build (docs/guide.md, Build backends)")
     elif "flytune-build" not in " ".join(str(r) for r in system.get("requires", [])).replace("_", "-"):
         s.todo.append('add "flytune-build" to [build-system] requires in pyproject.toml')
-    setuptools_tool = (doc.get("tool") or {}).get("setuptools")
+    tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
+    setuptools_tool = tool.get("setuptools")
     explicit = isinstance(setuptools_tool, dict) and any(k in setuptools_tool for k in ("packages", "py-modules"))
     flat = package_dir.parents[len(s.package.split(".")) - 1] == root
     if backend in SETUPTOOLS_BACKENDS and flat and not explicit:
         top = s.package.split(".")[0]
-        text = _append(text, f'\n# artifacts/ and tune/ beside the package: tell setuptools which package to ship\n'
-                             f'[tool.setuptools.packages.find]\ninclude = ["{top}*"]\n')
+        blocks.append(("tool.setuptools.packages.find",
+                       f'\n# artifacts/ and tune/ beside the package: tell setuptools which package to ship\n'
+                       f'[tool.setuptools.packages.find]\ninclude = ["{top}*"]\n'))
         s.actions.append(f'appended [tool.setuptools.packages.find] include = ["{top}*"]: setuptools ships the '
                          f'package, not artifacts/ or tune/')
-    return text
+    return blocks
 
 
 def _plan_file(s: Scaffold, force: bool) -> None:
@@ -344,17 +432,34 @@ def _plan_file(s: Scaffold, force: bool) -> None:
              f"# Each setup, in {s.package}.{SETUPS}, builds inputs of one shape and returns the call to time.",
              "# Replace the sizes by the ones that matter on the device you ship for."]
     for k in s.kernels:
-        shape = ", ".join(f"{a} = {DEFAULT_SIZE}" for a in k.axes)
-        lines += ["", "[[entries]]", f'kernel = "{k.name}"', f'setup = "{s.package}.{SETUPS}:{k.setup}"',
+        shape = ", ".join(f"{_toml_key(a)} = {DEFAULT_SIZE}" for a in k.axes)
+        lines += ["", "[[entries]]", f"kernel = {_toml_string(k.name)}",
+                  f"setup = {_toml_string(f'{s.package}.{SETUPS}:{k.setup}')}",
                   f"shapes = [{{ {shape} }}]" if shape else "shapes = [{}]"]
         if k.adopted:
-            lines.append(f'autotuner = "{k.module}:{k.function}"  # @triton.autotune: its own search, captured')
+            lines.append(f"autotuner = {_toml_string(f'{k.module}:{k.function}')}  "
+                         f"# @triton.autotune: its own search, captured")
     if not s.kernels:
-        lines += ["", "# no @flytune_build.autotune or @triton.autotune kernel was found: add [[entries]] here"]
+        lines += ["", "# no @flytune_build.autotune or @triton.autotune kernel was found: replace the line below with",
+                  "# an entry per kernel:", "#   [[entries]]", f'#   kernel = "{s.package}.add"',
+                  f'#   setup = "{s.package}.{SETUPS}:add"', "#   shapes = [{ n = 1024 }]", "entries = []"]
         s.todo.append(f"no kernel found in {s.package}: decorate one with @flytune_build.autotune and add it to "
                       f"{PLAN}")
-    s.files[path] = "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    try:  # read back as `flytune tune` will read it, before it is written
+        project_mod.PLAN.check(project_mod.tomllib.loads(text), "", Fields(path, ProjectError))
+    except (project_mod.tomllib.TOMLDecodeError, ProjectError) as e:
+        raise InputError(f"would not read back as a tuning plan ({e}); `flytune init` wrote nothing: write the "
+                         f"plan by hand (docs/reference.md, the tuning plan)", file=path) from None
+    s.files[path] = text
     s.actions.append(f"{'replaced' if path.exists() else 'wrote'} {PLAN} ({len(s.kernels)} kernel(s))")
+
+
+def _python_string(text: str, quotes: str = '"') -> str:
+    """`text` as a Python string literal: in `quotes` where it reads as written there, else its repr."""
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return f"{quotes}{text}{quotes}"
+    return repr(text)
 
 
 def _setups_module(s: Scaffold, package_dir: Path) -> None:
@@ -364,22 +469,41 @@ def _setups_module(s: Scaffold, package_dir: Path) -> None:
         s.actions.append(f"kept {rel} (it exists): give it the setups {PLAN} names")
         return
     modules = sorted({k.module for k in s.kernels})
+    device = _free(DEVICE_HELPER, _imported(s.kernels))
     out = [f'"""Tuning-plan setups ({PLAN}): each builds the inputs of one shape and returns the call to time."""',
            "import os", "", "import torch", "", *(f"import {m}" for m in modules), "", "",
-           "def device():",
+           f"def {device}():",
            '    """Where inputs live: the CPU under TRITON_INTERPRET=1 (Triton\'s interpreter), else the GPU."""',
            '    return "cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda"']
     for k in s.kernels:
-        args = ", ".join(k.axes)
+        plain = all(IDENTIFIER.fullmatch(a) and not keyword.iskeyword(a) for a in k.axes)
+        args = ", ".join(k.axes) if plain else "**shape"  # a key axis no parameter can be named after
         out += ["", "", f"def {k.setup}({args}):",
-                f'    """{k.name} ({k.function}, {k.where(s.root)}) at one shape."""',
-                "    # x = torch.randn(..., device=device())",
+                f"    {_python_string(f'{k.name} ({k.function}, {k.where(s.root)}) at one shape.', chr(34) * 3)}",
+                f"    # x = torch.randn(..., device={device}())",
                 f"    # return lambda: <the function of {k.module} that launches {k.function}>(x, ...)",
-                f'    raise NotImplementedError("{rel}: {k.setup}() must build inputs and return the call to tune")']
-    s.files[path] = "\n".join(out) + "\n"
+                f"    raise NotImplementedError("
+                f"{_python_string(f'{rel}: {k.setup}() must build inputs and return the call to tune')})"]
+    text = "\n".join(out) + "\n"
+    _check_module(path, text)
+    s.files[path] = text
     s.actions.append(f"wrote {rel} ({len(s.kernels)} setup(s) to fill in)")
     if s.kernels:
         s.todo.insert(0, f"fill in {rel}: each setup builds inputs for one shape and returns the call to time")
+
+
+def _check_module(path: Path, text: str) -> None:
+    """The setups module read back before it is written: Python, binding each top-level name once."""
+    try:
+        tree = ast.parse(text, str(path))
+    except SyntaxError as e:
+        raise InputError(f"would not be valid Python ({e.msg}, line {e.lineno}); `flytune init` wrote nothing: "
+                         f"write the setups by hand", file=path) from None
+    imported = {a.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for a in node.names}
+    defined = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    twice = sorted({n for n in defined if defined.count(n) > 1 or n in imported})
+    if twice:  # a bug of `init` itself: said, never written
+        raise InputError(f"would bind {', '.join(twice)} twice; `flytune init` wrote nothing", file=path)
 
 
 def _next_steps(s: Scaffold, doc: dict) -> None:

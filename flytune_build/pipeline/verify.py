@@ -1,4 +1,6 @@
-"""Verify at package time, with no GPU: key axes, conflicts, toolchain drift, coverage.
+"""Verify at package time, with no GPU: key axes, conflicts, each config the winner its provenance
+records, toolchain drift, coverage; rankings mixed on one device (a synthetic artifact beside measured
+ones) are a warning, as in `flytune verify` without --strict.
 
 The rules are core.verification's, shared with `flytune verify`; schema, canonical form and content
 address are checked as each file is collected. A `tune.output` the sources do not reach is an
@@ -20,13 +22,17 @@ def verify(state: BuildState) -> BuildState:
     state.rejected += found.errors
     state.warnings += found.warnings
     state.artifacts = found.bundled(state.artifacts)  # an earlier release's keys under the kernel's one axis set
-    unshipped = project_mod.unshipped_tune_output(state.project)
+    state.warnings += [str(e) for e in mixed(state)]
+    unshipped = project_mod.unshipped_output_error(state.project)
     if unshipped is not None:  # strict: an error; otherwise dropped to a warning, as every rejection is
-        state.reject(ProjectError(f"is {state.project.tune_output!r}, which writes {unshipped}: outside the sources "
-                                  f"({', '.join(state.project.sources)}), so the build never ships what "
-                                  f"`flytune tune` writes there", file=state.project.root / "pyproject.toml",
-                                  field="tool.flytune.tune.output"))
+        state.reject(unshipped)
     return state
+
+
+def mixed(state: BuildState) -> list[FlytuneError]:
+    """The kept artifacts' rankings mixed on one device (core.verification.rankings), each naming its file
+    relative to the project root: a warning here, a violation of `flytune verify --strict`."""
+    return verification.rankings(state.artifacts, lambda a: str(state.origin.get(id(a), a.filename))).errors
 
 
 def planned(state: BuildState) -> tuple[str, ...]:

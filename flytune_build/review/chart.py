@@ -1,6 +1,7 @@
 """A shape's candidates as an inline SVG chart: a bar per config (time per config, declared order),
 the winner highlighted, the tie band shaded; below it, where the selection was recorded, the
-finalists' rounds on a zoomed axis, where a band of 1-3% is visible at all.
+finalists' rounds on a zoomed axis, where a band of 1-3% is visible at all. A synthetic ranking's
+numbers are ranks: the axes say so, and no bar carries a percentage (a ratio of ranks is no speed-up).
 
 Hand-drawn rather than matplotlib's SVG backend: matplotlib with its dependencies is 172 MB installed
 and takes ~500 ms to import and draw one chart (`python -c "import matplotlib; matplotlib.use('svg');
@@ -37,8 +38,9 @@ def svg(shape: Shape) -> Markup:
     top = max((c.time_ms for c in timed), default=1.0) or 1.0
     scale_max = min(top, fastest * CLIP) if fastest else top
     x = (lambda t: LABEL_W + bars_w * min(t / scale_max, 1.0)) if scale_max > 0 else (lambda t: LABEL_W)
-    parts = [element("text", "time per config, ms (provenance.candidates; declared order)", x=LABEL_W, y=14,
-                     class_="axis")]
+    ranks = shape.unit == "rank"
+    axis = "synthetic rank per config, not a time" if ranks else "time per config, ms"
+    parts = [element("text", f"{axis} (provenance.candidates; declared order)", x=LABEL_W, y=14, class_="axis")]
     height = TOP + ROW_H * len(shown)
     if shape.fastest_ms is not None and shape.band_ms is not None:
         x0, x1 = x(shape.fastest_ms), max(x(shape.band_ms), x(shape.fastest_ms) + 1.5)
@@ -62,9 +64,10 @@ def svg(shape: Shape) -> Markup:
                            title=f"#{c.index} {c.label}: {c.time_ms:.6g} {shape.unit}"))
         if c.time_ms > scale_max:
             parts.append(element("text", "›", x=number(WIDTH - VALUE_W - 8), y=number(y + 12), class_="clip"))
-        pct = slower_pct(c.time_ms, fastest)
+        pct = None if ranks else slower_pct(c.time_ms, fastest)
         rel = f" +{pct:.1f}%" if pct is not None and c.time_ms > fastest else ""
-        parts.append(element("text", f"{c.time_ms:.4g}{rel}{mark}", x=number(WIDTH - VALUE_W + 4),
+        value = f"rank {c.time_ms:.4g}" if ranks else f"{c.time_ms:.4g}"
+        parts.append(element("text", f"{value}{rel}{mark}", x=number(WIDTH - VALUE_W + 4),
                              y=number(y + 12), class_="value" + (" winner" if c.winner else "")))
     if hidden:
         parts.append(element("text", f"{hidden} slower candidate(s) not drawn (see the table)", x=LABEL_W,
@@ -95,13 +98,15 @@ def _finalists(shape: Shape, top: float) -> tuple[list[Markup], float]:
 
     y0 = top + 16
     height = 16 + ROW_H * len(fins) + 18
-    parts = [element("text", f"finalists' rounds, ms (zoomed: {lo:.4g} to {hi:.4g})", x=LABEL_W, y=number(top + 10),
+    what = "finalists' synthetic ranks, not times" if shape.unit == "rank" else "finalists' rounds, ms"
+    parts = [element("text", f"{what} (zoomed: {lo:.4g} to {hi:.4g})", x=LABEL_W, y=number(top + 10),
                      class_="axis")]
     if shape.fastest_ms is not None and shape.band_ms is not None:
         x0, x1 = x(shape.fastest_ms), x(shape.band_ms)
         parts.append(_rect(x0, y0 - 2, max(x1 - x0, 1.5), ROW_H * len(fins) + 2, "band",
                            title=f"tie band {((shape.band or 0) * 100):.2f}%: a finalist whose median lies here ties "
-                                 f"with the fastest; the earliest declared of them wins"))
+                                 f"with the {'best-ranked' if shape.unit == 'rank' else 'fastest'}; the earliest "
+                                 f"declared of them wins"))
     for row, f in enumerate(fins):
         y = y0 + row * ROW_H
         mid = y + ROW_H / 2

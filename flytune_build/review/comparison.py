@@ -4,7 +4,8 @@ shapes added or removed.
 "By how much" is read two ways. The margin is the old winner's time over the new winner's in the
 new run's own candidates (the same process, the same placements: the figure to trust). The
 cross-run ratio compares each winner's time as its own run recorded it, which also moves with the
-machine, the driver and the load; it is shown only beside the margin, labelled as such.
+machine, the driver and the load; it is shown only beside the margin, labelled as such. A synthetic
+ranking's numbers are ranks: its margin is labelled a rank, and no cross-run ratio is drawn from one.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class Change:
     margin: float | None       # old winner / new winner - 1, in the new run (audit.inspection.diff)
     cross_run: float | None    # the new winner's time in its run / the old winner's in its own, - 1
     address: str
+    ranks: str | None = None   # "new", "old" or "both": the run(s) whose numbers are synthetic ranks, not times
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,10 @@ def compare(old: audit.Source, new: audit.Source) -> Comparison:
         if o.config == n.config:
             continue
         margin = margins.get((n.kernel, codec.canonical(dict(n.key)), n.device.spec()))
+        ranks = {"new": shape.synthetic(n), "old": shape.synthetic(o)}
+        ranked = "both" if all(ranks.values()) else next((k for k, v in ranks.items() if v), None)
         changed.append(Change(n.kernel, key_text(n.key), n.device.spec(), label(o.config), label(n.config),
-                              margin, _cross_run(o, n), addr))
+                              margin, None if ranked else _cross_run(o, n), addr, ranked))
     return Comparison(tuple(changed), tuple(_ident(b[x]) for x in sorted(b.keys() - a.keys())),
                       tuple(_ident(a[x]) for x in sorted(a.keys() - b.keys())), d["unchanged"],
                       {c.address: a[c.address].config for c in changed})

@@ -120,10 +120,11 @@ def _sources(sources: list[Source]) -> Markup:
         if s.manifest is not None:
             facts.append(element("div", "declared Triton: ", element("code", s.manifest.triton or "(any)")))
         cards.append(element("div", *facts, class_="card", data_source=role))
-        if s.errors or s.warnings or s.drift:
+        if s.errors or s.warnings or s.drift or s.mixed:
             errs = [element("li", str(e)) for e in s.errors]
             warns = [element("li", w) for w in s.warnings] + [element("li", f"toolchain drift: {d}") for d in s.drift
                                                               if str(d) not in s.warnings]
+            warns += [element("li", f"rankings mixed: {d}") for d in s.mixed if str(d) not in s.warnings]
             notes.append(element("details", element("summary", f"{role} {s.path}: {len(errs)} error(s), "
                                                     f"{len(warns)} warning(s)"),
                                  element("ul", *errs, class_="errors") if errs else None,
@@ -140,10 +141,15 @@ def _changes(d: comparison.Comparison) -> Markup:
                                                         "old winner in the new run", "winners' own times")))]
     for c in d.changed:
         if c.margin is None:
-            margin = "not timed in the new run"
+            margin = "not timed in the new run" if c.ranks not in ("new", "both") else "not ranked in the new run"
+        elif c.ranks in ("new", "both"):  # a ratio of synthetic ranks: no time, no speed-up
+            margin = f"ranked {'behind' if c.margin >= 0 else 'ahead'} (synthetic rank {c.margin * 100:+.1f}%, not a time)"
         else:
             margin = f"{c.margin * 100:.1f}% slower" if c.margin >= 0 else f"{-c.margin * 100:.1f}% faster"
-        cross = "?" if c.cross_run is None else f"{c.cross_run * 100:+.1f}% (new vs old run)"
+        if c.ranks is not None:
+            cross = f"none: the {'runs rank' if c.ranks == 'both' else c.ranks + ' run ranks'} synthetically, not in time"
+        else:
+            cross = "?" if c.cross_run is None else f"{c.cross_run * 100:+.1f}% (new vs old run)"
         rows.append(element("tr", element("td", element("a", c.kernel, href=f"#shape-{c.address[:16]}")),
                             element("td", element("code", c.key)), element("td", c.device),
                             element("td", element("code", c.old)), element("td", element("code", c.new)),
@@ -259,10 +265,11 @@ def _table(s: shape.Shape) -> Markup:
     if not s.candidates:
         return Markup("")
     fastest = min((c.time_ms for c in s.candidates if c.time_ms is not None), default=None)
-    time = "time (ms)" if s.unit == "ms" else "synthetic rank (no time)"
-    rows = [element("tr", *(element("th", h) for h in ("#", "config", time, "vs fastest", "")))]
+    ranks = s.unit == "rank"   # a ratio of two ranks is no speed-up: none is shown
+    time = "synthetic rank (no time)" if ranks else "time (ms)"
+    rows = [element("tr", *(element("th", h) for h in ("#", "config", time, "" if ranks else "vs fastest", "")))]
     for c in s.candidates:
-        pct = shape.slower_pct(c.time_ms, fastest)
+        pct = None if ranks else shape.slower_pct(c.time_ms, fastest)
         rel = "" if pct is None else f"{pct:+.1f}%"
         mark = "winner" if c.winner else "previous winner" if c.previous else (c.error or "")
         rows.append(element("tr", element("td", c.index, class_="num"), element("td", element("code", c.label)),

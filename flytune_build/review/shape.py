@@ -9,6 +9,7 @@ the chart's arithmetic into inf and nan coordinates): it is read as missing.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,11 +58,30 @@ class Shape:
     @property
     def unit(self) -> str:
         """What the recorded times are: milliseconds, or a synthetic ranking's pseudo-times (a rank)."""
-        return "rank" if (self.artifact.provenance or {}).get("ranking") == "synthetic" else "ms"
+        return "rank" if synthetic(self.artifact) else "ms"
 
     @property
     def winner(self) -> Candidate | None:
         return next((c for c in self.candidates if c.winner), None)
+
+
+def synthetic(art: Artifact) -> bool:
+    """Whether `art`'s candidates were ranked synthetically: its numbers are ranks, never times, and a
+    ratio of two of them is no speed-up (`provenance.ranking`, or the timer that ranked them)."""
+    prov = art.provenance or {}
+    m = prov.get("measurement")
+    return prov.get("ranking") == "synthetic" or (isinstance(m, Mapping) and m.get("timer") == "synthetic")
+
+
+# the words of a selection's `why` (runtime.selection) that speak of time, as a synthetic ranking means them
+_RANK_WORDS = {"fastest": "best-ranked", "faster": "ranked better", "slower": "ranked worse", "ms": "rank"}
+_TIME_WORD = re.compile(r"\b(" + "|".join(_RANK_WORDS) + r")\b")
+
+
+def as_ranks(why: str) -> str:
+    """A selection's `why` under a synthetic ranking, its words of time said as ranks: the gaps it
+    names are between ranks, never a speed-up."""
+    return "by synthetic rank, not time: " + _TIME_WORD.sub(lambda m: _RANK_WORDS[m.group(1)], why)
 
 
 def label(config: Config) -> str:
@@ -114,7 +134,7 @@ def read(art: Artifact, previous: Config | None = None) -> Shape:
     if coordesc and shape.candidates and shape.winner is None:
         shape.facts.append(("coordinate descent", "Inductor's coordinate descent moved the benchmark's winner to "
                                                   "the shipped config, which is not among the timed candidates"))
-    _facts(shape, prov)
+    _facts(shape, prov, synthetic(art))
     return shape
 
 
@@ -151,7 +171,7 @@ def _selection(shape: Shape, sel: Any, configs: dict[int, str], coordesc: bool =
     if shape.band_ms is not None and (shape.fastest_ms is None or shape.band_ms < shape.fastest_ms):
         shape.band_ms = None  # a band that ends below its own start is not drawn
     why = sel.get("why")
-    shape.why = why if isinstance(why, str) else None
+    shape.why = (as_ranks(why) if shape.unit == "rank" else why) if isinstance(why, str) else None
     named = sel.get("winner")
     if shape.winner is not None and isinstance(named, int) and named != shape.winner.index:
         if coordesc:  # an Inductor harvest from before coordinate-descent moves were chosen by the selection
@@ -162,32 +182,30 @@ def _selection(shape: Shape, sel: Any, configs: dict[int, str], coordesc: bool =
                                              f"#{shape.winner.index}: its config was changed after tuning")))
 
 
-def _facts(shape: Shape, prov: Mapping) -> None:
+def _facts(shape: Shape, prov: Mapping, ranks: bool = False) -> None:
+    """How it was timed and chosen; under a synthetic ranking (`ranks`) no number reads as a time or a
+    speed-up: the ranking says so, the budget (never spent) and the gains (ratios of ranks) are left out."""
     out = shape.facts
     ind = prov.get("inductor")
     if isinstance(ind, Mapping) and isinstance(ind.get("name"), str):
         out.append(("Inductor kernel", f"{ind['name']} ({ind.get('mode')}"
                     + (", coordinate descent)" if ind.get("coordesc") is True else ")")))
     ranking = prov.get("ranking")
-    if isinstance(ranking, str):
+    if ranks:
+        out.append(("ranking", "synthetic: a deterministic rank per config, not a time; the winner was not "
+                               "measured faster than any other config"))
+    elif isinstance(ranking, str):
         out.append(("ranking", ranking))
-    checked = prov.get("outputs")
-    if isinstance(checked, Mapping):
-        if isinstance(checked.get("note"), str):
-            out.append(("outputs", checked["note"]))
-        elif isinstance(checked.get("function"), str) or isinstance(checked.get("reference"), Mapping):
-            against = (f"the reference function {checked['function']}" if isinstance(checked.get("function"), str)
-                       else "the reference config")
-            rejected = checked.get("rejected")
-            out.append(("outputs", f"checked against {against}"
-                        + (f"; {rejected} candidate(s) rejected" if isinstance(rejected, int) else "")))
+    checked = _checked(prov.get("outputs"))
+    if checked is not None:
+        out.append(("outputs", checked))
     m = prov.get("measurement")
     if isinstance(m, Mapping):
         if isinstance(m.get("timer"), str):
             out.append(("timer", m["timer"]))
         if isinstance(m.get("l2_flush"), bool):
             out.append(("L2 flushed", "yes" if m["l2_flush"] else "no"))
-        if _finite(m.get("warmup_ms")) or _finite(m.get("rep_ms")):
+        if not ranks and (_finite(m.get("warmup_ms")) or _finite(m.get("rep_ms"))):
             out.append(("budget", f"warm-up {_ms(m.get('warmup_ms'))}, timing {_ms(m.get('rep_ms'))}"))
         if isinstance(m.get("screen_fraction"), int):
             passes = m.get("screen_passes")
@@ -210,20 +228,36 @@ def _facts(shape: Shape, prov: Mapping) -> None:
         shipped = sel.get("shipped")
         if isinstance(shipped, Mapping) and isinstance(shipped.get("outcome"), str):
             gain = shipped.get("gain")
-            out.append(("shipped winner", shipped["outcome"]
-                        + (f" (another config {gain * 100:+.1f}%)" if _finite(gain) else "")))
+            out.append(("shipped winner", shipped["outcome"] + (" (by synthetic rank)" if ranks else
+                        f" (another config {gain * 100:+.1f}%)" if _finite(gain) else "")))
         default = sel.get("default")
         if isinstance(default, Mapping) and isinstance(default.get("outcome"), str):
             gain = default.get("gain")
             out.append(("against the default", ("the default config kept" if default["outcome"] == "kept" else
                                                 "the winner replaces the default")
-                        + (f" (winner {gain * 100:+.1f}% faster)" if _finite(gain) else "")))
+                        + (" (by synthetic rank: no speed-up measured)" if ranks else
+                           f" (winner {gain * 100:+.1f}% faster)" if _finite(gain) else "")))
         stab = sel.get("stability")
         if isinstance(stab, Mapping) and isinstance(stab.get("runs"), int):
             out.append(("repeat runs", f"{stab.get('agreed')} of {stab['runs']} agreed"))
     for name in ("created", "host", "worker", "source"):
         if isinstance(prov.get(name), str):
             out.append((name, prov[name]))
+
+
+def _checked(record: Any) -> str | None:
+    """`provenance.outputs` in words: what the candidates were checked against, and the note (why not,
+    or which tensors were left out of the comparison)."""
+    if not isinstance(record, Mapping):
+        return None
+    note = record.get("note") if isinstance(record.get("note"), str) else None
+    if isinstance(record.get("function"), str) or isinstance(record.get("reference"), Mapping):
+        against = (f"the reference function {record['function']}" if isinstance(record.get("function"), str)
+                   else "the reference config")
+        rejected = record.get("rejected")
+        return (f"checked against {against}" + (f"; {rejected} candidate(s) rejected" if isinstance(rejected, int)
+                                                else "") + (f"; {note}" if note else ""))
+    return note
 
 
 def _config(doc: Any) -> Config | None:

@@ -6,7 +6,8 @@ other tier) launches and calls hooks exactly as Triton's Autotuner would, unchec
 Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
 - the reference is the plan entry's reference function where it names one (`reference = "module:function"`),
   else the kernel's `default` config for the call, else the first candidate in declared order; where a
-  config fails to launch, the next candidate that launches;
+  config fails to launch, the next candidate that launches; the function and the entry's tolerances are
+  for the entry's kernel (`Policy.kernel`): another kernel its setup searches is checked against a config;
 - a reference function is called as the kernel is (`fn(*args, **kwargs)`, the arguments the call passed,
   without grid or config), on the call's tensors as found, and writes its outputs into them in place; what
   it returns is ignored. Where it raises, or returns a value having written nothing into the call's
@@ -14,8 +15,14 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
   naming it): a plan that names a reference never ships a winner that was not checked against it;
 - every candidate (and the reference) launches on the caller's tensors as the search found them:
   each tensor argument is restored from a copy taken before the first launch (a broadcast, `expand`ed
-  one through the memory it views), so a config that leaves
-  part of an output unwritten leaves the found bytes there, not another candidate's result;
+  one through the memory it views; one whose elements overlap otherwise through the bytes it spans), so
+  a config that leaves part of an output unwritten leaves the found bytes there, not another candidate's
+  result;
+- the check never changes what autograd sees: it copies, restores and compares through `.data` (and a
+  reference function gets the call's tensors so), never bumping a version counter nor adding a step to a
+  graph, so a kernel launched on tensors that require grad, on their views (made in no_grad mode too),
+  or inside `torch.autograd.Function.forward`/`backward` on tensors saved for backward, is checked as
+  any other, and its caller's backward runs as it would unchecked;
 - every tensor argument is compared after the launch: integer and bool tensors exactly, floating ones
   within the tolerance of their dtype (`TOLERANCES`) or the plan entry's `rtol`/`atol`; NaN equals NaN;
 - a candidate that differs raises `WrongOutput` where it is timed: it times as infinity, can never win,
@@ -25,9 +32,11 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
 - the caller's tensors are as the search found them once the check pass ends.
 
 Outputs are not checked when the plan entry says `check = false`, when no tensor is passed, or when
-the tensors passed exceed MAX_BYTES (the two copies the check holds would double them) or cannot be
-copied; where the plan entry names a reference function, each of the last three fails the search
-(`TuneError`) instead.
+the tensors passed exceed MAX_BYTES (the two copies the check holds would double them), cannot be
+copied or put back as found; where the plan entry names a reference function, each of the last three
+fails the search (`TuneError`) instead. A check never makes a kernel untunable: where it cannot be made,
+the job is tuned unchecked and `provenance.outputs.note` says why; a tensor whose values cannot be
+compared is left out of the comparison (the others are compared) and the note names it.
 """
 from __future__ import annotations
 
@@ -52,6 +61,10 @@ class WrongOutput(Exception):
     """A candidate's outputs differ from the reference's on the same inputs."""
 
 
+class Unrestorable(Exception):
+    """A tensor the check cannot put back as found: the search goes on unchecked, and says why."""
+
+
 class ReferenceSearchError(TuneError):
     """A reference function started a search of a tuned kernel: it would check a kernel against itself."""
 
@@ -63,6 +76,17 @@ class Policy:
     atol: float | None = None
     reference: Callable | None = None   # the plan entry's reference function (None: a config is the reference)
     reference_name: str | None = None   # its `module:function`, as the plan names it
+    kernel: str | None = None           # the plan entry's kernel, whose searches the function and tolerances are
+    #                                     for (None: every search's); another kernel a setup searches (the backward
+    #                                     of a forward) is checked against a config, by dtype
+
+    def of(self, kernel) -> Policy:
+        """The policy a search of `kernel` is checked under (None: an adopted kernel's, which `recording`
+        searches only for its entry)."""
+        name = getattr(kernel, "name", None)
+        if self.kernel is None or name is None or name == self.kernel:
+            return self
+        return Policy(self.check)
 
 
 def policy() -> Policy | None:
@@ -78,15 +102,25 @@ def tolerance(dtype: Any, p: Policy) -> tuple[float, float]:
 
 
 class Check:
-    """One search's output check: the inputs as found, and the reference's outputs."""
+    """One search's output check: the inputs as found, and the reference's outputs.
+
+    It reads and writes the call's tensors only through `.data` (or the bytes they span): the same
+    memory, but no step of any autograd graph and no bump of a version counter. A tensor that requires
+    grad, a view made in no_grad mode (every view inside `autograd.Function.forward`), a tensor saved
+    for backward: the check restores and compares them all without the caller's graph ever seeing it,
+    as the kernel's own launch writes raw memory."""
 
     def __init__(self, tensors: dict[str, Any], launch: Callable[[Config], None], p: Policy):
         self.tensors, self.launch, self.policy = tensors, launch, p
-        self.memory = {n: _memory(t) for n, t in tensors.items()}   # what each restore writes
-        self.found = {n: t.detach().clone() for n, t in self.memory.items()}
+        self.raw = {n: _raw(t) for n, t in tensors.items()}   # what is compared: the memory, outside autograd
+        self.memory = {}   # what each restore writes
+        self.found = {}
+        for n, t in self.raw.items():
+            self.memory[n], self.found[n] = _restorable(n, t)
         self.reference: Config | None = None   # the reference config, where no function is the reference
         self.expected: dict[str, Any] | None = None   # None: nothing to compare with
         self.note: str | None = None
+        self.skipped: dict[str, str] = {}   # tensors that cannot be compared: name -> why (the rest are)
         self.rejected: list[Config] = []
 
     @property
@@ -97,13 +131,29 @@ class Check:
         return str(self.reference)
 
     def restore(self) -> None:
-        """Every tensor argument as the search found it (a tensor that requires grad too: a copy back
-        is no step of the caller's graph)."""
+        """Every tensor argument as the search found it, through memory autograd does not see."""
         import torch
 
         with torch.no_grad():
             for n, t in self.memory.items():
-                t.copy_(self.found[n])
+                if t is not None:
+                    t.copy_(self.found[n])
+
+    def _expect(self) -> None:
+        """The reference's outputs, as the call's tensors now hold them; a tensor whose values cannot be
+        compared (its dtype has no comparison here) is left out of the check, and the record says so."""
+        self.expected = {}
+        for n, t in self.raw.items():
+            want = t.clone()
+            try:
+                differs(want, want, self.policy)
+            except Exception as e:  # noqa: BLE001 - compare what can be compared; say what was not
+                self.skipped[n] = f"{type(e).__name__}: {e}"[:160]
+                continue
+            self.expected[n] = want
+        if not self.expected:
+            self.expected, self.note = None, ("not checked: no tensor can be compared (" + "; ".join(
+                f"`{n}`: {why}" for n, why in self.skipped.items()) + ")")[:500]
 
     def find_reference(self, order: Sequence[Config]) -> None:
         errors = []
@@ -115,7 +165,7 @@ class Check:
                 errors.append(f"{cfg}: {type(e).__name__}: {e}"[:300])
                 continue
             self.reference = cfg
-            self.expected = {n: t.detach().clone() for n, t in self.tensors.items()}
+            self._expect()
             return
         self.note = "not checked: no config launched for the reference (" + "; ".join(errors)[:400] + ")"
 
@@ -128,7 +178,7 @@ class Check:
         token = _in_reference.set((*_in_reference.get(), self.policy.reference_name))
         try:
             with torch.no_grad():   # as a kernel's launch: what it writes joins no graph of the caller's tensors
-                result = self.policy.reference(*args, **kwargs)
+                result = self.policy.reference(*_unseen(args), **_unseen(kwargs))
         except BaseException as e:
             self.restore()
             if not foreign_failure(e) or isinstance(e, ReferenceSearchError):
@@ -137,11 +187,14 @@ class Check:
                             f"so no candidate can be checked against it: {one_line(e)}") from None
         finally:
             _in_reference.reset(token)
-        if result is not None and all(_same(t, self.found[n]) for n, t in self.memory.items()):
+        if result is not None and all(t is None or _same(t, self.found[n]) for n, t in self.memory.items()):
             raise TuneError(f"the reference function {self.policy.reference_name} returned a {type(result).__name__} "
                             f"and wrote nothing into the call's tensors: what it returns is ignored, so it must "
                             f"write its results into the output tensors in place, as the kernel does")
-        self.expected = {n: t.detach().clone() for n, t in self.tensors.items()}
+        self._expect()
+        if self.expected is None:
+            raise TuneError(f"the outputs cannot be checked against the reference function {self.policy.reference_name}: "
+                            f"{self.note.removeprefix('not checked: ')}")
 
     def __call__(self, cfg: Config) -> None:
         """Launch `cfg` on the inputs as found and raise `WrongOutput` unless its outputs are the reference's."""
@@ -151,8 +204,8 @@ class Check:
             return
         self.restore()
         self.launch(cfg)
-        for n, t in self.tensors.items():
-            why = differs(t, self.expected[n], self.policy)
+        for n, want in self.expected.items():
+            why = differs(self.raw[n], want, self.policy)
             if why is not None:
                 self.rejected.append(cfg)
                 raise WrongOutput(f"`{n}` differs from the reference {self.against}'s: {why}")
@@ -179,8 +232,11 @@ class Check:
             return {"note": (self.note or "not checked")[:500]}
         against = {"function": self.policy.reference_name} if self.reference is None else \
             {"reference": self.reference.to_json()}
-        return {**against, "rtol": self.policy.rtol, "atol": self.policy.atol,
-                "rejected": sum(1 for c in candidates if c.config in self.rejected)}
+        out = {**against, "rtol": self.policy.rtol, "atol": self.policy.atol,
+               "rejected": sum(1 for c in candidates if c.config in self.rejected)}
+        if self.skipped:  # compared what could be: the rest named, and why
+            out["note"] = ("not compared: " + "; ".join(f"`{n}` ({why})" for n, why in self.skipped.items()))[:500]
+        return out
 
 
 # the reference functions this context is calling (a search may not start inside one); per context, so
@@ -194,6 +250,7 @@ def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], No
     p = policy()
     if p is None:
         return None, None
+    p = p.of(kernel)
     inside = _in_reference.get()
     if inside:  # the reference started a search of a tuned kernel: it would check a kernel against itself
         raise ReferenceSearchError(f"the reference function {inside[-1]} calls a tuned kernel "
@@ -216,7 +273,7 @@ def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], No
             if p.reference is None:
                 check.find_reference(_reference_order(kernel, bound, configs))
         except Exception as e:  # noqa: BLE001 - no memory for the copies: the search goes on unchecked, and says so
-            why = f"{type(e).__name__}: {e}"[:480]
+            why = (str(e) if isinstance(e, Unrestorable) else f"{type(e).__name__}: {e}")[:480]
     if why is not None:
         if p.reference is not None:  # the plan named a function to check against: never a winner unchecked
             raise TuneError(f"the outputs cannot be checked against the reference function {p.reference_name}: "
@@ -239,13 +296,59 @@ def _reference_order(kernel, bound: dict, configs: Sequence[Config]) -> list[Con
     return first + list(configs)
 
 
-def _memory(t):
-    """`t` with each broadcast (stride-0) dimension narrowed to its one element: the memory it views, which
-    can be written in place (an `expand`ed input cannot: its elements share one location)."""
+def _raw(t):
+    """`t`'s memory as autograd never sees it (`.data`: the same storage, offset, sizes and strides, its
+    own version counter, no grad_fn, no view of an autograd base)."""
+    import torch
+
+    return t.data if isinstance(t, torch.Tensor) else t
+
+
+def _unseen(values):
+    """`args` or `kwargs` with each tensor (in a tuple or list too) as `_raw` gives it."""
+    import torch
+
+    def raw(v):
+        if isinstance(v, torch.Tensor):
+            return v.data
+        if isinstance(v, (tuple, list)) and not hasattr(v, "_fields"):
+            return type(v)(raw(x) for x in v)
+        return v
+    if isinstance(values, dict):
+        return {k: raw(v) for k, v in values.items()}
+    return tuple(raw(v) for v in values)
+
+
+def _restorable(name: str, t) -> tuple[Any, Any]:
+    """(what a restore of `t` writes, the copy it writes from), tried once: `t` with each broadcast
+    (stride-0) dimension narrowed to its one element (an `expand`ed input's elements share one
+    location), else, where its elements still overlap (`unfold`'s windows), the bytes it spans. None
+    for an empty tensor. Raises, naming `t`, where neither can be written."""
+    import torch
+
+    from . import placement
+
+    if t.numel() == 0:
+        return None, None
+    memory = t
     for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
         if stride == 0 and size > 1:
-            t = t.narrow(d, 0, 1)
-    return t
+            memory = memory.narrow(d, 0, 1)
+    found = memory.clone()
+    try:
+        with torch.no_grad():
+            memory.copy_(found)   # the same values: a write that changes nothing, to learn that it can
+        return memory, found
+    except RuntimeError:
+        pass
+    try:
+        memory = placement.span_bytes(torch, t)
+        found = memory.clone()
+        with torch.no_grad():
+            memory.copy_(found)
+        return memory, found
+    except Exception as e:  # noqa: BLE001 - the check cannot put it back: `start` says so, unchecked
+        raise Unrestorable(f"`{name}` cannot be put back as found: {type(e).__name__}: {e}"[:400]) from None
 
 
 def _same(a, b) -> bool:
@@ -268,7 +371,8 @@ def differs(got, want, p: Policy) -> str | None:
     if got.dtype.is_floating_point or got.dtype.is_complex:
         rtol, atol = tolerance(got.dtype, p)
         wide = (torch.float32, torch.float64, torch.complex64, torch.complex128)
-        g, w = (got, want) if got.dtype in wide else (got.float(), want.float())
+        g, w = (got, want) if got.dtype in wide else \
+            (got.cfloat(), want.cfloat()) if got.dtype.is_complex else (got.float(), want.float())  # complex32
         close = torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
         limits = f" (rtol {rtol:g}, atol {atol:g})"
     else:

@@ -125,7 +125,7 @@ def _hook_reaches(torch, hooks, groups) -> bool:
         for v in seen:
             for item in (v.values() if isinstance(v, dict) else (v,)):
                 for t in _members(torch, item):
-                    if t.numel() and any(lo < _end(t) and t.data_ptr() < hi for lo, hi in ranges):
+                    if t.numel() and any(lo < span_end(t) and t.data_ptr() < hi for lo, hi in ranges):
                         return True
     return False
 
@@ -160,7 +160,7 @@ def _groups(torch, tensors) -> tuple[dict, str | None]:
             continue
         if hip and t.untyped_storage().nbytes() > 2**31 - 1:   # Triton's AMD backend specialises on it
             return {}, "an argument's storage is over 2 GiB: a copy would compile another kernel (buffer ops)"
-        lo, hi = t.data_ptr(), _end(t)
+        lo, hi = t.data_ptr(), span_end(t)
         base = t.untyped_storage().data_ptr()
         entry = groups.setdefault(base, [lo, hi, []])
         entry[0], entry[1] = min(entry[0], lo), max(entry[1], hi)
@@ -171,9 +171,20 @@ def _groups(torch, tensors) -> tuple[dict, str | None]:
     return {k: tuple(v) for k, v in groups.items()}, None
 
 
-def _end(t) -> int:
+def span_end(t) -> int:
     """The end of the bytes a (non-empty, strided) tensor spans."""
     return t.data_ptr() + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+
+
+def span_bytes(torch, t, lo: int | None = None, hi: int | None = None):
+    """The bytes from address `lo` to `hi` of `t`'s storage (default: those `t` spans) as a uint8 tensor:
+    reading or writing it reaches `t`'s memory whatever its strides (broadcast, overlapping windows), and
+    autograd never sees it (its own version counter, no graph): a copy made or put back through it is
+    no in-place step of the caller's graph."""
+    lo = t.data_ptr() if lo is None else lo
+    hi = span_end(t) if hi is None else hi
+    storage = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, lo - storage.data_ptr(), (hi - lo,), (1,))
 
 
 def _free_bytes(torch, device) -> int | None:
@@ -190,9 +201,7 @@ def _copy(torch, own: Site, groups: dict) -> Site:
         extent = hi - lo
         buf = torch.empty(extent + ALIGN, dtype=torch.uint8, device=first.device)
         start = (lo - buf.data_ptr()) % ALIGN
-        source = torch.empty(0, dtype=torch.uint8, device=first.device).set_(
-            first.untyped_storage(), lo - first.untyped_storage().data_ptr(), (extent,), (1,))
-        buf[start:start + extent].copy_(source)
+        buf[start:start + extent].copy_(span_bytes(torch, first, lo, hi))
         for t in members:
             offset = start + t.data_ptr() - lo
             swapped[id(t)] = torch.empty(0, dtype=t.dtype, device=t.device).set_(

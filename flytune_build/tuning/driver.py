@@ -13,9 +13,9 @@ or call raises fails at once (it would raise again). Either way the rest of the 
 the run exits 1, the summary naming each failed job and why.
 
 A job an earlier run finished is resumed only while what it depended on holds (`fingerprint`: the
-kernel's config space and source, the setup, the output check, the toolchain); otherwise it runs
-again, and its outcome and the report say why (`retuned`). A state an earlier release wrote holds no
-fingerprint: its jobs run again, saying so.
+kernel's config space and source, the setup, the output check, the toolchain, the ranking); otherwise
+it runs again, and its outcome and the report say why (`retuned`). A state an earlier release wrote
+holds no fingerprint: its jobs run again, saying so.
 
 Every job carries the run's options and the output's shipped winners for its kernel (`shipped`): repeat,
 min_improvement and the keep-or-replace rule run where the job runs, so whether an output keeps its
@@ -27,19 +27,20 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import fsutil
 from ..core.artifact import Artifact
-from ..core.device import DeviceIdentity, parse_spec
+from ..core.device import parse_spec
 from ..core.errors import DeviceError, FlytuneError, TuneError, UsageError
-from ..core.project import Project, TuneEntry, ships
+from ..core.project import Project, TuneEntry, ships, unshipped_fix
 from . import fingerprint, layout
 from .shipped import MIN_IMPROVEMENT_PCT, read_output
-from .job import Job, check_options, no_search_note
+from .job import Job, check_kernels, check_options, no_search_note
 from .ledger import read_state, snapshot
 from .publisher import Publisher
+from .outcome import Outcome, Report, Slot
 from .stability import Stability
 
 START_TIMEOUT = 300.0   # seconds a worker may take to import, start and report its device
@@ -88,89 +89,6 @@ class Reporter:
         pass
 
 
-@dataclass
-class Outcome:
-    """How one job ended, per artifact it produced (a job with none has one outcome)."""
-    job: Job
-    status: str                      # tuned | resumed | no-search | duplicate | failed
-    worker: str = "-"
-    host: str = "-"
-    key: dict | None = None
-    winner: str = "-"
-    time_ms: float = math.nan
-    margin: float | None = None
-    reason: str | None = None
-    change: str = "-"                # new | kept | replaced (+gain%): against the output's shipped winner
-    stable: Stability | None = None  # with repeat > 1: how many searches agreed
-    confidence: float | None = None  # provenance.selection.confidence: how sure the choice is (0.5-1)
-    resolved: bool | None = None     # provenance.selection.resolved: every deciding test settled
-    ranking: str | None = None       # provenance.ranking: `synthetic` times are ranks, not milliseconds
-    retuned: str | None = None       # why a job an earlier run finished ran again (`fingerprint.changed`)
-
-    def to_json(self) -> dict:
-        j = self.job
-        return {"kernel": j.entry.kernel, "shape": j.shape, "device": j.device, "status": self.status,
-                "key": self.key, "winner": self.winner, "time_ms": _number(self.time_ms), "margin": self.margin,
-                "change": self.change, "stability": None if self.stable is None else self.stable.to_json(),
-                "confidence": self.confidence, "resolved": self.resolved, "worker": self.worker, "host": self.host,
-                "reason": self.reason, "ranking": self.ranking, "retuned": self.retuned}
-
-
-def _number(x: float | None) -> float | None:
-    return None if x is None or x != x or x in (float("inf"), float("-inf")) else x
-
-
-@dataclass
-class Slot:
-    index: int
-    name: str
-    state: str = "starting"          # starting | idle | busy | retired
-    device: DeviceIdentity | None = None
-    host: str = "-"
-    jobs: list[Job] = field(default_factory=list)   # the job it runs, then the one handed ahead
-    since: float = 0.0                               # when it started the first of `jobs`
-    start_failures: int = 0
-    reason: str | None = None        # why it was retired
-
-
-@dataclass
-class Report:
-    outcomes: list[Outcome]
-    directories: dict[str, Path]     # device spec -> output directory
-    slots: list[Slot]
-    executor: str
-    startup_s: float                 # until every worker reported its device
-    jobs_s: float                    # from then until the last job ended (the workers still up)
-    elapsed_s: float                 # all of it, the workers' shutdown included
-    notes: list[str] = field(default_factory=list)   # warnings and workers' ends, as the reporter got them
-    logs: Path | None = None         # local workers' logs, kept when a job failed
-
-    @property
-    def failed(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.status == "failed"]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def count(self, status: str) -> int:
-        return sum(o.status == status for o in self.outcomes)
-
-    def to_json(self) -> dict:
-        return {"ok": self.ok, "executor": self.executor, "outcomes": [o.to_json() for o in self.outcomes],
-                "changes": self.changes(), "directories": {k: str(v) for k, v in self.directories.items()},
-                "elapsed_s": self.elapsed_s, "notes": list(self.notes)}
-
-    def retuned(self) -> dict[str, int]:
-        """Jobs an earlier run finished that ran again, by why (`fingerprint.changed`)."""
-        return _counted(o.retuned for o in {id(o.job): o for o in self.outcomes if o.retuned}.values())
-
-    def changes(self) -> dict[str, int]:
-        """How many tuned outcomes were new, kept and replaced against the output's shipped winners."""
-        tuned = [o for o in self.outcomes if o.status == "tuned"]
-        return {c: sum(o.change.startswith(c) for o in tuned) for c in ("new", "kept", "replaced")}
-
-
 class Driver:
     """One run of a plan over an executor's workers; `run()` returns the report."""
 
@@ -186,6 +104,7 @@ class Driver:
         self.queues: dict[str, deque[Job]] = {}
         self.outcomes: dict[str, list[Outcome]] = {}
         self.attempts: dict[str, list[str]] = {}
+        self.failed_as: dict[tuple, Job] = {}   # (kernel, setup, autotuner, reason) -> its first job to fail so
         self.directories: dict[str, Path] = {}
         self.done: dict[str, dict] = {}
         self.published: dict[Path, Job] = {}
@@ -198,6 +117,7 @@ class Driver:
         begin = time.perf_counter()
         startup = jobs = math.nan
         try:
+            check_kernels(self.project.root, self.entries)  # a misspelled kernel: said once, before any job
             self._start_all()
             startup = time.perf_counter() - begin
             self._plan()
@@ -224,13 +144,17 @@ class Driver:
             self._start(slot)
         while any(s.state == "starting" for s in self.slots):
             self._step()
-        if not any(s.state == "idle" for s in self.slots):
-            raise TuneError("no worker started: " + "; ".join(f"{s.name}: {s.reason}" for s in self.slots))
+        up = sum(s.state == "idle" for s in self.slots)  # each reason said once: the error, or a warning
+        if not up:  # what to do is in the reason (a DeviceError says what to set)
+            raise TuneError("; ".join(f"the {s.name} worker {s.reason}" for s in self.slots))
+        for s in (s for s in self.slots if s.state == "retired"):
+            self.note(f"flytune: warning: worker {s.name} {s.reason}; the run goes on with the {up} that started")
 
     def _retire(self, slot: Slot, reason: str) -> None:
         self.executor.kill(slot.index)
         slot.state, slot.reason, slot.jobs = "retired", reason, []
-        self._note(f"flytune: worker {slot.name} stopped, its jobs left to the other workers: {reason}")
+        if self.directories and any(s.state != "retired" for s in self.slots):  # else `_start_all` or its jobs say it
+            self.note(f"flytune: worker {slot.name} stopped ({reason}); the other workers take its jobs")
 
     def _start_failed(self, slot: Slot, reason: str) -> None:
         self.executor.kill(slot.index)
@@ -262,10 +186,11 @@ class Driver:
             spec = dev.spec()
             fsutil.output_directory(directory)
             if not ships(self.project.root, self.project.sources, directory):
-                self._note(unshipped_note(self.project, directory))
+                self.note(unshipped_note(self.project, directory))
             self.directories[spec], self.shipped[spec] = directory, read_output(directory)
             self.done[spec], found[directory] = finished_in(directory, self.options.resume)
-            jobs, self.queues[spec], resumed, retuned = lay_out(self.entries, spec, self.done[spec], self.fingerprints)
+            jobs, self.queues[spec], resumed, retuned = lay_out(self.entries, spec, self.done[spec], self.fingerprints,
+                                                                self.options.ranking)
             self.retuned.update(retuned)
             self.jobs += jobs
             self.outcomes.update(resumed)
@@ -371,7 +296,7 @@ class Driver:
             self._fail(job, slot, f"its worker measured on {spec}, not on {job.device}")
             return
         try:
-            outcomes = self._publish(job, slot, results)
+            outcomes = publish(self, job, slot, results)
         except FlytuneError as e:
             self._fail(job, slot, f"returned an invalid artifact: {e}")
             return
@@ -391,45 +316,49 @@ class Driver:
         tries.append(reason)
         if len(tries) < ATTEMPTS:
             self.queues[job.device].appendleft(job)
-            self._note(f"flytune: {job.label()} on {slot.name}@{slot.host}: {reason}; retrying on a fresh worker")
+            self.note(f"flytune: {job.label()} on {slot.name}@{slot.host}: {reason}; retrying on a fresh worker")
         else:
             same = len(set(tries)) == 1
             self._fail(job, slot, f"{reason} (both attempts)" if same else "; then ".join(tries))
 
     def _fail(self, job: Job, slot: Slot | None, reason: str) -> None:
         worker, host = (slot.name, slot.host) if slot else ("-", "-")
+        first = self.failed_as.setdefault((job.entry.kernel, job.entry.setup, job.entry.autotuner, reason), job)
+        reason = reason if first is job else f"the same error as {first.label()}"  # an entry's jobs alike: said once
         self.outcomes[job.id] = [Outcome(job, "failed", worker, host, reason=reason)]
         self.progress.finished(f"FAILED {job.label()} on {worker}@{host}: {reason}", failed=True)
 
     def _publish_failures(self) -> None:
         for job, reason in self.publisher.take_failures() if self.publisher else ():
             if job is None:
-                self._note(f"flytune: warning: {reason}")
+                self.note(f"flytune: warning: {reason}")
             else:
                 self.outcomes[job.id] = [Outcome(job, "failed", reason=reason)]
-                self._note(f"flytune: {job.label()}: {reason}")
+                self.note(f"flytune: {job.label()}: {reason}")
 
-    def _publish(self, job: Job, slot: Slot, results) -> list[Outcome]:
-        """Hand the job's artifacts to the publisher, which writes them, then records the job done."""
-        directory, outcomes, files = self.directories[job.device], [], []
-        for outcome, art, data in received(job, slot, results):
-            path, outcome.retuned = directory / art.filename, self.retuned.get(job.id)
-            first = self.published.setdefault(path, job)
-            if first is not job:  # a key another job of this run tuned: the first one's artifact stays
-                outcome.status, outcome.reason, outcome.change = "duplicate", f"same artifact as {first.label()}", "-"
-            elif outcome.change != "-" and data is not None:
-                files.append((path, data))
-                self.shipped[job.device].setdefault(art.kernel, {})[art.filename] = data
-            outcomes.append(outcome)
-        if not outcomes:
-            self._note(f"flytune: warning: {no_search_note(job.entry, job.shape)}")
-            return [Outcome(job, "no-search", slot.name, slot.host)]
-        self.publisher.publish(job, directory, files, record_of(outcomes[-1], self.fingerprints))
-        return outcomes
-
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         self.notes.append(text)
         self.reporter.note(text)
+
+
+def publish(driver: Driver, job: Job, slot: Slot, results) -> list[Outcome]:
+    """Hand the job's artifacts to the driver's publisher, which writes them, then records the job done: a
+    key another job of this run tuned keeps the first one's artifact; no artifact at all is a no-search."""
+    directory, outcomes, files = driver.directories[job.device], [], []
+    for outcome, art, data in received(job, slot, results):
+        path, outcome.retuned = directory / art.filename, driver.retuned.get(job.id)
+        first = driver.published.setdefault(path, job)
+        if first is not job:
+            outcome.status, outcome.reason, outcome.change = "duplicate", f"same artifact as {first.label()}", "-"
+        elif outcome.change != "-" and data is not None:
+            files.append((path, data))
+            driver.shipped[job.device].setdefault(art.kernel, {})[art.filename] = data
+        outcomes.append(outcome)
+    if not outcomes:
+        driver.note(f"flytune: warning: {no_search_note(job.entry, job.shape)}")
+        return [Outcome(job, "no-search", slot.name, slot.host)]
+    driver.publisher.publish(job, directory, files, record_of(outcomes[-1], driver.fingerprints))
+    return outcomes
 
 
 def finished_in(directory: Path, resume: bool) -> tuple[dict, dict]:
@@ -441,8 +370,9 @@ def finished_in(directory: Path, resume: bool) -> tuple[dict, dict]:
 
 
 def unshipped_note(project: Project, directory: Path) -> str:
+    fix = unshipped_fix(project.root, project.sources, directory)
     return (f"flytune: warning: {directory} is outside [tool.flytune] sources ({', '.join(project.sources)}): "
-            f"the build does not ship what this run writes there")
+            f"the build does not ship what this run writes there: {fix}")
 
 
 def record_of(last: Outcome, fingerprints: dict | None) -> dict:
@@ -485,20 +415,18 @@ def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, byt
     return out
 
 
-def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict, fingerprints: dict | None = None):
+def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict, fingerprints: dict | None = None, ranking=None):
     """The plan's jobs for one device: (all of them, those to run, {job id: outcome} of those done and
-    still holding, {job id: why} of those done whose inputs moved since, which run again: their records
-    leave `done`, so the state never names a job whose inputs moved). Without `fingerprints` every
-    finished job holds."""
+    still holding, {job id: why} of those done whose inputs moved since or ranked otherwise than the run's
+    `ranking`, which run again: their records leave `done`, so the state never names a job whose inputs
+    moved). Without `fingerprints` a finished job holds while its ranking does (`fingerprint.again`)."""
     jobs, pending, resumed, retuned = [], deque(), {}, {}
     for entry in entries:
         for shape in entry.shapes:
             job = Job(entry, shape, spec)
             jobs.append(job)
             record = done.get(job.id)
-            why = None
-            if record is not None and fingerprints is not None:
-                why = fingerprint.changed(record.get("depends"), fingerprints.get(fingerprint.entry_name(entry)))
+            why = None if record is None else fingerprint.again(record, ranking, fingerprints, entry)
             if record is None or why is not None:
                 pending.append(job)
                 if why is not None:
@@ -508,10 +436,3 @@ def lay_out(entries: tuple[TuneEntry, ...], spec: str, done: dict, fingerprints:
                 resumed[job.id] = [Outcome(job, "resumed", winner=record["winner"], time_ms=record["time_ms"],
                                            margin=record.get("margin"), ranking=record.get("ranking"))]
     return jobs, pending, resumed, retuned
-
-
-def _counted(values) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out

@@ -3,9 +3,10 @@
 A job's winner holds only while its kernel's declared configs (the config space), the kernel's source,
 the setup that builds its call, the output check (its tolerances, and the code of the module that
 defines the reference function a plan entry names) and the toolchain (Triton, torch, CUDA/HIP and the compiler-relevant environment)
-are what they were. `of_plan` reads them once per
+are what they were, and only in a run of the ranking it was tuned with. `of_plan` reads them once per
 plan entry, in the driver, by importing each setup's module (the kernels it declares register as it
-imports); `.flytune-tune-state` keeps them with each finished job, and `changed` says which moved.
+imports); `.flytune-tune-state` keeps them and the ranking with each finished job; `changed` says which
+moved, `again` whether the job runs again and why.
 
 Each part is a 16-hex-digit digest: enough to see a change, small enough that a state of many
 thousand jobs stays within the reader's cap (`ledger.MAX_STATE_BYTES`). An entry whose setup cannot
@@ -19,7 +20,7 @@ import inspect
 import textwrap
 from pathlib import Path
 
-from ..core import codec
+from ..core import codec, settings
 from ..core.config import Config, space_hash
 from ..core.errors import ProjectError
 from ..core.project import TuneEntry
@@ -29,6 +30,7 @@ from . import job
 PARTS = {"space": "config space changed", "source": "kernel source changed", "setup": "setup changed",
          "check": "output check changed", "toolchain": "toolchain changed"}
 UNKNOWN = "tuned by a release that recorded no fingerprint"
+RANKING = "ranking changed"   # the run's ranking is not the one the job was tuned with (`again`)
 
 
 def entry_name(entry: TuneEntry) -> tuple:
@@ -85,6 +87,21 @@ def changed(recorded: dict | None, current: dict | None) -> str | None:
         return "its setup cannot be loaded to check it"
     moved = [why for part, why in PARTS.items() if recorded.get(part) != current.get(part)]
     return ", ".join(moved) or None
+
+
+def again(record: dict, ranking: str | None, fingerprints: dict | None, entry: TuneEntry) -> str | None:
+    """Why a finished job (its `.flytune-tune-state` record) of `entry` runs again (None: it holds): its
+    fingerprint moved (`changed`, where the run has `fingerprints`), or it was ranked otherwise than the
+    run ranks (`ranking`, else the settings'). A synthetic rank is not a time: a measured run never
+    resumes a synthetic winner, nor the other way round (the shipped winner of the other ranking is then
+    no finalist, and is replaced)."""
+    why = None if fingerprints is None else changed(record.get("depends"), fingerprints.get(entry_name(entry)))
+    if why == UNKNOWN:
+        return why
+    was, now = record.get("ranking"), ranking or settings.current().ranking
+    if was is not None and was != now:   # a record without one (written by hand) holds by its fingerprint
+        why = ", ".join(w for w in (why, f"{RANKING} ({was} -> {now})") if w)
+    return why
 
 
 def _load(spec: str):

@@ -6,6 +6,7 @@ search of the entry's kernel chose, as an artifact with its provenance. It write
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import math
@@ -86,7 +87,7 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
     reference = load_reference(root, entry)
     call = load_setup(entry.setup, file, f"{path}.setup" if path else "setup")(**shape)
-    policy = outputs.Policy(entry.check, entry.rtol, entry.atol, reference, entry.reference)
+    policy = outputs.Policy(entry.check, entry.rtol, entry.atol, reference, entry.reference, kernel=entry.kernel)
     with session.opened(check=policy, collect=True) as tuned:
         found = tuned.found[-1]
         if entry.autotuner:  # a @triton.autotune kernel: capture what its own search picks
@@ -119,25 +120,49 @@ def no_search_note(entry: TuneEntry, shape: dict) -> str:
 
 def load_setup(spec: str, file: Path | str, field: str = "setup"):
     """`module:attr`, or `module:attr.fn` (a dotted path: `kernel.fn` is the Autotuner under a
-    `@triton.heuristics` wrapper). An error names `file` and `field`, where the plan entry says it."""
+    `@triton.heuristics` wrapper). An error names `file` and `field`, where the plan entry says it, and
+    what to do: a module that cannot be imported (whatever its import raises), or a name it lacks."""
     module, _, path = spec.partition(":")
     try:
-        obj = importlib.import_module(module)
-        for attr in path.split("."):
-            obj = getattr(obj, attr)
-        return obj
-    except (ImportError, AttributeError) as e:
-        raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}{_missing_hint(e, module)}", file=file,
+        with streams.to_stderr():  # stdout is the report's (`--json`)
+            obj = importlib.import_module(module)
+    except BaseException as e:
+        if not foreign_failure(e):
+            raise
+        why = f"{e}" if isinstance(e, ImportError) else f"its import raised {one_line(e)}"
+        raise ProjectError(f"names {spec!r}, which cannot be loaded: {why}{_missing_hint(e, module)}", file=file,
                            field=field) from None
+    attrs = path.split(".")
+    for i, attr in enumerate(attrs):
+        try:
+            obj = getattr(obj, attr)
+        except ImportError as e:  # a lazily imported attribute (a module's __getattr__)
+            raise ProjectError(f"names {spec!r}, which cannot be loaded: {e}{_missing_hint(e, module)}", file=file,
+                               field=field) from None
+        except AttributeError:
+            owner = f"{module}:{'.'.join(attrs[:i])}" if i else f"module {module}"
+            close = difflib.get_close_matches(attr, [n for n in dir(obj) if not n.startswith("_")], n=1)
+            hint = f" (did you mean `{module}:{'.'.join([*attrs[:i], close[0]])}`?)" if close else ""
+            raise ProjectError(f"names {spec!r}, which cannot be loaded: {owner} has no attribute {attr!r}{hint}",
+                               file=file, field=field) from None
+    return obj
 
 
 def load_kept(spec: str, file: Path | str, field: str):
     """What an `autotuner` entry names, or, where it names the Autotuner under a wrapper (`k.fn`, a
     `@triton.heuristics` over `@triton.autotune`), the wrapper the setup calls: what its heuristics add
-    to a call's keywords is then told from the arguments the call passed (`triton_autotune.recording`)."""
+    to a call's keywords is then told from the arguments the call passed (`triton_autotune.recording`).
+    A ProjectError naming `file` and `field` where it names no @triton.autotune kernel."""
     from ..runtime.adapters.triton_keys import autotuner_of
 
     named = load_setup(spec, file, field)
+    try:
+        autotuner_of(named)
+    except FlytuneError:
+        # short: a job's failure is one line of at most 300 characters, the fix last
+        raise ProjectError(f"names {spec!r}, {_what(named)}, not a @triton.autotune kernel: name the kernel "
+                           f"@triton.autotune decorates, or leave `autotuner` out for a @flytune_build.autotune one",
+                           file=file, field=field) from None
     outer = spec.removesuffix(".fn")
     while outer.endswith(".fn"):
         outer = outer.removesuffix(".fn")
@@ -146,8 +171,82 @@ def load_kept(spec: str, file: Path | str, field: str):
     try:
         wrapper = load_setup(outer, file, field)
         return wrapper if autotuner_of(wrapper) is autotuner_of(named) else named
-    except FlytuneError:   # `named` is no Autotuner: recording says so, naming the field
+    except FlytuneError:   # the wrapper holds another Autotuner, or none: the one named is recorded
         return named
+
+
+def _what(obj) -> str:
+    """What `obj` is, in words: `a function`, `a JITFunction`, `an int`."""
+    name = "function" if callable(obj) and type(obj).__name__ in ("function", "builtin_function_or_method") \
+        else type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def check_kernels(root: Path, entries) -> None:
+    """Refuse, before any job runs, a plan entry whose kernel is plainly misspelled: no setup registers it
+    once the setups' modules (and the modules its dotted name starts with) are imported, and a registered
+    kernel's name is within a typo of it. One ProjectError names the plan file, each such entry's
+    `kernel` field, the kernel meant and the fix; nothing has run. Every other entry runs: one whose setup
+    cannot be loaded, or whose kernel registers only when its setup runs (or never: its job fails naming
+    the registered kernels), is its jobs' to report."""
+    from ..runtime import registry, session
+
+    loaded = []
+    with session.importable(root):
+        for entry in entries:
+            if entry.autotuner:  # an adopted kernel's name is the artifacts' own, registered by no one
+                continue
+            file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
+            try:
+                load_setup(entry.setup, file, f"{path}.setup" if path else "setup")
+            except ProjectError:  # the entry's jobs fail naming it: the rest of the plan is tuned
+                continue
+            loaded.append((entry, file, path))
+        for entry, _, _ in loaded:
+            if registry.kernel(entry.kernel) is None:
+                _import_prefix(entry.kernel)
+        known = registry.kernels()
+    misspelled = [(e, f, p) for e, f, p in loaded
+                  if e.kernel not in known and difflib.get_close_matches(e.kernel, list(known), n=1, cutoff=TYPO)]
+    if misspelled:
+        raise _unregistered(misspelled, known)
+
+
+TYPO = 0.8  # difflib's ratio from which an unregistered name is a registered one misspelled (a letter or two)
+
+
+def _import_prefix(kernel: str) -> None:
+    """Import the longest importable module `kernel`'s dotted name starts with (`mylib.ops` of
+    `mylib.ops.add_kernel`): a kernel registers when its module is imported."""
+    parts = kernel.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        try:
+            with streams.to_stderr():
+                importlib.import_module(".".join(parts[:n]))
+            return
+        except BaseException as e:
+            if not foreign_failure(e):
+                raise
+
+
+def _unregistered(entries, known: dict) -> ProjectError:
+    """The plan's kernels no setup registers, in one error: each entry's field, each name's nearest
+    registered kernel, and the fix."""
+    (entry, file, path), rest = entries[0], entries[1:]
+    known_list = f"registered kernels: {', '.join(sorted(known)) or 'none'}"
+    if not rest:
+        names = f"names {entry.kernel!r}, a kernel no setup registers ({known_list})"
+        names += did_you_mean(entry.kernel, known)
+    else:
+        names = f"names {entry.kernel!r}{did_you_mean(entry.kernel, known)}"
+        for e, f, p in rest:
+            where = f"`{p}.kernel`" if f == file else f"{f}: `{p}.kernel`"
+            names += f", and {where} names {e.kernel!r}{did_you_mean(e.kernel, known)}"
+        names += f": kernels no setup registers ({known_list})"
+    return ProjectError(f"{names}: correct the name{'s' if rest else ''} in the plan (a kernel is named by its "
+                        f"@autotune `name=`, else module.function; one its setup defines or imports only when it "
+                        f"runs: import the kernel's module at the top of the setup's module)",
+                        file=file, field=f"{path}.kernel" if path else "kernel")
 
 
 def load_references(root: Path, entries) -> None:
@@ -190,8 +289,11 @@ def load_reference(root: Path, entry: TuneEntry):
 
 
 def _missing_hint(e: BaseException, module: str) -> str:
-    """What to do when the setup's module imports a package this environment lacks."""
+    """What to do when the module a plan names is not there (correct the name), or imports a package this
+    environment lacks (install it)."""
     name = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    if name and (module == name or module.startswith(name + ".")):  # the module named, or a package of its path
+        return " (correct the module in the plan, or make it importable: the project root is on sys.path)"
     if not name or module.split(".")[0] == name.split(".")[0]:
         return ""
     if name.split(".")[0] == "numpy":

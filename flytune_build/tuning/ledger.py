@@ -3,8 +3,9 @@
 `{"format": 1, "done": {job id: {"winner", "time_ms", "margin", "ranking", "depends"}}}`, rewritten
 atomically after each job whose artifacts are already in place: a run killed at any moment redoes at
 most the jobs it had not recorded. `depends` is what the job depended on (`fingerprint`): a job is
-resumed only while it holds. `ranking` and `depends` are optional: a state an earlier release wrote
-has neither, and loads (its jobs run again, `fingerprint.UNKNOWN`).
+resumed only while it holds, and only by a run of the `ranking` it was tuned with (`fingerprint.again`).
+`ranking` and `depends` are optional: a state an earlier release wrote has neither, and loads (its jobs
+run again, `fingerprint.UNKNOWN`).
 
 What is written is bounded by what is read: one cap, MAX_STATE_BYTES, for both; a record's winner is
 cut to WINNER_MAX characters, and a state that would still be over the cap is not written (the one

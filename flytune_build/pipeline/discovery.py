@@ -1,0 +1,142 @@
+"""An existing package's kernels, found by reading its source: never imported, so `flytune init` runs
+where torch and triton are not installed and runs none of the package's code. A kernel is a function
+under `@flytune_build.autotune` (however imported) or `@triton.autotune`; its name is the one its
+artifacts carry, its axes the scalar ones of its key (the keys of a plan's shape)."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import fsutil
+from ..core.errors import InputError
+
+POINTER_USES = {"load", "store", "make_block_ptr", "make_tensor_descriptor"}  # a parameter used in these is a tensor
+MAX_SOURCE_BYTES = 16 << 20  # a module read to find its kernels
+
+
+@dataclass(frozen=True)
+class FoundKernel:
+    """A kernel found in the package's source."""
+
+    name: str                # the kernel name its artifacts carry
+    function: str            # the decorated function
+    module: str              # its dotted module
+    file: Path
+    line: int
+    adopted: bool            # a `@triton.autotune` kernel, served once `flytune_build.triton.adopt` names it
+    registered: bool         # adopted: an `adopt` call of its module names it already
+    axes: tuple[str, ...]    # the key's scalar axes: the keys of a plan shape
+    setup: str = ""          # the setup function's name in the setups module
+
+    def where(self, root: Path) -> str:
+        return f"{self.file.relative_to(root).as_posix()}:{self.line}"
+
+
+def find_kernels(package_dir: Path, package: str) -> list[FoundKernel]:
+    """Every `@flytune_build.autotune` and `@triton.autotune` kernel under `package_dir`, in file and line
+    order. A file that does not parse is skipped: the build or the import names its error."""
+    found = []
+    # a contained, bounded walk of regular files (a FIFO or a link to /dev/zero named *.py is skipped),
+    # each read capped: reading the source never hangs
+    reached = fsutil.find(package_dir, "**", suffix=".py", error=InputError, file=package_dir, root_name="the package")
+    for rel_posix in sorted(reached.files.values()):
+        path = package_dir / rel_posix
+        rel = Path(rel_posix).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        module = ".".join([package, *parts])
+        try:
+            tree = ast.parse(fsutil.read_regular(path, InputError, MAX_SOURCE_BYTES).decode("utf-8"), str(path))
+        except (SyntaxError, UnicodeDecodeError, ValueError, InputError):
+            continue
+        aliases = _aliases(tree)
+        adopted = _adopt_names(tree, aliases)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                k = _kernel(node, aliases, module, path, adopted.get(node.name))
+                if k is not None:
+                    found.append(k)
+    return sorted(found, key=lambda k: (str(k.file), k.line))
+
+
+def _adopt_names(tree: ast.Module, aliases: dict[str, str]) -> dict[str, str]:
+    """Function -> name, for each `flytune_build.triton.adopt(function, name="...")` of the module."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _dotted(node.func, aliases) == "flytune_build.triton.adopt" and node.args \
+                and isinstance(node.args[0], ast.Name):
+            for kw in node.keywords:
+                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    out[node.args[0].id] = kw.value.value
+            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                out[node.args[0].id] = node.args[1].value
+    return out
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> the dotted name it was imported as (`ft` -> `flytune_build`)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    return ".".join([aliases.get(node.id, node.id), *reversed(parts)])
+
+
+def _decorator_kind(dec: ast.AST, aliases: dict[str, str]) -> str:
+    """"flytune", "triton" (an autotune of either), "jit" (`triton.jit`) or ""."""
+    name = _dotted(dec.func if isinstance(dec, ast.Call) else dec, aliases)
+    if name.startswith("flytune_build.") and name.endswith(".autotune"):
+        return "flytune"
+    if name in ("triton.autotune", "triton.runtime.autotune", "triton.runtime.autotuner.autotune"):
+        return "triton"
+    if name in ("triton.jit", "triton.runtime.jit"):
+        return "jit"
+    return ""
+
+
+def _kernel(node, aliases: dict[str, str], module: str, path: Path, adopted_as: str | None) -> FoundKernel | None:
+    for dec in node.decorator_list:
+        kind = _decorator_kind(dec, aliases)
+        if kind in ("flytune", "triton") and isinstance(dec, ast.Call):
+            # flytune's default name; an adopted kernel has none until `adopt` names it: the package's name
+            # and the function's, as a library would spell it
+            name = f"{module}.{node.name}" if kind == "flytune" else \
+                adopted_as or f"{module.split('.')[0]}.{node.name.removesuffix('_kernel') or node.name}"
+            for kw in dec.keywords:
+                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    name = kw.value.value
+            return FoundKernel(name, node.name, module, path, node.lineno, kind == "triton", adopted_as is not None,
+                               _axes(dec, node))
+    return None
+
+
+def _axes(dec: ast.Call, fn) -> tuple[str, ...]:
+    """The key's axes that are not tensors: a key entry that is a string or the first argument of a
+    call (`pow2("M")`), less the parameters the kernel loads from or stores to."""
+    key = next((kw.value for kw in dec.keywords if kw.arg == "key"), dec.args[1] if len(dec.args) > 1 else None)
+    names = []
+    for item in key.elts if isinstance(key, (ast.List, ast.Tuple)) else ():
+        if isinstance(item, ast.Call) and item.args:
+            item = item.args[0]
+        if isinstance(item, ast.Constant) and isinstance(item.value, str):
+            names.append(item.value)
+    pointers = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+                and (node.func.attr in POINTER_USES or node.func.attr.startswith("atomic_")):
+            pointers |= {n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)}
+    return tuple(dict.fromkeys(n for n in names if n not in pointers))  # an axis named twice is one parameter
