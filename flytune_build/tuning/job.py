@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,20 +119,27 @@ def no_search_note(entry: TuneEntry, shape: dict) -> str:
             f"submit the launch as `contextvars.copy_context().run, fn`)")
 
 
+def imported(module: str, fail: Callable[[BaseException], Exception]):
+    """`module`, imported with what it prints sent to stderr (stdout is the report's, `--json`); an import
+    that raises anything but the user's KeyboardInterrupt raises `fail(error)` instead."""
+    try:
+        with streams.to_stderr():
+            return importlib.import_module(module)
+    except BaseException as e:
+        if not foreign_failure(e):
+            raise
+        raise fail(e) from None
+
+
 def load_setup(spec: str, file: Path | str, field: str = "setup"):
     """`module:attr`, or `module:attr.fn` (a dotted path: `kernel.fn` is the Autotuner under a
     `@triton.heuristics` wrapper). An error names `file` and `field`, where the plan entry says it, and
     what to do: a module that cannot be imported (whatever its import raises), or a name it lacks."""
     module, _, path = spec.partition(":")
-    try:
-        with streams.to_stderr():  # stdout is the report's (`--json`)
-            obj = importlib.import_module(module)
-    except BaseException as e:
-        if not foreign_failure(e):
-            raise
-        why = f"{e}" if isinstance(e, ImportError) else f"its import raised {one_line(e)}"
-        raise ProjectError(f"names {spec!r}, which cannot be loaded: {why}{_missing_hint(e, module)}", file=file,
-                           field=field) from None
+    obj = imported(module, lambda e: ProjectError(
+        f"names {spec!r}, which cannot be loaded: "
+        f"{e if isinstance(e, ImportError) else f'its import raised {one_line(e)}'}{_missing_hint(e, module)}",
+        file=file, field=field))
     attrs = path.split(".")
     for i, attr in enumerate(attrs):
         try:
@@ -271,14 +279,9 @@ def load_reference(root: Path, entry: TuneEntry):
         raise PlanError("names a reference function, but the entry says check = false: nothing would be "
                         "compared with it", file=file, field=field)
     module, _, name = entry.reference.partition(":")
-    try:
-        with streams.to_stderr():  # stdout is the report's (`--json`)
-            obj = importlib.import_module(module)
-    except BaseException as e:
-        if not foreign_failure(e):
-            raise
-        raise PlanError(f"names {entry.reference!r}, whose module {module} cannot be imported: {one_line(e)}"
-                        f"{_missing_hint(e, module)}", file=file, field=field) from None
+    obj = imported(module, lambda e: PlanError(
+        f"names {entry.reference!r}, whose module {module} cannot be imported: {one_line(e)}"
+        f"{_missing_hint(e, module)}", file=file, field=field))
     fn = getattr(obj, name, None)
     if fn is None:
         raise PlanError(f"names {entry.reference!r}, but module {module} has no {name}", file=file, field=field)
