@@ -15,11 +15,16 @@ Inductor and Triton caches are empty and at the same paths:
          or, with --installed, with the installed compiled-model wheel's bundle
 
 Per step: autotune seconds (the time inside CachingAutotuner.benchmark_all_configs and
-coordinate_descent_tuning; GEMM template selection separately), each generated kernel's chosen
-config by lookup hash, the flytune serving counts, and for aoti the .pt2 file's sha256. Then: kernels
-B chose differently from A, kernels of S1/S2 whose config differs from the shipped one, autotune
-seconds of S against A, and whether S1 and S2 (and A and B) gave byte-identical .pt2 files.
-Writes OUT/summary.json and OUT/table.txt. Needs a GPU (CPU Inductor does no autotuning).
+coordinate_descent_tuning; GEMM template selection separately: `gemm_s`, the time in select_algorithm,
+`gemm_autotune_s` and `gemm_selects`, the time in and number of its benchmarking runs, `do_autotuning`,
+and `gemm_benchmarks`, of its benchmark calls), each generated kernel's chosen config by lookup hash,
+each GEMM select's chosen template, the flytune serving counts, and for aoti the .pt2 file's sha256.
+Then: kernels B chose differently from A, kernels of S1/S2 whose config differs from the shipped one,
+autotune seconds of S against A, whether S benchmarked any GEMM choice, and whether S1 and S2 (and A
+and B) gave byte-identical .pt2 files. Writes OUT/summary.json and OUT/table.txt. Needs a GPU (CPU
+Inductor does no autotuning).
+
+    --timeouts H=200,S1=100   a step's own time limit (default: --timeout)
 """
 from __future__ import annotations
 
@@ -45,27 +50,43 @@ def step(args) -> dict:
     import torch
     from torch._inductor.runtime import triton_heuristics as th
 
-    timers = {"autotune_s": 0.0, "gemm_s": 0.0}
+    timers = {"autotune_s": 0.0, "gemm_s": 0.0, "gemm_autotune_s": 0.0, "gemm_benchmark_s": 0.0}
+    counts = {"gemm_selects": 0, "gemm_benchmarks": 0}
     seen = []
+    selected = []
 
-    def timed(owner, name, slot):
+    def timed(owner, name, slot, count=None, result=None):
         original = getattr(owner, name, None)
         if original is None:
             return
 
         def wrapper(self, *a, **k):
             t = time.perf_counter()
+            if count:
+                counts[count] += 1
             try:
-                return original(self, *a, **k)
+                out = original(self, *a, **k)
+                if result:
+                    result(a, out)
+                return out
             finally:
                 timers[slot] += time.perf_counter() - t
         setattr(owner, name, wrapper)
+
+    def chosen_template(args, out):  # select_algorithm's answer: (node, the choice), None while deferred
+        choice = out[1] if isinstance(out, tuple) and len(out) == 2 else None
+        ktc = (getattr(choice, "annotations", None) or {}).get("ktc")
+        selected.append({"name": str(args[0]) if args else None, "choices": len(args[1]) if len(args) > 1 else None,
+                         "template": getattr(getattr(ktc, "template", None), "uid", None),
+                         "choice": str(getattr(choice, "name", None))})
 
     timed(th.CachingAutotuner, "benchmark_all_configs", "autotune_s")
     timed(th.CachingAutotuner, "coordinate_descent_tuning", "autotune_s")
     try:
         from torch._inductor.select_algorithm import AlgorithmSelectorCache
-        timed(AlgorithmSelectorCache, "__call__", "gemm_s")
+        timed(AlgorithmSelectorCache, "__call__", "gemm_s", result=chosen_template)
+        timed(AlgorithmSelectorCache, "do_autotuning", "gemm_autotune_s", count="gemm_selects")
+        timed(AlgorithmSelectorCache, "benchmark", "gemm_benchmark_s", count="gemm_benchmarks")
     except ImportError:
         pass
     original_precompile = th.CachingAutotuner.precompile
@@ -84,6 +105,8 @@ def step(args) -> dict:
         import flytune_build as ft
         got = ft.harvest(ENTRY, mode=mode, output=args.artifacts, allow_ci=True)
         out["harvested"] = len(got.artifacts)
+        out["gemm_harvested"] = got.gemm_choices
+        out["harvest"] = got.to_json()
     else:
         import contextlib
         serving = contextlib.nullcontext()
@@ -109,6 +132,8 @@ def step(args) -> dict:
             out["served"] = ft.stats().get("torch.compile")
     out["compile_s"] = round(time.perf_counter() - start, 3)
     out.update({k: round(v, 4) for k, v in timers.items()})
+    out.update(counts)
+    out["gemm_selected"] = selected
     chosen = {}
     for at in seen:
         launchers = getattr(at, "launchers", None) or []
@@ -204,8 +229,15 @@ def compare(phase: str, steps: dict) -> dict:  # noqa: C901 (one report, read to
         out[f"{s}_gemm_s"] = got.get("gemm_s")
         out[f"{s}_differs_from_shipped"] = differ
         out[f"{s}_served"] = got.get("served")
+        out[f"{s}_gemm_selects"] = got.get("gemm_selects")
+        out[f"{s}_gemm_benchmarks"] = got.get("gemm_benchmarks")
+        out[f"{s}_gemm_benchmarked"] = bool(got.get("gemm_selects") or got.get("gemm_benchmarks"))
+        shipped_gemm = {k for k in shipped if k and k.startswith("((")}
+        out[f"{s}_gemm_shipped"] = len(shipped_gemm)
         if a.get("autotune_s"):
             out[f"{s}_autotune_share_of_cold"] = round(got.get("autotune_s", 0) / a["autotune_s"], 4)
+    if "autotune_s" in a:
+        out["cold_gemm"] = {k: a.get(k) for k in ("gemm_s", "gemm_autotune_s", "gemm_selects", "gemm_benchmarks")}
     for x, y in (("A", "B"), ("S1", "S2")):
         hx, hy = steps.get(x, {}).get("pt2_sha256"), steps.get(y, {}).get("pt2_sha256")
         if hx and hy:
@@ -223,6 +255,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="inductor-out")
     p.add_argument("--phases", default="tc,aoti,ma")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--timeouts", default="", help="a step's own limit in seconds: H=200,S1=100")
+    p.add_argument("--mirror", help="a directory that gets steps.json and table.txt after each step (a run "
+                   "stopped at a time limit keeps what it finished there)")
     p.add_argument("--steps", default="A,B,H,S1,S2", help="which steps to run, of A,B,H,S1,S2")
     p.add_argument("--installed", action="store_true", help="S steps serve the installed compiled-model wheel's "
                    "bundle (flytune-build and compiled-model installed, the checkout off the path); the shipped "
@@ -253,14 +288,21 @@ def main(argv=None) -> int:
             shutil.copytree(ROOT / "examples" / "compiled_model" / "artifacts" / "sm_90", artifacts)
         elif args.artifacts_from:
             shutil.copytree(Path(args.artifacts_from) / f"artifacts-{phase}", artifacts)
+        limits = dict(item.split("=") for item in args.timeouts.split(",") if item)
         for name in args.steps.split(","):
             t = time.perf_counter()
-            steps[name] = run_step(name, phase, work, artifacts, args.timeout)
+            steps[name] = run_step(name, phase, work, artifacts, float(limits.get(name, args.timeout)))
             lines.append(f"{phase} {name}: {time.perf_counter() - t:.1f} s, autotune "
-                         f"{steps[name].get('autotune_s')} s, gemm {steps[name].get('gemm_s')} s, "
+                         f"{steps[name].get('autotune_s')} s, gemm {steps[name].get('gemm_s')} s (selects benchmarked "
+                         f"{steps[name].get('gemm_selects')}, {steps[name].get('gemm_autotune_s')} s), "
                          f"{len(steps[name].get('kernels', {}))} kernels"
                          + (f", ERROR {steps[name]['error'][-300:]}" if "error" in steps[name] else ""))
             print(lines[-1], flush=True)
+            # written after each step: a run stopped at a time limit keeps the steps it finished
+            for where in (out, *([Path(args.mirror)] if args.mirror else [])):
+                where.mkdir(parents=True, exist_ok=True)
+                (where / "steps.json").write_text(json.dumps(steps, indent=1, sort_keys=True, default=str))
+                (where / "table.txt").write_text("\n".join(lines) + "\n")
         result = compare(phase, steps)
         summary["phases"].append({"compare": result, "steps": steps})
         lines.append(json.dumps(result, sort_keys=True))

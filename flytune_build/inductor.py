@@ -7,13 +7,15 @@
 
 `serve()` changes only the compiles made while it is open; a `Serving` may be entered again (it serves
 until its last exit) and from any number of threads (runtime.inductor's docstring: what is per process,
-what per thread). `missing()` names the private PyTorch hooks this torch lacks (then `serve()` changes
-nothing and says so once). Winners are harvested on the target GPU with `flytune harvest`
-(`flytune_build.harvest(...)`).
+what per thread). Under max-autotune it also serves the bundle's GEMM template choices (torch 2.10+), so
+`select_algorithm` benchmarks none it holds. `missing()` names the private PyTorch hooks this torch
+lacks (then `serve()` changes nothing and says so once); `missing_gemm()` those of the GEMM template
+lookup (then `serve()` serves the kernels and says once that GEMM choices are not served). Winners are
+harvested on the target GPU with `flytune harvest` (`flytune_build.harvest(...)`).
 """
 from __future__ import annotations
 
-from .runtime.inductor import SUPPORTED, Serving, missing, serve
+from .runtime.inductor import GEMM_SUPPORTED, SUPPORTED, Serving, missing, missing_gemm, serve
 from .runtime.inductor.recording import recording
 
-__all__ = ["SUPPORTED", "Serving", "missing", "recording", "serve"]
+__all__ = ["GEMM_SUPPORTED", "SUPPORTED", "Serving", "missing", "missing_gemm", "recording", "serve"]

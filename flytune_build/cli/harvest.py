@@ -38,10 +38,12 @@ def command(args) -> int:
         print(dump(got.to_json()))
         return status
     for art in got.artifacts:
-        name = art.provenance["inductor"]["name"]
+        name = got.label(art)
         print(printable(f"  {name}: {art.config} ({got.outcomes.get(name, 'new')})"))
     for note in got.notes:
         print(printable(f"flytune: note: {note}"))
-    print(printable(f"flytune: harvested {len(got.artifacts)} autotuned Inductor kernel(s) of {got.entry} "
-                    f"({got.mode}) on {got.device} in {got.seconds:.1f} s into {got.output}"))
+    choices = got.gemm_choices
+    print(printable(f"flytune: harvested {len(got.artifacts) - choices} autotuned Inductor kernel(s)"
+                    + (f" and {choices} GEMM template choice(s)" if choices else "")
+                    + f" of {got.entry} ({got.mode}) on {got.device} in {got.seconds:.1f} s into {got.output}"))
     return status

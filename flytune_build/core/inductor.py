@@ -11,6 +11,11 @@ every artifact.
 
 Inductor's lookup keeps a config's block sizes (`*BLOCK` kwargs), `num_warps` and `num_stages`, nothing
 else, so an Inductor artifact may hold nothing else (`problems`): what it holds is what the compile gets.
+
+The same axis holds a GEMM template choice's key (core.gemm: `((torch.bfloat16, [M, K], [K, 1]), ...)+mm`,
+the key of Inductor's template lookup table), told apart by its form (`is_gemm`); its config is a table
+entry (template and its kwargs) and core.gemm's rules apply to it. One compile entry's kernels and GEMM
+choices are one flytune kernel.
 Pure: no torch, no triton.
 """
 from __future__ import annotations
@@ -20,6 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from . import gemm
 from .config import Config
 
 AXIS = "inductor_source"
@@ -28,7 +34,8 @@ BLOCK_NAME = re.compile(r"[XYZR][0-9]*_?BLOCK")   # XBLOCK, YBLOCK, ZBLOCK, RBLO
 _NAME = re.compile(r"^def [^(]+\(")               # triton_heuristics.triton_name_sub
 MAX_BLOCK = 1 << 20  # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL): no block size is larger
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "aoti")
-PROVENANCE_FIELDS = ("name", "size_hints", "heuristic", "mode", "coordesc")
+PROVENANCE_FIELDS = ("name", "size_hints", "heuristic", "mode", "coordesc",
+                     "unshipped")  # a GEMM choice's: the choices no table entry can name (CUTLASS, ...), timed
 
 
 def lookup_key(size_hints: Any, source: str) -> str:
@@ -40,8 +47,13 @@ def lookup_key(size_hints: Any, source: str) -> str:
 
 
 def is_inductor(key: Mapping[str, Any]) -> bool:
-    """Whether an artifact key is an Inductor kernel's."""
+    """Whether an artifact key is an Inductor kernel's or GEMM choice's."""
     return len(key) == 1 and AXIS in key
+
+
+def is_gemm(key: Mapping[str, Any]) -> bool:
+    """Whether an artifact key is an Inductor GEMM template choice's (core.gemm), not a generated kernel's."""
+    return is_inductor(key) and gemm.is_key(key[AXIS])
 
 
 def table_entry(config: Config) -> dict:
@@ -63,6 +75,8 @@ def problems(key: Mapping[str, Any], config: Config) -> list[tuple[str, str]]:
     out = []
     if len(key) != 1:
         out.append(("key", f"an Inductor artifact's key has the one axis {AXIS}, not {sorted(key)}"))
+    if gemm.is_key(key[AXIS]):  # a GEMM template choice's: core.gemm's rules
+        return out + gemm.problems(key[AXIS], config, f"key.{AXIS}")
     if not (isinstance(key[AXIS], str) and SHA256.fullmatch(key[AXIS])):
         out.append((f"key.{AXIS}", "must be the sha256 hex digest Inductor looks the kernel up by"))
     for name, value in config.kwargs.items():
@@ -87,3 +101,9 @@ def check_provenance(p: Any, f) -> None:
         f.string(p["size_hints"], "provenance.inductor.size_hints", max_len=1024)
     if p.get("coordesc") is not None and type(p["coordesc"]) is not bool:
         f.fail("provenance.inductor.coordesc", "must be true or false")
+    if p.get("unshipped") is not None:
+        def choice(v, path):
+            f.table(v, path, ("name", "time_ms"))
+            f.string(v["name"], f"{path}.name", max_len=1024)
+            f.number(v["time_ms"], f"{path}.time_ms", nullable=True)
+        f.array(p["unshipped"], "provenance.inductor.unshipped", choice, max_items=10_000)

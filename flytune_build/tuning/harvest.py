@@ -7,7 +7,9 @@ not, or AOTInductor), with Inductor's caches off (every kernel autotuned, none r
 compile), while runtime.inductor records each autotuned kernel: its lookup hash, every candidate's
 time, and the winner chosen by flytune's selection (the sequential test and its tie rule), which
 Inductor then uses. A kernel Inductor did not autotune (one candidate) is not an artifact: there is
-nothing to ship for it.
+nothing to ship for it. Under max-autotune (torch 2.10+) each GEMM template choice Inductor benchmarked
+(`select_algorithm`) is recorded the same way: its lookup key (core.gemm), the winning template and its
+kwargs, every choice's time; one artifact per key, of the same kernel.
 
 A harvest is a job of `flytune tune`'s kind and follows its rules: it runs in the same tuning session
 (`job.tuning(root)`: the project root importable, so the entry imports from a project that is not
@@ -22,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import arguments, inductor, settings, streams
+from ..core import arguments, gemm, inductor, settings, streams
 from ..core.artifact import Artifact
 from ..core.codec import FUNCTION
 from ..core.errors import FlytuneError, TuneError, UsageError, foreign_failure, one_line
@@ -43,14 +45,23 @@ class Harvest:
     written: list[Path] = field(default_factory=list)
     output: Path | None = None
     notes: list[str] = field(default_factory=list)
-    outcomes: dict[str, str] = field(default_factory=dict)  # Inductor kernel name -> new | kept | replaced ...
+    outcomes: dict[str, str] = field(default_factory=dict)  # label -> new | kept | replaced ...
+    labels: dict[str, str] = field(default_factory=dict)    # lookup key -> label: a kernel's Inductor name,
+    #                                                         a GEMM choice's op and shapes (core.gemm.describe)
+
+    def label(self, art: Artifact) -> str:
+        return self.labels.get(art.key[inductor.AXIS]) or art.provenance["inductor"]["name"]
+
+    @property
+    def gemm_choices(self) -> int:
+        return sum(inductor.is_gemm(a.key) for a in self.artifacts)
 
     def to_json(self) -> dict:
         return {"entry": self.entry, "kernel": self.kernel, "mode": self.mode, "device": self.device,
                 "seconds": round(self.seconds, 3), "output": str(self.output) if self.output else None,
-                "kernels": [{"name": a.provenance["inductor"]["name"], "lookup": a.key[inductor.AXIS],
+                "kernels": [{"name": self.label(a), "lookup": a.key[inductor.AXIS], "gemm": inductor.is_gemm(a.key),
                              "config": a.config.to_json(), "file": a.filename,
-                             "outcome": self.outcomes.get(a.provenance["inductor"]["name"], "new")}
+                             "outcome": self.outcomes.get(self.label(a), "new")}
                             for a in self.artifacts],
                 "notes": list(self.notes)}
 
@@ -93,11 +104,16 @@ def harvest(entry: str, *, project: str | Path = ".", output: str | Path = "arti
         with session.opened(shipped=winners.lookup), rt.Recording(kernel=kernel) as rec:
             _compile(rt, model, inputs, mode, dynamic, entry)
         seconds = time.perf_counter() - start
-    out = Harvest(entry, kernel, mode, dev.spec(), seconds, output=directory)
+    out = Harvest(entry, kernel, mode, dev.spec(), seconds, output=directory, notes=list(rec.notes))
     out.artifacts = rt.artifacts(rec.records.values(), kernel, mode, dev)
     for art in out.artifacts:
+        if inductor.is_gemm(art.key):
+            label = base = gemm.describe(art.key[inductor.AXIS])
+            while label in out.outcomes:  # two keys of the same shapes (other strides): told apart
+                label = f"{base} #{sum(k.startswith(base) for k in out.outcomes) + 1}"
+            out.labels[art.key[inductor.AXIS]] = label
         change, written = winners.change(art)  # kept and unchanged: None, the file stays as it is
-        out.outcomes[art.provenance["inductor"]["name"]] = change
+        out.outcomes[out.label(art)] = change
         if written is not None:
             out.written.append(written.save(directory))
             winners.saved(written)

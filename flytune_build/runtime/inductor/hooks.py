@@ -15,6 +15,16 @@ handed to any serving or recording: on an H100 (torch 2.11, max-autotune) the GE
 precompiles ran on a ThreadPoolExecutor's threads, while every benchmark, coordinate descent and the
 compiled graph's own kernels' precompiles ran on the compiling thread.
 
+GEMM template choices (max-autotune's `select_algorithm`, torch 2.10+; `GEMM_HOOKS`, `missing_gemm()`):
+the patch of `InductorChoices._finalize_template_configs` (`install_gemm()`), where a matmul's templates
+become its choices (one lowering may make several such calls), and of `AlgorithmSelectorCache.__call__`,
+where Inductor selects among all of a lowering's choices, hand each call to `current()`'s
+`finalize(original, handler, ...)` and `select(original, cache, name, choices, ...)` the same way; a
+user's own `LookupTableChoices` answers first (its table, its handler, never changed), and only its
+misses reach the patch. Inductor's own lookup over a serving's table (`lookup_choices`), its own key
+(`inductor_gemm_key`) and a feedback saver put in and taken out again (`add_feedback_saver`,
+`remove_feedback_saver`) are what runtime.inductor.templates builds on.
+
 Also here: Inductor's lookup table (`lookup_table()`, `set_lookup_table()`, and `table_scope()`: whether
 torch keeps it once per process or once per context) and the harvest's compile (`compile_once()`).
 """
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import os
 import sys
 import threading
@@ -45,18 +56,47 @@ GPU_ONLY = ("Inductor generates Triton kernels, which flytune serves and harvest
             "(for a CPU it generates C++, which it does not autotune)")
 
 
+# GEMM template choices (max-autotune's select_algorithm, runtime.inductor.templates); torch 2.10 and later
+GEMM_HOOKS = (
+    ("torch._inductor.choices", "InductorChoices._finalize_template_configs"),
+    ("torch._inductor.choices", "InductorChoices.get_ktc"),
+    ("torch._inductor.lookup_table", "LookupTableChoices.lookup_template_configs"),
+    ("torch._inductor.lookup_table", "LookupTableChoices._create_lookup_choices"),
+    ("torch._inductor.lookup_table", "LookupTableChoices._get_lookup_table"),
+    ("torch._inductor.lookup_table", "LookupTableChoices.make_lookup_key"),
+    ("torch._inductor.kernel_inputs", "KernelInputs.dtypes"),
+    ("torch._inductor.kernel_inputs", "KernelInputs.shapes_hinted"),
+    ("torch._inductor.kernel_inputs", "KernelInputs.strides_hinted"),
+    ("torch._inductor.select_algorithm", "AlgorithmSelectorCache.__call__"),
+    ("torch._inductor.select_algorithm", "add_feedback_saver"),
+    ("torch._inductor.select_algorithm", "get_algorithm_selector_cache"),
+    ("torch._inductor.config", "lookup_table.check_src_hash"),
+)
+_DECLARED_GEMM = GEMM_HOOKS
+GEMM_SUPPORTED = "torch 2.10 or later (torch._inductor.lookup_table appeared in 2.10)"
+
+
 def missing() -> list[str]:
     """The hooks (`HOOKS`) the installed torch lacks; [] where every one is there."""
-    # the package re-exports HOOKS: whichever of the two names a caller (a test) replaced is the one read
+    return _lacking("HOOKS", HOOKS, _DECLARED)
+
+
+def missing_gemm() -> list[str]:
+    """The GEMM template hooks (`GEMM_HOOKS`) the installed torch lacks (all of them before torch 2.10)."""
+    return _lacking("GEMM_HOOKS", GEMM_HOOKS, _DECLARED_GEMM)
+
+
+def _lacking(name: str, here: tuple, declared: tuple) -> list[str]:
+    # the package re-exports the tuple: whichever of the two names a caller (a test) replaced is the one read
     package = sys.modules.get(__name__.rpartition(".")[0])
-    hooks = HOOKS if getattr(package, "HOOKS", _DECLARED) is _DECLARED else package.HOOKS
-    try:  # every module HOOKS names, imported to read them in sys.modules
-        import torch._inductor.config  # noqa: F401
-        import torch._inductor.runtime.triton_heuristics  # noqa: F401
-    except ImportError:
-        return [f"{module}.{path}" for module, path in hooks]
+    hooks = here if getattr(package, name, declared) is declared else getattr(package, name)
     out = []
     for module, path in hooks:
+        try:  # each module the code above names (torch's own, never a name read from data), read in sys.modules
+            if module.startswith("torch."):
+                importlib.import_module(module)
+        except ImportError:
+            pass
         obj = sys.modules.get(module)
         for part in path.split(".") if obj is not None else ():
             obj = getattr(obj, part, None)
@@ -115,26 +155,27 @@ _install_lock = threading.Lock()
 
 def install() -> None:
     """Patch CachingAutotuner's parent-side methods, once per process (a forked child inherits them)."""
-    with _install_lock:
-        _patched("precompile", _precompile)
-        _patched("benchmark_all_configs", _benchmark_all_configs)
-        _patched("coordinate_descent_tuning", _coordinate_descent_tuning)
-
-
-def _patched(name: str, wrapper) -> None:
-    """Install `wrapper(original, self, *args, **kwargs)` as CachingAutotuner.<name>."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-    original = getattr(CachingAutotuner, name)
-    if getattr(original, "__flytune__", False):
-        return
+    patch(CachingAutotuner, "precompile", _precompile)
+    patch(CachingAutotuner, "benchmark_all_configs", _benchmark_all_configs)
+    patch(CachingAutotuner, "coordinate_descent_tuning", _coordinate_descent_tuning)
 
-    @functools.wraps(original)
-    def method(self, *args, **kwargs):
-        return wrapper(original, self, *args, **kwargs)
 
-    method.__flytune__ = True
-    setattr(CachingAutotuner, name, method)
+def patch(owner: type, name: str, wrapper) -> None:
+    """Install `wrapper(original, self, *args, **kwargs)` as `owner.<name>`, once (runtime.inductor.templates
+    patches Inductor's GEMM choices through this too)."""
+    with _install_lock:
+        original = getattr(owner, name)
+        if getattr(original, "__flytune__", False):
+            return
+
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            return wrapper(original, self, *args, **kwargs)
+
+        method.__flytune__ = True
+        setattr(owner, name, method)
 
 
 def _precompile(original, self, warm_cache_only=False, *args, **kwargs):
@@ -153,6 +194,29 @@ def _coordinate_descent_tuning(original, self, launcher, *args, **kwargs):
     found = original(self, launcher, *args, **kwargs)
     ctx = current()
     return found if ctx is None else ctx.coordesc(self, launcher, found, args, kwargs)
+
+
+def install_gemm() -> None:
+    """Patch InductorChoices' finalize step, where a matmul's templates become its choices, and
+    select_algorithm's select among a lowering's choices, once per process: handed to `current()`'s
+    `finalize(original, handler, ...)` and `select(original, cache, name, choices, ...)`
+    (runtime.inductor.templates)."""
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    patch(InductorChoices, "_finalize_template_configs", _finalize_template_configs)
+    patch(AlgorithmSelectorCache, "__call__", _select)
+
+
+def _finalize_template_configs(original, self, *args, **kwargs):
+    ctx = current()
+    return original(self, *args, **kwargs) if ctx is None else ctx.finalize(original, self, *args, **kwargs)
+
+
+def _select(original, self, name, choices, *args, **kwargs):
+    ctx = current()
+    return original(self, name, choices, *args, **kwargs) if ctx is None else \
+        ctx.select(original, self, name, choices, *args, **kwargs)
 
 
 def _reinit_after_fork() -> None:
@@ -188,6 +252,59 @@ def table_scope() -> str:
     here = inductor_config.autotune_lookup_table
     elsewhere = contextvars.Context().run(lambda: inductor_config.autotune_lookup_table)
     return "process" if elsewhere is here else "context"
+
+
+# -- GEMM template choices: Inductor's own key, lookup and feedback ---------------------------------------------
+def gemm_inputs(kernel_inputs) -> tuple[list, dict]:
+    """A matmul lowering's inputs as Inductor keys them: (dtype as torch prints it, size hints, strides)
+    each, and the op's scalars (alpha, beta)."""
+    rows = zip(kernel_inputs.dtypes(), kernel_inputs.shapes_hinted(), kernel_inputs.strides_hinted())
+    return [(str(d), s, st) for d, s, st in rows], dict(getattr(kernel_inputs, "_scalars", None) or {})
+
+
+def inductor_gemm_key(kernel_inputs, op_name: str) -> str | None:
+    """Inductor's own device-agnostic key of a lowering; None where Inductor looks nothing up (off CUDA)."""
+    from torch._inductor.lookup_table import LookupTableChoices
+
+    return LookupTableChoices().make_lookup_key(kernel_inputs, op_name, include_device=False)
+
+
+def lookup_choices(table, kernel_inputs, templates: list, op_name: str) -> list | None:
+    """The choices Inductor's own lookup makes from `table` ({key: [entry]}) for a lowering, or None where
+    it finds none (no entry under Inductor's key, a template the lowering does not offer, a template hash
+    that is not this torch's, where `config.lookup_table.check_src_hash` is on): Inductor's key, hash check
+    and choice building, as for a user's table, with neither the user's table nor handler touched."""
+    from torch._inductor.lookup_table import LookupTableChoices
+
+    class Served(LookupTableChoices):
+        def _get_lookup_table(self):
+            return table
+
+        def choose(self) -> list | None:
+            hashes = {t.uid: getattr(t, "src_hash", None) for t in templates}
+            found = self.lookup_template_configs(kernel_inputs, op_name, [t.uid for t in templates], hashes)
+            return (self._create_lookup_choices(found, templates, kernel_inputs, op_name) or None) if found else None
+
+    return Served().choose()
+
+
+def add_feedback_saver(fn) -> None:
+    """`fn(timings, name, input_nodes, choices, profiler_bench_fn, precompile_times)` called once Inductor has
+    timed a select's choices; until `remove_feedback_saver(fn)`."""
+    from torch._inductor.select_algorithm import add_feedback_saver as add
+
+    add(fn)
+
+
+def remove_feedback_saver(fn) -> None:
+    """Take `fn` (the very object added) out of Inductor's savers; every other stays (Inductor's own
+    `clear_feedback_savers` would drop the user's too)."""
+    from torch._inductor.select_algorithm import get_algorithm_selector_cache
+
+    savers = get_algorithm_selector_cache().feedback_saver_fns
+    for i in range(len(savers) - 1, -1, -1):
+        if savers[i] is fn:
+            del savers[i]
 
 
 # -- the harvest's compile -------------------------------------------------------------------------------------

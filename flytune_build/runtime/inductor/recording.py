@@ -11,19 +11,28 @@ re-harvest keeps what ships unless it is beaten. The shipped winner is the tunin
 (`runtime.session`: `shipped(kernel, key)`, as for every search of `flytune tune`). Each kernel becomes
 one `Record`; `artifacts()` turns a compile entry's records into artifacts. The patched methods are
 runtime.inductor.hooks'.
+
+GEMM template choices (max-autotune, torch 2.10+: runtime.inductor.templates) are recorded the same way:
+where Inductor turns a matmul's templates into choices (`finalize`), each choice's key is noted (flytune's,
+which must be Inductor's own); once Inductor has timed them (its feedback saver, which the recording adds
+while open and takes out again), the selection picks the winner among the choices a table entry can name,
+re-timing finalists with Inductor's own profiler benchmark (`profiler_bench_fn`), and Inductor is told that
+winner. One key has one winner per harvest (a second matmul of the same key keeps the first's). A
+select whose choices came from several keys, or whose key is not Inductor's, is not recorded (`notes`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, replace
 
-from ...core import inductor
+from ...core import gemm, inductor
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
 from ...core.device import DeviceIdentity
 from ...core.errors import TierMissError
 from .. import device as running_device
-from . import hooks
+from . import hooks, templates
 
 
 @dataclass
@@ -39,6 +48,7 @@ class Record:
     coordesc: bool = False
     outcome: str | None = None                       # kept | replaced against a shipped winner
     space: list = field(default_factory=list)        # the configs Inductor offered (Config), its search space
+    unshipped: list = field(default_factory=list)    # a GEMM select's choices no table entry names: name, time
 
 
 class Recording:
@@ -54,6 +64,10 @@ class Recording:
         self.shipped = shipped
         self.kernel = kernel
         self.depth = 0
+        self.notes: list[str] = []                    # what was not recorded, and why (said once each)
+        self.gemm = False                             # whether GEMM choices are recorded (this torch's hooks)
+        self.keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a lowering's choice -> its GEMM key
+        self._saver = self.feedback                   # the one object added to and taken out of Inductor's list
 
     def __enter__(self) -> Recording:
         missing_hooks = hooks.missing()
@@ -61,6 +75,15 @@ class Recording:
             raise TierMissError(f"this torch lacks {', '.join(missing_hooks)}: Inductor winners can be harvested "
                                 f"with {hooks.SUPPORTED}", field="torch")
         hooks.install()
+        if self.depth == 0:
+            lacking = hooks.missing_gemm()
+            self.gemm = not lacking
+            if lacking:
+                self.note(f"this torch lacks {', '.join(lacking)}: GEMM template choices are not harvested "
+                          f"(served with {hooks.GEMM_SUPPORTED})")
+            else:
+                hooks.install_gemm()
+                hooks.add_feedback_saver(self._saver)
         self.depth += 1
         hooks.entered(self)
         return self
@@ -69,6 +92,12 @@ class Recording:
         if self.depth:
             self.depth -= 1
             hooks.left(self)
+            if self.depth == 0 and self.gemm:
+                hooks.remove_feedback_saver(self._saver)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     def held(self, key: str):
         """The winner the output holds for the kernel of lookup hash `key` (selection.Shipped), or None."""
@@ -116,27 +145,64 @@ class Recording:
         rec.winner = _config(kept)
         return kept
 
+    def finalize(self, original, handler, template_choices, kernel_inputs, templates_, op_name, *args, **kwargs):
+        """Inductor's own choices for a matmul's lowering, each noted with the key it is looked up by."""
+        out = original(handler, template_choices, kernel_inputs, templates_, op_name, *args, **kwargs)
+        try:
+            templates.note_keys(self, out, kernel_inputs, op_name)
+        except Exception as e:  # noqa: BLE001 - a choice not recorded is said; the user's compile goes on
+            self.note(f"the {op_name} choices' lookup key could not be read ({type(e).__name__}: {e}): not recorded")
+        return out
+
+    def select(self, original, cache, name, choices, *args, **kwargs):
+        """Inductor's select, as it is: its feedback (`feedback`) is where a recording takes the timings."""
+        return original(cache, name, choices, *args, **kwargs)
+
+    def feedback(self, timings: dict, name, input_nodes, choices, profiler_bench_fn=None, *rest) -> None:
+        """Inductor's feedback saver: a select's choices timed in this context are recorded (templates.record);
+        one that cannot be is said in `notes`, and Inductor chooses it as it would."""
+        if hooks.current() is not self:  # another context's compile is not this recording's
+            return
+        try:
+            templates.record(self, timings, name, choices, profiler_bench_fn)
+        except Exception as e:  # noqa: BLE001 - a choice not recorded is said; the user's compile goes on
+            self.note(f"the {name} GEMM choice was not recorded: {type(e).__name__}: {e}")
+
+    def choose(self, rec: Record, candidates: list, retime, **limits):
+        """The selection over `candidates` against the output's winner for `rec.key`, recorded in `rec`
+        (`limits`: the sequential test's max_finalists and max_rounds at most so many); returns the winner."""
+        from .. import selection
+
+        rule = self.rule or selection.MEASURED
+        if limits and isinstance(rule, selection.Rule):
+            rule = replace(rule, **{k: min(getattr(rule, k), v) for k, v in limits.items()})
+        chosen = selection.pick(candidates, retime, rule, self.held(rec.key))
+        rec.candidates, rec.selection, rec.outcome = candidates, chosen.record, chosen.outcome
+        return chosen.winner
+
     def _pick(self, autotuner, rec: Record, candidates: list, launchers: list, args: tuple, kwargs: dict):
         """The selection over `candidates` (one per launcher, in Inductor's order), re-timed with Inductor's
         own `bench`, against the output's winner for this kernel; recorded in `rec`. Returns the winner's
         launcher."""
-        from .. import selection
-
         by_candidate = {id(c): lc for c, lc in zip(candidates, launchers)}
 
         def retime(candidate, fraction):
             return float(autotuner.bench(by_candidate[id(candidate)], *args, **kwargs))
 
-        chosen = selection.pick(candidates, retime, self.rule or selection.MEASURED, self.held(rec.key))
+        winner = self.choose(rec, candidates, retime)
         autotuner.reset_to_zero_args(*args, **kwargs)
-        rec.candidates, rec.selection, rec.outcome = candidates, chosen.record, chosen.outcome
-        return by_candidate[id(chosen.winner)]
+        return by_candidate[id(winner)]
 
     def _record(self, autotuner) -> Record:
         key = hooks.kernel_key(autotuner)
         if key not in self.records:
             heuristic = getattr(autotuner.heuristic_type, "name", str(autotuner.heuristic_type)).lower()
-            self.records[key] = Record(hooks.kernel_name(autotuner), key, str(autotuner.size_hints), heuristic)
+            self.record(hooks.kernel_name(autotuner), key, str(autotuner.size_hints), heuristic)
+        return self.records[key]
+
+    def record(self, name: str, key: str, size_hints: str, heuristic: str) -> Record:
+        """A new record of the kernel (or GEMM choice) of lookup key `key`."""
+        self.records[key] = Record(name, key, size_hints, heuristic)
         return self.records[key]
 
 
@@ -153,8 +219,13 @@ def artifacts(records, kernel: str, mode: str, dev: DeviceIdentity | None = None
         # was timed as: a re-harvest whose descent went elsewhere searched the same space
         space = space_hash(rec.space or [c.config for c in rec.candidates])
         prov = provenance(rec.candidates, space, "measured", selection=rec.selection)
-        prov["inductor"] = {"name": rec.name, "size_hints": rec.size_hints, "heuristic": rec.heuristic,
-                            "mode": mode, "coordesc": rec.coordesc}
+        if gemm.is_key(rec.key):
+            prov["inductor"] = {"name": rec.name, "mode": mode}
+            if rec.unshipped:
+                prov["inductor"]["unshipped"] = rec.unshipped
+        else:
+            prov["inductor"] = {"name": rec.name, "size_hints": rec.size_hints, "heuristic": rec.heuristic,
+                                "mode": mode, "coordesc": rec.coordesc}
         out.append(Artifact(kernel, {inductor.AXIS: rec.key}, dev, rec.winner, prov))
     return out
 

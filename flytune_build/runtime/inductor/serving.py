@@ -11,6 +11,13 @@ each kernel (served, autotuned by Inductor, or single) and, for a served one, dr
 candidate and marks it final so coordinate descent leaves it; under FLYTUNE_AUTOTUNE=strict a kernel
 that would be autotuned raises `TierMissError`. A serving's last close says once what missed.
 
+GEMM template choices (max-autotune's `select_algorithm`, torch 2.10+): where Inductor turns a matmul's
+templates into choices (runtime.inductor.templates), the serving innermost in the compiling context
+looks the choice up through Inductor's own `LookupTableChoices` over the GEMM winners of the servings open
+in that context: a hit is one choice, so Inductor benchmarks nothing; a miss is Inductor's own list,
+counted as benchmarked (strict: `TierMissError`). Neither `config.lookup_table.table` nor the choices
+handler is touched: a user's `LookupTableChoices` answers first, and only its misses reach a serving.
+
 A `Serving` is re-entrant: entered N times (`with s: with s:`, or `.open()` twice), it serves until
 its N-th close. Each close pairs with an open, from any thread.
 """
@@ -22,7 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ...core import inductor, settings
+from ...core import gemm, inductor, settings
 from ...core.codec import Fields
 from ...core.config import Config
 from ...core.device import INTERPRETER, DeviceIdentity
@@ -30,22 +37,10 @@ from ...core.errors import ArgumentTypeError, ArtifactError, DeviceError, Flytun
 from .. import device as running_device
 from .. import warning
 from ..offline import TIER, Index
-from . import hooks
+from . import hooks, templates
+from .counts import Counts, Kernel, Totals
 
 STATS_NAME = "torch.compile"  # the name flytune_build.stats() and on_decision give Inductor's kernels
-TIERS = ("offline", "autotune", "single")
-NAMES = 64  # the autotuned kernels' names stats() keeps, at most (the counts are whole)
-
-
-@dataclass
-class Kernel:
-    """How one generated kernel of a compile was served."""
-    name: str           # Inductor's name (triton_poi_fused_gelu_3)
-    key: str            # its lookup hash
-    tier: str           # "offline" (the bundle's config), "autotune" (Inductor's search), "single"
-    config: dict | None = None
-    origin: str | None = None
-    level: str | None = None
 
 
 @dataclass
@@ -61,8 +56,12 @@ class Serving:
     """The installed bundles' Inductor winners served to the compiles made while it is open."""
 
     def __init__(self, shipped: dict[str, Shipped], device: DeviceIdentity | None, other_devices: set[str],
-                 problems: list[str], unsupported: list[str]):
+                 problems: list[str], unsupported: list[str], gemm_winners: dict[str, Shipped] | None = None,
+                 gemm_served: bool = False):
         self.shipped = shipped
+        self.gemm = gemm_winners or {}          # GEMM lookup key -> the choice served (core.gemm)
+        self.gemm_table = {key: [w.entry] for key, w in self.gemm.items()}  # as Inductor's lookup table reads it
+        self.gemm_served = gemm_served          # whether this torch serves GEMM choices (runtime.inductor.templates)
         self.device = device
         self.other_devices = other_devices
         self.problems = problems
@@ -70,8 +69,7 @@ class Serving:
         self.kernels: dict[str, Kernel] = {}
         self.undescended: dict[str, str] = {}   # served kernel -> the mode it was harvested in, without the
         self.depth = 0                          # coordinate descent this compile runs; depth: times open
-        self.folded = dict.fromkeys(TIERS, 0)   # the counts already in the process's totals (stats())
-        self.folded_names: set[str] = set()
+        self.folded = Counts()                  # the counts already in the process's totals (stats())
 
     # a context, or a handle closed by hand
     def __enter__(self) -> Serving:
@@ -85,6 +83,8 @@ class Serving:
         if self.unsupported:
             return self
         hooks.install()
+        if self.gemm_served:
+            hooks.install_gemm()
         with _state.lock:
             self.depth += 1
             if self.depth == 1:
@@ -119,6 +119,19 @@ class Serving:
     def coordesc(self, autotuner, start, found, args: tuple, kwargs: dict):
         return found
 
+    def finalize(self, original, handler, *args, **kwargs):
+        """A matmul's choices (runtime.inductor.templates): the shipped one, else Inductor's own, counted."""
+        if not self.gemm_served:  # this torch serves no GEMM choice: Inductor's own, uncounted
+            return original(handler, *args, **kwargs)
+        here = [o for o in hooks.opened_here() if isinstance(o, Serving)]
+        return templates.serve(self, here, original, handler, *args, **kwargs)
+
+    def select(self, original, cache, name, choices, *args, **kwargs):
+        """Inductor's select among a matmul's choices (runtime.inductor.templates): the shipped one, counted."""
+        if not self.gemm_served:
+            return original(cache, name, choices, *args, **kwargs)
+        return templates.select(self, original, cache, name, choices, *args, **kwargs)
+
     def before_precompile(self, autotuner) -> None:
         key = hooks.kernel_key(autotuner)
         name = hooks.kernel_name(autotuner)
@@ -140,7 +153,7 @@ class Serving:
                 autotuner.compile_results = kept[:1]
             elif not any(_same(c, shipped.entry) for c in configs) or len(configs) > 1:
                 autotuner.configs = [_triton_config(shipped.entry)]
-            self._decided(Kernel(name, key, "offline", shipped.entry, shipped.origin, shipped.level))
+            self.decided(Kernel(name, key, "offline", shipped.entry, shipped.origin, shipped.level))
             harvest = _harvest_mode(shipped.provenance)
             if (getattr(autotuner, "inductor_meta", None) or {}).get("coordinate_descent_tuning") and \
                     harvest is not None and not harvest[1]:
@@ -154,9 +167,9 @@ class Serving:
                     f"installed bundle for {self.device.spec()}: it would be autotuned over {candidates} "
                     f"configs; harvest it on this device (`flytune harvest`) or unset strict",
                     field="FLYTUNE_AUTOTUNE")
-            self._decided(Kernel(name, key, "autotune"))
+            self.decided(Kernel(name, key, "autotune"))
         else:
-            self._decided(Kernel(name, key, "single"))
+            self.decided(Kernel(name, key, "single"))
 
     def after_precompile(self, autotuner) -> None:
         shipped = self.shipped.get(hooks.kernel_key(autotuner))
@@ -167,34 +180,41 @@ class Serving:
         for launcher in autotuner.launchers:
             launcher.config.found_by_coordesc = True  # the shipped config is final: no coordinate descent
 
-    def _decided(self, k: Kernel) -> None:
+    def decided(self, k: Kernel) -> None:
         from ..events import tell
 
         self.kernels[k.key] = k
         tell({"kernel": STATS_NAME, "key": {inductor.AXIS: k.key, "name": k.name}, "tier": k.tier,
-              "config": k.config, "level": k.level, "origin": k.origin})
+              "config": k.config, "level": k.level, "origin": k.origin, "kind": k.kind})
 
-    def counts(self) -> tuple[dict, set]:
-        """(kernels per tier, the autotuned kernels' names) of the compiles made while open."""
-        tiers = dict.fromkeys(TIERS, 0)
-        names = set()
+    def counts(self) -> Counts:
+        """The decisions of the compiles made while open, per tier, kernels and GEMM choices apart."""
+        out = Counts()
         for k in list(self.kernels.values()):  # a copy: another thread's compile may add one meanwhile
-            tiers[k.tier] += 1
-            if k.tier == "autotune":
-                names.add(k.name)
-        return tiers, names
+            if k.kind == "gemm":
+                out.gemm[k.tier] += 1
+                if k.tier == "autotune":
+                    out.gemm_names.add(gemm.describe(k.key))
+            else:
+                out.kernels[k.tier] += 1
+                if k.tier == "autotune":
+                    out.names.add(k.name)
+        return out
 
     def stats(self) -> dict:
         """Hits and misses of the compiles made while open: what `flytune_build.stats()` shows."""
-        tiers, names = self.counts()
-        return {"kernels": tiers, "shipped": len(self.shipped), "device": self.device and self.device.spec(),
-                "other_devices": sorted(self.other_devices), "autotuned": sorted(names)}
+        c = self.counts()
+        return {"kernels": c.kernels, "shipped": len(self.shipped), "device": self.device and self.device.spec(),
+                "other_devices": sorted(self.other_devices), "autotuned": sorted(c.names),
+                "gemm": c.gemm, "gemm_shipped": len(self.gemm), "gemm_autotuned": sorted(c.gemm_names)}
 
     def tell(self) -> None:
-        """One warning when a compile autotuned a kernel, or nothing was shipped for this device; one
-        when served winners were harvested without the coordinate descent the compile runs."""
+        """One warning when a compile autotuned a kernel or benchmarked a GEMM choice, or nothing was
+        shipped for this device; one when served winners were harvested without the coordinate descent
+        the compile runs."""
         s = self.stats()
         hits, tuned = s["kernels"]["offline"], s["kernels"]["autotune"]
+        g_hits, g_tuned = s["gemm"]["offline"], s["gemm"]["autotune"]
         if self.undescended:
             modes = ", ".join(sorted(set(self.undescended.values())))
             names = ", ".join(sorted(self.undescended)[:3]) + (", ..." if len(self.undescended) > 3 else "")
@@ -203,31 +223,21 @@ class Serving:
                        f"(max-autotune): they keep the harvested config, which Inductor would tune further. "
                        f"Inductor's lookup has no mode in its key: harvest the mode you compile with")
             warning.once(("inductor-mode", message), message)  # by its text: one per cause, not per serving
-        if tuned == 0 and (self.shipped or not self.other_devices):
+        shipped_any = self.shipped or self.gemm
+        if tuned == 0 and g_tuned == 0 and (shipped_any or not self.other_devices):
             return
         where = (f"; the bundle holds Inductor winners for {', '.join(sorted(self.other_devices))}, not for "
-                 f"{self.device.spec()}" if self.other_devices and not self.shipped else "")
-        drift = _toolchain_drift(self.shipped.values())
+                 f"{self.device.spec()}" if self.other_devices and not shipped_any else "")
+        drift = _toolchain_drift([*self.shipped.values(), *self.gemm.values()])
         names = ", ".join(s["autotuned"][:3]) + (", ..." if tuned > 3 else "")
         message = (f"torch.compile: {hits} generated kernel(s) served from the bundle, {tuned} autotuned by "
-                   f"Inductor (not in the bundle{': ' + names if names else ''}){where}{drift}")
+                   f"Inductor (not in the bundle{': ' + names if names else ''})")
+        if g_hits or g_tuned:
+            g_names = "; ".join(s["gemm_autotuned"][:3]) + ("; ..." if g_tuned > 3 else "")
+            message += (f"; {g_hits} GEMM choice(s) served, {g_tuned} benchmarked by Inductor (not in the bundle"
+                        f"{': ' + g_names if g_names else ''})")
+        message += where + drift
         warning.once(("inductor", message), message)
-
-
-class _Totals:
-    """Closed servings' counts, folded: a fixed size however many servings opened (names: at most NAMES)."""
-
-    def __init__(self) -> None:
-        self.kernels = dict.fromkeys(TIERS, 0)
-        self.names: set[str] = set()
-
-    def add(self, tiers: dict, names: set) -> None:
-        for tier, n in tiers.items():
-            self.kernels[tier] += n
-        for name in sorted(names):
-            if len(self.names) >= NAMES:
-                break
-            self.names.add(name)
 
 
 class _Process:
@@ -239,23 +249,21 @@ class _Process:
         self.lock = threading.RLock()
         self.open: dict[Serving, None] = {}
         self.saved: Any = _NONE            # the user's table object, as it was before the first opened
-        self.totals: _Totals | None = None  # None: no serving opened since the last reset
+        self.totals: Totals | None = None  # None: no serving opened since the last reset
 
     def opened(self, s: Serving) -> None:
         self.open[s] = None
         if self.totals is None:
-            self.totals = _Totals()
+            self.totals = Totals()
 
     def closed(self, s: Serving) -> None:
         del self.open[s]
-        tiers, names = self.unfolded(s)
-        self.totals.add(tiers, names)
-        s.folded, s.folded_names = s.counts()
+        self.totals.add(self.unfolded(s))
+        s.folded = s.counts()
 
     @staticmethod
-    def unfolded(s: Serving) -> tuple[dict, set]:
-        tiers, names = s.counts()
-        return {t: n - s.folded[t] for t, n in tiers.items()}, names - s.folded_names
+    def unfolded(s: Serving) -> Counts:
+        return s.counts().minus(s.folded)
 
     def set_table(self) -> None:
         """Inductor's lookup table as the open servings make it: where torch keeps one per process, every
@@ -272,19 +280,23 @@ class _Process:
         with self.lock:
             if self.totals is None and not self.open:
                 return None
-            out = _Totals()
+            out = Totals()
             if self.totals is not None:
-                out.add(self.totals.kernels, self.totals.names)
+                out.add(self.totals.counts)
             for s in self.open:
-                out.add(*self.unfolded(s))
-            return {"kernels": out.kernels, "autotuned": sorted(out.names)}
+                out.add(self.unfolded(s))
+            c = out.counts
+            got = {"kernels": c.kernels, "autotuned": sorted(c.names)}
+            if any(c.gemm.values()):  # once a compile under a serving lowered a matmul
+                got.update(gemm=c.gemm, gemm_autotuned=sorted(c.gemm_names))
+            return got
 
     def reset(self) -> None:
         with self.lock:
-            self.totals = _Totals() if self.open else None
+            self.totals = Totals() if self.open else None
             for s in self.open:
                 s.kernels.clear()
-                s.folded, s.folded_names = dict.fromkeys(TIERS, 0), set()
+                s.folded = Counts()
 
 
 _NONE = object()
@@ -383,6 +395,8 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
     `kernels` (default: every one installed), served to torch.compile and AOTInductor compiles made
     while the returned `Serving` is open (`with serve(): ...`, or `serve().open()` ... `.close()`).
 
+    The bundles' GEMM template choices (max-autotune) are served where torch has a template lookup
+    (2.10+); a torch without it (`hooks.missing_gemm()`) gets one warning and its kernels served.
     A torch without the hooks (`missing()`) gets one warning and an unchanged compile; under
     FLYTUNE_AUTOTUNE=strict that is a `TierMissError`. Where no GPU is visible (or TRITON_INTERPRET=1
     makes the device Triton's interpreter) nothing is served, and one warning says why."""
@@ -406,15 +420,27 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
         warning.once(("inductor-device", str(e)), f"torch.compile: {e}: nothing is served to torch.compile, "
                                                   f"which compiles as usual")
         return Serving({}, None, set(), [], [str(e)])
-    shipped, other, problems = _shipped(kernels, dev)
+    shipped, gemm_winners, other, problems = _shipped(kernels, dev)
     for p in problems:
         warning.once(("inductor-problem", p), f"{p}; not served to torch.compile")
-    return Serving(shipped, dev, other, problems, [])
+    lacking = hooks.missing_gemm()
+    if lacking:  # torch 2.9: no template lookup; the kernels are served all the same
+        held = f"the bundle's {len(gemm_winners)} GEMM choice(s) for this device are" if gemm_winners else \
+            "GEMM template choices are"
+        warning.once(("inductor-gemm-hooks",), (
+            f"this torch lacks {', '.join(lacking)}: {held} not served (flytune serves them with "
+            f"{hooks.GEMM_SUPPORTED}); max-autotune benchmarks them as Inductor does, and the generated "
+            f"kernels are served"))
+        gemm_winners = {}
+    return Serving(shipped, dev, other, problems, [], gemm_winners, gemm_served=not lacking)
 
 
-def _shipped(kernels: tuple[str, ...], dev: DeviceIdentity) -> tuple[dict[str, Shipped], set[str], list[str]]:
-    """(lookup hash -> the winner served, the other devices the bundles hold winners for, problems)."""
+def _shipped(kernels: tuple[str, ...], dev: DeviceIdentity
+             ) -> tuple[dict[str, Shipped], dict[str, Shipped], set[str], list[str]]:
+    """(lookup hash -> the kernel winner served, GEMM lookup key -> the choice served, the other devices
+    the bundles hold winners for, problems)."""
     shipped: dict[str, Shipped] = {}
+    choices: dict[str, Shipped] = {}
     other: set[str] = set()
     problems: list[str] = []
     entries = compile_entries(TIER, problems)
@@ -438,10 +464,11 @@ def _shipped(kernels: tuple[str, ...], dev: DeviceIdentity) -> tuple[dict[str, S
             if wrong:
                 problems += [str(ArtifactError(rule, file=hit.origin, field=f)) for f, rule in wrong]
                 continue
-            if key not in shipped:
-                prov = hit.document().get("provenance")
-                shipped[key] = Shipped(inductor.table_entry(config), name, hit.origin, hit.level, prov)
-    return shipped, other, problems
+            into, entry = (choices, gemm.table_entry(config)) if gemm.is_key(key) else \
+                (shipped, inductor.table_entry(config))
+            if key not in into:
+                into[key] = Shipped(entry, name, hit.origin, hit.level, hit.document().get("provenance"))
+    return shipped, choices, other, problems
 
 
 def compile_entries(tier, problems: list[str] | None = None) -> list[str]:
