@@ -9,10 +9,18 @@ Per phase (tc: torch.compile mode=default; aoti: AOTInductor; ma: max-autotune-n
 GEMM templates) the model of `examples/compiled_model` is compiled, each step in a fresh process whose
 Inductor and Triton caches are empty and at the same paths:
 
-  A, B   cold compiles without flytune (what a user gets today; how many kernels B chose differently)
+  A, B   cold compiles without flytune (what a user gets today; how many kernels B chose differently);
+         A saves Inductor's own cache artifacts (`torch.compiler.save_cache_artifacts()`)
+  C      a compile in empty cache directories that first loads A's cache artifacts
+         (`torch.compiler.load_cache_artifacts`): "why not copy Inductor's caches?"
   H      `flytune_build.harvest(...)`: every autotuned kernel recorded, chosen by flytune's selection
   S1, S2 cold compiles under `flytune_build.inductor.serve()` with H's artifacts (FLYTUNE_ARTIFACT_DIR),
-         or, with --installed, with the installed compiled-model wheel's bundle
+         or, with --installed, with the installed wheel's bundle (--shipped: its artifact directory)
+
+--entry MODULE:FUNCTION picks the model (default compiled_model:block; compiled_model:mlp is an MLP of
+three matmul shapes). Every compile step's output is compared with the eager model's (`max_abs_err`,
+`eager_close`: within rtol=atol=2e-2 in bfloat16), and S1 and S2 with each other (same GEMM templates,
+same kernel configs).
 
 Per step: autotune seconds (the time inside CachingAutotuner.benchmark_all_configs and
 coordinate_descent_tuning; GEMM template selection separately: `gemm_s`, the time in select_algorithm,
@@ -39,7 +47,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = "compiled_model:block"
+ENTRY = os.environ.get("INDUCTOR_BENCH_ENTRY", "compiled_model:block")
 MODES = {"tc": "default", "aoti": "aoti", "ma": "max-autotune-no-cudagraphs"}
 
 
@@ -113,8 +121,18 @@ def step(args) -> dict:
         if args.step.startswith("S"):
             import flytune_build.inductor as fti
             serving = fti.serve()
-        from compiled_model import block
-        model, inputs = block()
+        import importlib
+        module, _, function = ENTRY.partition(":")
+        model, inputs = getattr(importlib.import_module(module), function)()
+        with torch.no_grad():
+            eager = model(*inputs)
+        cache_file = Path(args.live).parent / f"{args.phase}_cache_artifacts.bin"
+        start = time.perf_counter()  # the compile (C: with loading the cache artifacts), not the eager run
+        if args.step == "C":
+            torch.compiler.load_cache_artifacts(cache_file.read_bytes())
+            out["load_s"] = round(time.perf_counter() - start, 3)
+            out["cache_artifacts_bytes"] = cache_file.stat().st_size
+        compiled_out = None
         with serving:
             if mode == "aoti":
                 exported = torch.export.export(model, inputs)
@@ -124,13 +142,26 @@ def step(args) -> dict:
                 out["pt2_members"] = members(pt2)
                 shutil.copyfile(pt2, Path(args.live).parent / f"{args.phase}_{args.step}.pt2")
             else:
-                torch.compile(model, mode=mode)(*inputs)
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
+                compiled_out = torch.compile(model, mode=mode)(*inputs)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        out["compile_s"] = round(time.perf_counter() - start, 3)
+        if mode == "aoti":
+            compiled_out = torch._inductor.aoti_load_package(str(pt2))(*inputs)
+        if args.step == "A" and hasattr(torch.compiler, "save_cache_artifacts"):
+            saved = torch.compiler.save_cache_artifacts()
+            if saved is not None:
+                cache_file.write_bytes(saved[0])
+                out["cache_artifacts_bytes"] = len(saved[0])
+        if compiled_out is not None:
+            got, want = compiled_out.float(), eager.float()
+            out["max_abs_err"] = float((got - want).abs().max())
+            out["eager_max_abs"] = float(want.abs().max())
+            out["eager_close"] = bool(torch.allclose(got, want, rtol=2e-2, atol=2e-2))
         if args.step.startswith("S"):
             import flytune_build as ft
             out["served"] = ft.stats().get("torch.compile")
-    out["compile_s"] = round(time.perf_counter() - start, 3)
+    out.setdefault("compile_s", round(time.perf_counter() - start, 3))
     out.update({k: round(v, 4) for k, v in timers.items()})
     out.update(counts)
     out["gemm_selected"] = selected
@@ -238,6 +269,18 @@ def compare(phase: str, steps: dict) -> dict:  # noqa: C901 (one report, read to
             out[f"{s}_autotune_share_of_cold"] = round(got.get("autotune_s", 0) / a["autotune_s"], 4)
     if "autotune_s" in a:
         out["cold_gemm"] = {k: a.get(k) for k in ("gemm_s", "gemm_autotune_s", "gemm_selects", "gemm_benchmarks")}
+    c = steps.get("C", {})
+    if "compile_s" in c:  # Inductor's own cache artifacts, loaded into empty caches
+        out["C_cache_artifacts"] = {k: c.get(k) for k in ("compile_s", "load_s", "cache_artifacts_bytes", "autotune_s",
+                                                          "gemm_selects", "gemm_benchmarks")}
+    s1, s2 = steps.get("S1", {}), steps.get("S2", {})
+    if "kernels" in s1 and "kernels" in s2:  # two served compiles: the same templates and configs
+        pick = [(g.get("name"), g.get("template"), g.get("choice")) for g in s1.get("gemm_selected", [])]
+        out["S1_S2_same_gemm_templates"] = pick == [(g.get("name"), g.get("template"), g.get("choice"))
+                                                    for g in s2.get("gemm_selected", [])]
+        out["S1_S2_same_kernel_configs"] = s1["kernels"] == s2["kernels"]
+    out["eager"] = {name: {k: steps[name].get(k) for k in ("max_abs_err", "eager_max_abs", "eager_close")}
+                    for name in ("A", "B", "C", "S1", "S2") if "max_abs_err" in steps.get(name, {})}
     for x, y in (("A", "B"), ("S1", "S2")):
         hx, hy = steps.get(x, {}).get("pt2_sha256"), steps.get(y, {}).get("pt2_sha256")
         if hx and hy:
@@ -258,10 +301,13 @@ def main(argv=None) -> int:
     p.add_argument("--timeouts", default="", help="a step's own limit in seconds: H=200,S1=100")
     p.add_argument("--mirror", help="a directory that gets steps.json and table.txt after each step (a run "
                    "stopped at a time limit keeps what it finished there)")
-    p.add_argument("--steps", default="A,B,H,S1,S2", help="which steps to run, of A,B,H,S1,S2")
+    p.add_argument("--steps", default="A,B,H,S1,S2", help="which steps to run, of A,B,C,H,S1,S2 (C after A)")
     p.add_argument("--installed", action="store_true", help="S steps serve the installed compiled-model wheel's "
                    "bundle (flytune-build and compiled-model installed, the checkout off the path); the shipped "
-                   "configs compared are examples/compiled_model/artifacts/sm_90")
+                   "configs compared are --shipped's")
+    p.add_argument("--shipped", default=str(ROOT / "examples" / "compiled_model" / "artifacts" / "sm_90"),
+                   help="with --installed: the artifact directory the installed wheel was built from")
+    p.add_argument("--entry", default=ENTRY, help="the model: MODULE:FUNCTION returning (model, inputs)")
     p.add_argument("--artifacts-from", help="a directory of harvested artifacts per phase "
                    "(artifacts-PHASE/), used instead of step H")
     p.add_argument("--small", action="store_true", help="a tiny block (COMPILED_MODEL_SMALL=1)")
@@ -274,6 +320,7 @@ def main(argv=None) -> int:
         return 0
     if args.small:
         os.environ["COMPILED_MODEL_SMALL"] = "1"
+    os.environ["INDUCTOR_BENCH_ENTRY"] = args.entry  # the steps' processes read it
     out = Path(args.out).resolve()
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -285,7 +332,7 @@ def main(argv=None) -> int:
         steps: dict = {"_artifacts": str(artifacts), "_work": str(work)}
         if args.installed:
             os.environ["INDUCTOR_BENCH_INSTALLED"] = "1"
-            shutil.copytree(ROOT / "examples" / "compiled_model" / "artifacts" / "sm_90", artifacts)
+            shutil.copytree(args.shipped, artifacts)
         elif args.artifacts_from:
             shutil.copytree(Path(args.artifacts_from) / f"artifacts-{phase}", artifacts)
         limits = dict(item.split("=") for item in args.timeouts.split(",") if item)

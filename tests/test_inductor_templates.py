@@ -320,6 +320,21 @@ def test_the_build_refuses_a_gemm_artifact_inductor_would_not_serve_as_written(k
     assert rule in str(found.errors[0])
 
 
+@pytest.mark.parametrize("epilogue,field", [
+    ({"winner": -1, "unfused": 0}, "provenance.inductor.epilogue.winner"),
+    ({"winner": 0, "unfused": "1"}, "provenance.inductor.epilogue.unfused"),
+    ({"winner": 0}, "provenance.inductor.epilogue"),
+    ([0, 1], "provenance.inductor.epilogue"),
+])
+def test_a_malformed_epilogue_record_names_its_field(epilogue, field, tmp_path):
+    art = gemm_artifact()
+    art = Artifact(art.kernel, art.key, art.device, art.config,
+                   {"inductor": {"name": "mm", "mode": "max-autotune", "epilogue": epilogue}})
+    art.save(tmp_path)
+    errors = ft.verify(str(tmp_path)).errors
+    assert len(errors) == 1 and field in str(errors[0]), errors
+
+
 def test_a_gemm_artifact_round_trips_and_every_reader_reads_it(tmp_path, capsys):
     from flytune_build.cli.main import main
     from flytune_build.runtime.bench import Candidate
@@ -514,6 +529,35 @@ def test_a_second_select_of_one_key_keeps_the_first_ones_winner():
     _, first, rec = _selected({"triton_mm_64": 0.0100, "triton_mm_128": 0.0200, "aten_mm": 0.02})
     kept, again, _ = _selected({"triton_mm_64": 0.0200, "triton_mm_128": 0.0100, "aten_mm": 0.02}, rec=rec)
     assert kept.name == "triton_mm_64" and again is first
+
+
+def test_the_choice_inductors_scheduler_built_with_its_epilogue_fused_is_the_one_recorded(tmp_path):
+    """max-autotune defers a select to the scheduler (a MultiTemplateBuffer), which may build another choice
+    where that one with its epilogue fused beats the winner plus the epilogue as a kernel of its own: a
+    served lowering has one choice and fuses its epilogue unbenchmarked, so the built one must ship."""
+    from torch._inductor.ir import MultiTemplateBuffer
+
+    from flytune_build.runtime.inductor import recording
+
+    choices = [_triton(64), _triton(128), _Choice("aten_mm", "aten::mm")]
+    _, record, rec = _selected({"triton_mm_64": 0.0200, "triton_mm_128": 0.0100, "aten_mm": 0.03}, choices)
+    assert record.winner.kwargs["BLOCK_M"] == 128
+    with rec:
+        rec.built_as(choices[1])  # the selection's own winner: nothing changes
+        assert record.winner.kwargs["BLOCK_M"] == 128 and record.epilogue is None
+        rec.built_as(_Choice("conv"))  # a choice of no key recorded here
+        rec.built_as(choices[0])  # the scheduler fused the epilogue into BLOCK_M 64
+        rec.built_as(choices[2])  # a second matmul of the same key: the first build stands
+    assert record.winner == gemm.config_of("triton::mm", {**TRITON_MM, "BLOCK_M": 64}, MM_HASH)
+    assert record.epilogue == {"winner": 0, "unfused": 1}
+    (art,) = recording.artifacts(rec.records.values(), "mylib.block", "max-autotune", H200)
+    assert art.provenance["inductor"]["epilogue"] == {"winner": 0, "unfused": 1}
+    art.save(tmp_path)
+    assert not ft.verify(str(tmp_path)).errors
+    edited = Artifact(art.kernel, art.key, art.device, record.candidates[2].config, art.provenance)
+    found = verification.check([edited], lambda a: a.filename)
+    assert "chose candidate #0" in str(found.errors[0])
+    assert hasattr(MultiTemplateBuffer.finalize_as_triton_caller, "__flytune__")  # the scheduler's call reaches it
 
 
 def test_a_select_of_several_keys_or_of_a_failing_profiler_is_said_in_the_notes():

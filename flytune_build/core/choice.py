@@ -152,7 +152,8 @@ def contradicted(config: Config, provenance: Any) -> str | None:
     whose provenance records no search (no candidates: written by hand, imported by an earlier release),
     names a maintainer's choice (`by_hand`, which says why), is an import (`ranking: imported`), or is an
     Inductor harvest whose coordinate descent moved the benchmark's winner (`inductor.coordesc`: before
-    the selection chose between such moves, the shipped config was none of the candidates)."""
+    the selection chose between such moves, the shipped config was none of the candidates). A GEMM choice
+    Inductor's scheduler built with its epilogue fused (`inductor.epilogue.winner`) is that candidate."""
     p = provenance if isinstance(provenance, Mapping) else {}
     candidates = p.get("candidates")
     inductor = p.get("inductor")
@@ -168,6 +169,9 @@ def contradicted(config: Config, provenance: Any) -> str | None:
             searched.append(None)
     chosen = p.get("selection")
     winner = chosen.get("winner") if isinstance(chosen, Mapping) else None
+    fused = inductor.get("epilogue") if isinstance(inductor, Mapping) else None
+    if isinstance(fused, Mapping) and "winner" in fused:  # Inductor built another GEMM choice, its epilogue fused
+        winner = fused["winner"]
     hint = "edited after the search? a config chosen by hand says why in provenance.by_hand"
     if type(winner) is int and 0 <= winner < len(searched) and searched[winner] is not None:
         if searched[winner] == config:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import gemm
+from .choice import MAX_INDEX
 from .config import Config
 
 AXIS = "inductor_source"
@@ -35,7 +36,9 @@ _NAME = re.compile(r"^def [^(]+\(")               # triton_heuristics.triton_nam
 MAX_BLOCK = 1 << 20  # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL): no block size is larger
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "aoti")
 PROVENANCE_FIELDS = ("name", "size_hints", "heuristic", "mode", "coordesc",
-                     "unshipped")  # a GEMM choice's: the choices no table entry can name (CUTLASS, ...), timed
+                     "unshipped",  # a GEMM choice's: the choices no table entry can name (CUTLASS, ...), timed
+                     "epilogue")   # a GEMM choice's: the candidate Inductor built with its epilogue fused
+
 
 
 def lookup_key(size_hints: Any, source: str) -> str:
@@ -107,3 +110,7 @@ def check_provenance(p: Any, f) -> None:
             f.string(v["name"], f"{path}.name", max_len=1024)
             f.number(v["time_ms"], f"{path}.time_ms", nullable=True)
         f.array(p["unshipped"], "provenance.inductor.unshipped", choice, max_items=10_000)
+    if p.get("epilogue") is not None:  # {winner, unfused}: candidate indices (core.choice.contradicted)
+        f.table(p["epilogue"], "provenance.inductor.epilogue", ("winner", "unfused"))
+        for name in ("winner", "unfused"):
+            f.integer(p["epilogue"][name], f"provenance.inductor.epilogue.{name}", 0, MAX_INDEX)

@@ -1,7 +1,8 @@
 """A transformer block (layernorm, attention with softmax, MLP with a fused GELU) compiled by Inductor,
 shipped with its Inductor autotune winners for an H200.
 
-`block()` is the compile entry `flytune harvest compiled_model:block` records on the GPU; `compiled()`
+`block()` is the compile entry `flytune harvest compiled_model:block` records on the GPU (`mlp()`, an MLP
+of three matmul shapes, a second one); `compiled()`
 is how the package's users get the model compiled with the shipped winners.
 """
 from __future__ import annotations
@@ -33,12 +34,35 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+class MLP(nn.Module):
+    """Three matmuls of three shapes (WIDTH -> MLP_WIDTHS[0] -> MLP_WIDTHS[1] -> WIDTH), SiLU and GELU."""
+
+    def __init__(self, d: int = WIDTH, widths: tuple[int, int] = None):
+        super().__init__()
+        a, b = widths or MLP_WIDTHS
+        self.up, self.mid, self.down = nn.Linear(d, a), nn.Linear(a, b), nn.Linear(b, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.mid(F.silu(self.up(x)))))
+
+
+MLP_WIDTHS = (96, 48) if os.environ.get("COMPILED_MODEL_SMALL") else (2816, 1536)
+
+
 def block():
     """(model, example_inputs): the compile entry, on the GPU in bfloat16 (a CPU gets float32)."""
     torch.manual_seed(0)
     dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
     model = Block().eval().requires_grad_(False).to(dev, dtype)
     return model, (torch.randn(BATCH, SEQ, WIDTH, device=dev, dtype=dtype),)
+
+
+def mlp():
+    """(model, example_inputs): a second compile entry, an MLP of three matmul shapes (bfloat16 on the GPU)."""
+    torch.manual_seed(0)
+    dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    model = MLP().eval().requires_grad_(False).to(dev, dtype)
+    return model, (torch.randn(BATCH * SEQ // 2, WIDTH, device=dev, dtype=dtype),)
 
 
 def compiled(model: nn.Module, **options):

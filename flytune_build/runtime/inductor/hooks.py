@@ -19,7 +19,9 @@ GEMM template choices (max-autotune's `select_algorithm`, torch 2.10+; `GEMM_HOO
 the patch of `InductorChoices._finalize_template_configs` (`install_gemm()`), where a matmul's templates
 become its choices (one lowering may make several such calls), and of `AlgorithmSelectorCache.__call__`,
 where Inductor selects among all of a lowering's choices, hand each call to `current()`'s
-`finalize(original, handler, ...)` and `select(original, cache, name, choices, ...)` the same way; a
+`finalize(original, handler, ...)` and `select(original, cache, name, choices, ...)` the same way, and
+`MultiTemplateBuffer.finalize_as_triton_caller`, where the scheduler builds a deferred select (max-autotune's
+epilogue benchmark) as one Triton choice, tells it `built_as(choice)`; a
 user's own `LookupTableChoices` answers first (its table, its handler, never changed), and only its
 misses reach the patch. Inductor's own lookup over a serving's table (`lookup_choices`), its own key
 (`inductor_gemm_key`) and a feedback saver put in and taken out again (`add_feedback_saver`,
@@ -68,6 +70,7 @@ GEMM_HOOKS = (
     ("torch._inductor.kernel_inputs", "KernelInputs.shapes_hinted"),
     ("torch._inductor.kernel_inputs", "KernelInputs.strides_hinted"),
     ("torch._inductor.select_algorithm", "AlgorithmSelectorCache.__call__"),
+    ("torch._inductor.ir", "MultiTemplateBuffer.finalize_as_triton_caller"),
     ("torch._inductor.select_algorithm", "add_feedback_saver"),
     ("torch._inductor.select_algorithm", "get_algorithm_selector_cache"),
     ("torch._inductor.config", "lookup_table.check_src_hash"),
@@ -197,15 +200,17 @@ def _coordinate_descent_tuning(original, self, launcher, *args, **kwargs):
 
 
 def install_gemm() -> None:
-    """Patch InductorChoices' finalize step, where a matmul's templates become its choices, and
-    select_algorithm's select among a lowering's choices, once per process: handed to `current()`'s
-    `finalize(original, handler, ...)` and `select(original, cache, name, choices, ...)`
-    (runtime.inductor.templates)."""
+    """Patch InductorChoices' finalize step, where a matmul's templates become its choices,
+    select_algorithm's select among a lowering's choices, and the scheduler's building of a deferred
+    select as one choice, once per process: handed to `current()`'s `finalize(original, handler, ...)`,
+    `select(original, cache, name, choices, ...)` and `built_as(choice)` (runtime.inductor.templates)."""
     from torch._inductor.choices import InductorChoices
+    from torch._inductor.ir import MultiTemplateBuffer
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     patch(InductorChoices, "_finalize_template_configs", _finalize_template_configs)
     patch(AlgorithmSelectorCache, "__call__", _select)
+    patch(MultiTemplateBuffer, "finalize_as_triton_caller", _built_as)
 
 
 def _finalize_template_configs(original, self, *args, **kwargs):
@@ -217,6 +222,13 @@ def _select(original, self, name, choices, *args, **kwargs):
     ctx = current()
     return original(self, name, choices, *args, **kwargs) if ctx is None else \
         ctx.select(original, self, name, choices, *args, **kwargs)
+
+
+def _built_as(original, self, caller, *args, **kwargs):
+    original(self, caller, *args, **kwargs)
+    ctx = current()
+    if ctx is not None:
+        ctx.built_as(caller)
 
 
 def _reinit_after_fork() -> None:

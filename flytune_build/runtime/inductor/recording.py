@@ -17,7 +17,10 @@ where Inductor turns a matmul's templates into choices (`finalize`), each choice
 which must be Inductor's own); once Inductor has timed them (its feedback saver, which the recording adds
 while open and takes out again), the selection picks the winner among the choices a table entry can name,
 re-timing finalists with Inductor's own profiler benchmark (`profiler_bench_fn`), and Inductor is told that
-winner. One key has one winner per harvest (a second matmul of the same key keeps the first's). A
+winner. Where Inductor deferred the select to its scheduler (max-autotune's epilogue benchmark) and the
+scheduler built another choice, one whose fused epilogue beat the winner plus the epilogue as a kernel of
+its own, that choice is what a served compile must build: it is recorded as the winner
+(`provenance.inductor.epilogue`). One key has one winner per harvest (a second matmul of the same key keeps the first's). A
 select whose choices came from several keys, or whose key is not Inductor's, is not recorded (`notes`).
 """
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Record:
     outcome: str | None = None                       # kept | replaced against a shipped winner
     space: list = field(default_factory=list)        # the configs Inductor offered (Config), its search space
     unshipped: list = field(default_factory=list)    # a GEMM select's choices no table entry names: name, time
+    epilogue: dict | None = None                     # a GEMM choice the scheduler built with its epilogue fused
 
 
 class Recording:
@@ -168,6 +172,15 @@ class Recording:
         except Exception as e:  # noqa: BLE001 - a choice not recorded is said; the user's compile goes on
             self.note(f"the {name} GEMM choice was not recorded: {type(e).__name__}: {e}")
 
+    def built_as(self, choice) -> None:
+        """Inductor's scheduler built a select it deferred as `choice` (templates.built_as)."""
+        if hooks.current() is not self:
+            return
+        try:
+            templates.built_as(self, choice)
+        except Exception as e:  # noqa: BLE001 - a choice not recorded is said; the user's compile goes on
+            self.note(f"the GEMM choice the scheduler built was not recorded: {type(e).__name__}: {e}")
+
     def choose(self, rec: Record, candidates: list, retime, **limits):
         """The selection over `candidates` against the output's winner for `rec.key`, recorded in `rec`
         (`limits`: the sequential test's max_finalists and max_rounds at most so many); returns the winner."""
@@ -223,6 +236,8 @@ def artifacts(records, kernel: str, mode: str, dev: DeviceIdentity | None = None
             prov["inductor"] = {"name": rec.name, "mode": mode}
             if rec.unshipped:
                 prov["inductor"]["unshipped"] = rec.unshipped
+            if rec.epilogue:
+                prov["inductor"]["epilogue"] = rec.epilogue
         else:
             prov["inductor"] = {"name": rec.name, "size_hints": rec.size_hints, "heuristic": rec.heuristic,
                                 "mode": mode, "coordesc": rec.coordesc}

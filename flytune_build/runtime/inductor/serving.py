@@ -132,6 +132,9 @@ class Serving:
             return original(cache, name, choices, *args, **kwargs)
         return templates.select(self, original, cache, name, choices, *args, **kwargs)
 
+    def built_as(self, choice) -> None:
+        """The scheduler built a deferred select as `choice`: a served lowering has one choice, none to defer."""
+
     def before_precompile(self, autotuner) -> None:
         key = hooks.kernel_key(autotuner)
         name = hooks.kernel_name(autotuner)

@@ -12,7 +12,8 @@ Where Inductor turns a matmul's templates into its list of choices (the patch of
 - a recording (`note_keys`, then `record` from Inductor's feedback) notes each choice's key (flytune's,
   `key_of`, which must be Inductor's own), and once Inductor has timed a select's choices, flytune's
   selection picks the winner among those a table entry can name, re-timing finalists with Inductor's
-  profiler benchmark, and Inductor is told that winner. One key, one winner per harvest.
+  profiler benchmark, and Inductor is told that winner; where the scheduler then builds another choice
+  with its epilogue fused (`built_as`), that one is recorded. One key, one winner per harvest.
 
 A choice is a table entry: its template's uid, kwargs and source hash (`entry_of`), as core.gemm writes it.
 """
@@ -206,6 +207,25 @@ def record(recording, timings: dict, name, choices, profiler_bench_fn) -> None:
     winner = next((c for c, config in shippable if config == rec.winner), None)
     if winner is not None:  # else a later select of this key without the first's winner: Inductor chooses
         timings[winner] = math.nextafter(min(timings.values()), -math.inf)
+
+
+def built_as(recording, choice) -> None:
+    """Inductor's scheduler built a select it had deferred (a MultiTemplateBuffer: max-autotune's epilogue
+    benchmark) as `choice`. Where that is not the selection's winner, the choice with its epilogue fused beat
+    the winner with the epilogue as a kernel of its own (Inductor's benchmark of the fused kernels): a
+    served lowering is one choice, whose epilogue Inductor fuses unbenchmarked, so the choice built here is
+    what it must be. It becomes the key's winner; `provenance.inductor.epilogue` names the candidate
+    (`winner`, its index) and the selection's own (`unfused`), which core.choice reads."""
+    entry, key = entry_of(choice), _key(recording, choice)
+    rec = recording.records.get(key) if key is not None else None
+    if entry is None or rec is None or rec.winner is None or rec.epilogue:
+        return  # no key recorded here, or a second matmul of the key: its first build stands
+    config = gemm.config_of(*entry)
+    index = {c.config: i for i, c in enumerate(rec.candidates)}
+    if config == rec.winner or config not in index or rec.winner not in index:
+        return
+    rec.epilogue = {"winner": index[config], "unfused": index[rec.winner]}
+    rec.winner = config
 
 
 def _key(recording, choice) -> str | None:
