@@ -4,7 +4,8 @@
 #   wheel   examples/compiled_model built with H's artifacts for this GPU (pip wheel through
 #           flytune_build.backend), verified, installed with flytune-build: nothing from the checkout
 #   A       a cold compile without flytune, saving Inductor's cache artifacts
-#   C       a compile in empty caches that loads A's cache artifacts (torch.compiler.load_cache_artifacts)
+#   C, C2   a compile in empty caches that loads A's cache artifacts (torch.compiler.load_cache_artifacts);
+#           C2's caches at another path
 #   S1, S2  cold compiles served from the installed wheel
 # Every compile's output against eager; S1 against S2 (same templates and configs).
 #   bash benchmarks/gemm_wheel.sh [ENTRY ...]     (default: compiled_model:block compiled_model:mlp)
@@ -42,9 +43,9 @@ for ENTRY in ${@:-compiled_model:block compiled_model:mlp}; do
   echo "verify exit $?" >> "$RES/$M/verify.txt"
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
     "$WORK"/wheels/compiled_model-*.whl >> "$RES/$M/wheel.log" 2>&1
-  # A, C, S1, S2: the checkout off the path; flytune-build and compiled-model as installed
+  # A, C, C2, S1, S2: the checkout off the path; flytune-build and compiled-model as installed
   python3 benchmarks/inductor_compile.py --installed --shipped "$PROJ/artifacts/sm_90" --entry "$ENTRY" \
-    --phases ma --steps A,C,S1,S2 --timeouts "A=${A_S:-120},C=${C_S:-90},S1=${S_S:-90},S2=${S_S:-90}" \
+    --phases ma --steps A,C,C2,S1,S2 --timeouts "A=${A_S:-120},C=${C_S:-90},C2=${C_S:-90},S1=${S_S:-90},S2=${S_S:-90}" \
     --out "$WORK/$M-s" --mirror "$RES/$M" > "$RES/$M/s.log" 2>&1
   cp "$WORK/$M-s/summary.json" "$RES/$M/" 2>/dev/null
   tar -C "$RES" -czf "$OUT/$M.tgz" "$M"

@@ -12,7 +12,8 @@ Inductor and Triton caches are empty and at the same paths:
   A, B   cold compiles without flytune (what a user gets today; how many kernels B chose differently);
          A saves Inductor's own cache artifacts (`torch.compiler.save_cache_artifacts()`)
   C      a compile in empty cache directories that first loads A's cache artifacts
-         (`torch.compiler.load_cache_artifacts`): "why not copy Inductor's caches?"
+         (`torch.compiler.load_cache_artifacts`): "why not copy Inductor's caches?"; C2 the same with
+         the cache directories at another path
   H      `flytune_build.harvest(...)`: every autotuned kernel recorded, chosen by flytune's selection
   S1, S2 cold compiles under `flytune_build.inductor.serve()` with H's artifacts (FLYTUNE_ARTIFACT_DIR),
          or, with --installed, with the installed wheel's bundle (--shipped: its artifact directory)
@@ -88,6 +89,13 @@ def step(args) -> dict:
                          "template": getattr(getattr(ktc, "template", None), "uid", None),
                          "choice": str(getattr(choice, "name", None))})
 
+    benchmarked = []  # the kernels Inductor benchmarked in this step, by name
+    original_bench = th.CachingAutotuner.benchmark_all_configs
+
+    def bench_all(self, *a, **k):
+        benchmarked.append(str(self.inductor_meta.get("kernel_name")))
+        return original_bench(self, *a, **k)
+    th.CachingAutotuner.benchmark_all_configs = bench_all
     timed(th.CachingAutotuner, "benchmark_all_configs", "autotune_s")
     timed(th.CachingAutotuner, "coordinate_descent_tuning", "autotune_s")
     try:
@@ -128,7 +136,7 @@ def step(args) -> dict:
             eager = model(*inputs)
         cache_file = Path(args.live).parent / f"{args.phase}_cache_artifacts.bin"
         start = time.perf_counter()  # the compile (C: with loading the cache artifacts), not the eager run
-        if args.step == "C":
+        if args.step in ("C", "C2"):
             torch.compiler.load_cache_artifacts(cache_file.read_bytes())
             out["load_s"] = round(time.perf_counter() - start, 3)
             out["cache_artifacts_bytes"] = cache_file.stat().st_size
@@ -165,6 +173,7 @@ def step(args) -> dict:
     out.update({k: round(v, 4) for k, v in timers.items()})
     out.update(counts)
     out["gemm_selected"] = selected
+    out["benchmarked"] = benchmarked
     chosen = {}
     for at in seen:
         launchers = getattr(at, "launchers", None) or []
@@ -206,7 +215,7 @@ def member_diff(work: Path, phase: str, x: str, y: str, name: str) -> str:
 
 
 def run_step(name: str, phase: str, work: Path, artifacts: Path, timeout: float) -> dict:
-    live = work / "live"
+    live = work / ("live-at-another-path" if name == "C2" else "live")
     shutil.rmtree(live, ignore_errors=True)
     (live / "inductor").mkdir(parents=True)
     (live / "triton").mkdir()
@@ -269,10 +278,12 @@ def compare(phase: str, steps: dict) -> dict:  # noqa: C901 (one report, read to
             out[f"{s}_autotune_share_of_cold"] = round(got.get("autotune_s", 0) / a["autotune_s"], 4)
     if "autotune_s" in a:
         out["cold_gemm"] = {k: a.get(k) for k in ("gemm_s", "gemm_autotune_s", "gemm_selects", "gemm_benchmarks")}
-    c = steps.get("C", {})
-    if "compile_s" in c:  # Inductor's own cache artifacts, loaded into empty caches
-        out["C_cache_artifacts"] = {k: c.get(k) for k in ("compile_s", "load_s", "cache_artifacts_bytes", "autotune_s",
-                                                          "gemm_selects", "gemm_benchmarks")}
+    for name in ("C", "C2"):  # Inductor's own cache artifacts, loaded into empty caches (C2: at another path)
+        c = steps.get(name, {})
+        if "compile_s" in c:
+            out[f"{name}_cache_artifacts"] = {k: c.get(k) for k in ("compile_s", "load_s", "cache_artifacts_bytes",
+                                                                    "autotune_s", "gemm_selects", "gemm_benchmarks",
+                                                                    "benchmarked")}
     s1, s2 = steps.get("S1", {}), steps.get("S2", {})
     if "kernels" in s1 and "kernels" in s2:  # two served compiles: the same templates and configs
         pick = [(g.get("name"), g.get("template"), g.get("choice")) for g in s1.get("gemm_selected", [])]
@@ -280,7 +291,7 @@ def compare(phase: str, steps: dict) -> dict:  # noqa: C901 (one report, read to
                                                     for g in s2.get("gemm_selected", [])]
         out["S1_S2_same_kernel_configs"] = s1["kernels"] == s2["kernels"]
     out["eager"] = {name: {k: steps[name].get(k) for k in ("max_abs_err", "eager_max_abs", "eager_close")}
-                    for name in ("A", "B", "C", "S1", "S2") if "max_abs_err" in steps.get(name, {})}
+                    for name in ("A", "B", "C", "C2", "S1", "S2") if "max_abs_err" in steps.get(name, {})}
     for x, y in (("A", "B"), ("S1", "S2")):
         hx, hy = steps.get(x, {}).get("pt2_sha256"), steps.get(y, {}).get("pt2_sha256")
         if hx and hy:
@@ -301,7 +312,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeouts", default="", help="a step's own limit in seconds: H=200,S1=100")
     p.add_argument("--mirror", help="a directory that gets steps.json and table.txt after each step (a run "
                    "stopped at a time limit keeps what it finished there)")
-    p.add_argument("--steps", default="A,B,H,S1,S2", help="which steps to run, of A,B,C,H,S1,S2 (C after A)")
+    p.add_argument("--steps", default="A,B,H,S1,S2", help="which steps to run, of A,B,C,C2,H,S1,S2 (C, C2 after A)")
     p.add_argument("--installed", action="store_true", help="S steps serve the installed compiled-model wheel's "
                    "bundle (flytune-build and compiled-model installed, the checkout off the path); the shipped "
                    "configs compared are --shipped's")

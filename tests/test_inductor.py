@@ -211,6 +211,23 @@ def test_where_no_gpu_is_visible_serving_changes_nothing_and_says_so_once(bundle
     assert "CUDA or ROCm GPU" in message and "FLYTUNE_DEVICE" not in message and "TRITON_INTERPRET" not in message
 
 
+@pytest.mark.parametrize("mode", ["0", "strict"])
+def test_a_malformed_flytune_device_is_the_same_error_for_serve_as_for_a_kernel_call(mode, bundle_dir, monkeypatch):
+    from flytune_build import inductor as ft_inductor
+    from flytune_build.core.errors import DeviceError
+    from flytune_build.runtime import device
+
+    monkeypatch.setenv("FLYTUNE_DEVICE", "cuda:sm_90:lots:NVIDIA H200")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", mode)
+    device.reset()
+    with pytest.raises(DeviceError, match="FLYTUNE_DEVICE.*units.*ASCII digits") as raised:
+        ft_inductor.serve()
+    with pytest.raises(DeviceError) as kernel_call:
+        device.current()
+    assert str(raised.value) == str(kernel_call.value)
+    device.reset()
+
+
 def test_an_artifact_whose_block_sizes_are_not_the_kernels_is_not_served_and_said_so(tmp_path, monkeypatch):
     """The gelu kernel takes XBLOCK: a config of other block names would not compile as the kernel's."""
     from flytune_build import inductor as ft_inductor

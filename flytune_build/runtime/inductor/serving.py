@@ -402,7 +402,8 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
     (2.10+); a torch without it (`hooks.missing_gemm()`) gets one warning and its kernels served.
     A torch without the hooks (`missing()`) gets one warning and an unchanged compile; under
     FLYTUNE_AUTOTUNE=strict that is a `TierMissError`. Where no GPU is visible (or TRITON_INTERPRET=1
-    makes the device Triton's interpreter) nothing is served, and one warning says why."""
+    makes the device Triton's interpreter) nothing is served, and one warning says why; a malformed
+    FLYTUNE_DEVICE is a `DeviceError`, as in a kernel call."""
     from ...core import arguments
 
     kernels = (kernels,) if isinstance(kernels, str) else tuple(arguments.names(kernels, "kernels"))
@@ -417,6 +418,8 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
             raise TierMissError(f"FLYTUNE_AUTOTUNE=strict: {message}", field="FLYTUNE_AUTOTUNE")
         warning.once(("inductor-hooks",), message)
         return Serving({}, dev, set(), [], lacking)
+    if dev is None and settings.current().device:
+        running_device.current()  # a malformed FLYTUNE_DEVICE is the user's error: raised, as a kernel call raises it
     try:
         dev = target_device(dev)
     except DeviceError as e:
