@@ -142,3 +142,22 @@ def test_an_autotuner_that_overrides_run_keeps_tritons_path_and_says_why(bundled
     assert call(k, 100) == 64 and call(k, 100) == 64
     assert ft.stats()["hit.add"]["dispatch"] == "Mine overrides Autotuner.run"
     assert not k.flytune_adopted.hits.memo and ft.stats()["hit.add"]["calls"]["offline"] == 2
+
+
+def test_a_hit_passes_the_launch_and_the_pre_hook_what_tritons_run_passes(bundled):
+    """Triton's launch passes `grid` and `warmup` by keyword. The first call takes Triton's `run`, the next
+    ones flytune's memo: the pre_hook sees the same arguments in the same order, and `warmup=True` (compile,
+    launch nothing) reaches the launcher as Triton's run passes it."""
+    seen = []
+    k = make(pre_hook=lambda nargs: seen.append(list(nargs)))
+    adapter.adopt(k, name="hit.add")
+    original = k.flytune_adopted
+    x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)
+    for _ in range(3):
+        k[(4,)](x, y, out, 100)
+        assert torch.equal(out, x + y) and k.best_config.kwargs["BLOCK"] == 64
+    assert len(original.hits.memo) == 1
+    assert seen == [["x", "y", "out", "n", "grid", "warmup", "BLOCK", "num_warps", "num_ctas", "num_stages"]] * 3
+    fresh = torch.zeros(100)
+    k.run(x, y, fresh, 100, grid=(4,), warmup=True)   # compiles, launches nothing
+    assert torch.equal(fresh, torch.zeros(100)) and len(seen) == 4
