@@ -8,7 +8,8 @@
 #           C2's caches at another path
 #   S1, S2  cold compiles served from the installed wheel
 # Every compile's output against eager; S1 against S2 (same templates and configs).
-#   bash benchmarks/gemm_wheel.sh [ENTRY ...]     (default: compiled_model:block compiled_model:mlp)
+#   bash benchmarks/gemm_wheel.sh [ENTRY ...]     (default: compiled_model:block compiled_model:mlp;
+#                                                  STEPS=A,S1,S2: fewer compile steps)
 # .whl/ holds the platformdirs wheel. Results: $OUT/env.txt, $OUT/<model>.tgz (its table.txt, steps.json,
 # summary.json, verify.txt, logs), $OUT/artifacts.tgz (each model's harvested artifacts).
 set -u
@@ -45,7 +46,7 @@ for ENTRY in ${@:-compiled_model:block compiled_model:mlp}; do
     "$WORK"/wheels/compiled_model-*.whl >> "$RES/$M/wheel.log" 2>&1
   # A, C, C2, S1, S2: the checkout off the path; flytune-build and compiled-model as installed
   python3 benchmarks/inductor_compile.py --installed --shipped "$PROJ/artifacts/sm_90" --entry "$ENTRY" \
-    --phases ma --steps A,C,C2,S1,S2 --timeouts "A=${A_S:-120},C=${C_S:-90},C2=${C_S:-90},S1=${S_S:-90},S2=${S_S:-90}" \
+    --phases ma --steps "${STEPS:-A,C,C2,S1,S2}" --timeouts "A=${A_S:-120},C=${C_S:-90},C2=${C_S:-90},S1=${S_S:-90},S2=${S_S:-90}" \
     --out "$WORK/$M-s" --mirror "$RES/$M" > "$RES/$M/s.log" 2>&1
   cp "$WORK/$M-s/summary.json" "$RES/$M/" 2>/dev/null
   tar -C "$RES" -czf "$OUT/$M.tgz" "$M"
