@@ -133,17 +133,19 @@ def test_a_shipped_config_replaces_candidates_compiled_elsewhere(bundle_dir):
     assert [(c.kwargs, c.num_warps) for c in k.configs] == [({"XBLOCK": 512}, 8)]
 
 
-def test_strict_fails_naming_a_kernel_the_bundle_does_not_hold(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["strict", "bundle"])  # the modes where nothing tuned serving is an error
+def test_strict_fails_naming_a_kernel_the_bundle_does_not_hold(mode, tmp_path, monkeypatch):
     from flytune_build import inductor as ft_inductor
 
     d = tmp_path / "empty"
     d.mkdir()
     monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
     monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
-    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", mode)
     with ft_inductor.serve() as serving:
         k = load_kernel()
-        with pytest.raises(TierMissError, match="triton_poi_fused_gelu_0.*would be autotuned"):
+        with pytest.raises(TierMissError, match=f"FLYTUNE_AUTOTUNE={mode}: .*triton_poi_fused_gelu_0.*would be "
+                                                f"autotuned.*unset {mode}"):
             serving.before_precompile(k)
 
 

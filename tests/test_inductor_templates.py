@@ -236,12 +236,14 @@ def lower(serving, n: int):
     return serving.select(lambda cache, name, handed, *a, **kw: handed, None, "mm", choices)
 
 
-def test_strict_fails_naming_a_gemm_choice_inductor_would_benchmark(bundle_dir, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("mode", ["strict", "bundle"])
+def test_strict_fails_naming_a_gemm_choice_inductor_would_benchmark(mode, bundle_dir, monkeypatch):  # noqa: F811
     from flytune_build import inductor as fti
 
-    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", mode)
     with fti.serve() as serving:
-        with pytest.raises(TierMissError, match=r"GEMM choice mm float32 \[64, 128\] \[128, 256\].*benchmark 2"):
+        with pytest.raises(TierMissError, match=rf"{mode}: Inductor GEMM choice mm float32 \[64, 128\] "
+                                                r"\[128, 256\].*benchmark 2"):
             lower(serving, 2)
         assert len(lower(serving, 1)) == 1  # one choice: nothing to benchmark
     assert serving.stats()["gemm"] == {"offline": 0, "autotune": 0, "single": 1}

@@ -48,6 +48,14 @@ ORDER = {
     "bundle": ("offline", "miss"),
     "search": ("search",),
 }
+
+
+def must_hit(mode: str) -> bool:
+    """Whether `mode` (a FLYTUNE_AUTOTUNE mode) raises where nothing tuned serves (`strict`, `bundle`):
+    the rule Inductor serving follows for a kernel or GEMM choice Inductor would benchmark."""
+    return ORDER[mode][-1] == "miss"
+
+
 # what `strict` names as the fallback it forbids, and why "first" served
 FALLBACK_NAMES = {"heuristic": "the heuristic", "search": "a search", "first": "the first config"}
 FIRST_REASONS = {

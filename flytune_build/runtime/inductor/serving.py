@@ -36,6 +36,7 @@ from ...core.device import INTERPRETER, DeviceIdentity
 from ...core.errors import ArgumentTypeError, ArtifactError, DeviceError, FlytuneError, TierMissError
 from .. import device as running_device
 from .. import warning
+from ..kernel import must_hit
 from ..offline import TIER, Index
 from . import hooks, templates
 from .counts import Counts, Kernel, Totals
@@ -164,11 +165,12 @@ class Serving:
             return
         candidates = len(results) or len(configs)
         if candidates > 1:
-            if settings.current().autotune == "strict":
+            mode = settings.current().autotune
+            if must_hit(mode):
                 raise TierMissError(
-                    f"FLYTUNE_AUTOTUNE=strict: Inductor kernel {name} (lookup hash {key[:16]}) is not in any "
+                    f"FLYTUNE_AUTOTUNE={mode}: Inductor kernel {name} (lookup hash {key[:16]}) is not in any "
                     f"installed bundle for {self.device.spec()}: it would be autotuned over {candidates} "
-                    f"configs; harvest it on this device (`flytune harvest`) or unset strict",
+                    f"configs; harvest it on this device (`flytune harvest`) or unset {mode}",
                     field="FLYTUNE_AUTOTUNE")
             self.decided(Kernel(name, key, "autotune"))
         else:
@@ -414,8 +416,8 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
     if lacking:
         message = (f"this torch lacks {', '.join(lacking)} (flytune serves Inductor winners with "
                    f"{hooks.SUPPORTED}): compiles autotune as Inductor does")
-        if settings.current().autotune == "strict":
-            raise TierMissError(f"FLYTUNE_AUTOTUNE=strict: {message}", field="FLYTUNE_AUTOTUNE")
+        if must_hit(settings.current().autotune):
+            raise TierMissError(f"FLYTUNE_AUTOTUNE={settings.current().autotune}: {message}", field="FLYTUNE_AUTOTUNE")
         warning.once(("inductor-hooks",), message)
         return Serving({}, dev, set(), [], lacking)
     if dev is None and settings.current().device:

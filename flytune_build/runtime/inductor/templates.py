@@ -25,6 +25,7 @@ import math
 from ...core import gemm, settings
 from ...core.errors import FlytuneError, TierMissError
 from .. import warning
+from ..kernel import must_hit
 from . import hooks
 
 # a GEMM finalist's re-timing is Inductor's profiler benchmark of it (0.1-1 s): at most 3 finalists, 10 rounds
@@ -142,12 +143,13 @@ def select(serving, original, cache, name, choices, *args, **kwargs):
             f"Inductor's lookup did not take it (this lowering offers none of its template's configs, or the "
             f"template's source changed since the harvest: another template_hash)"))
     if len(choices) > 1:
-        if settings.current().autotune == "strict":
+        mode = settings.current().autotune
+        if must_hit(mode):
             raise TierMissError(
-                f"FLYTUNE_AUTOTUNE=strict: Inductor GEMM choice {gemm.describe(key)} (lookup key {key}) is not in "
+                f"FLYTUNE_AUTOTUNE={mode}: Inductor GEMM choice {gemm.describe(key)} (lookup key {key}) is not in "
                 f"any installed bundle for {serving.device.spec()}: Inductor would benchmark {len(choices)} "
                 f"choices; harvest it on this device (`flytune harvest --mode max-autotune-no-cudagraphs`) or "
-                f"unset strict", field="FLYTUNE_AUTOTUNE")
+                f"unset {mode}", field="FLYTUNE_AUTOTUNE")
         serving.decided(Kernel(op, key, "autotune", kind="gemm"))
     elif choices:
         serving.decided(Kernel(op, key, "single", kind="gemm"))
