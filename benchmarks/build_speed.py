@@ -91,8 +91,8 @@ def main():
     code = """
         import time, statistics
         t = time.perf_counter(); import fixpkg; t_import = time.perf_counter() - t
-        from flytune_build.runtime import autotuner
-        from flytune_build.runtime.offline import TIER
+        from flytune_build.runtime.serving import autotuner
+        from flytune_build.runtime.serving.offline import TIER
         k = fixpkg.add_kernel
         t = time.perf_counter()
         TIER.sources()  # once per process: entry points, manifests
@@ -126,7 +126,7 @@ def main():
     py2 = child_venv(tmp / "venv2")
     child_install(py2, next(fw.glob("*.whl")), next((tmp / "dp0").glob("*.whl"))).check_returncode()
     probe = ("import time; t = time.perf_counter(); import fixpkg; print(time.perf_counter() - t); "
-             "from flytune_build.runtime.offline import TIER; print(TIER._sources is not None)")
+             "from flytune_build.runtime.serving.offline import TIER; print(TIER._sources is not None)")
     with_, without = [], []
     for _ in range(9):  # interleaved: the machine's drift hits both alike
         out = run_child(py, probe, **env).stdout.splitlines()

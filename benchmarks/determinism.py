@@ -34,8 +34,9 @@ def triton_pass(project: str, plan: str, out: str) -> None:
     import triton
 
     sys.path[:0] = [project]
-    from flytune_build.runtime import autotuner, bench
+    from flytune_build.runtime.serving import autotuner
 
+    from flytune_build.runtime.searching import bench
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     # under the interpreter (a logic check, not a measurement) triton's do_bench has no device to time
     do_bench = (lambda fn, quantiles: [bench.cpu_bench(fn, 5, 20)] * 3) if interpreted else None
@@ -235,7 +236,7 @@ def replay(*runs: str) -> None:
     """Each pair of runs' winners, recorded and decided again by this release from the recorded rounds;
     then agreement over all pairs with the edge rule this release has and with two others (`EDGE_TIE`)."""
     sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
-    from flytune_build.runtime import selection
+    from flytune_build.runtime.searching import selection
 
     def decided(sel: dict) -> int | None:
         finals = sel.get("finalists") or []
@@ -278,7 +279,7 @@ def pool(a1, a2, b1, b2) -> None:
     """Two decisions per shape, each on the recorded rounds of two runs at once (A1+A2, B1+B2; a round is
     paired only with the rounds of its own run), and how often the two pooled decisions agree."""
     sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
-    from flytune_build.runtime import selection
+    from flytune_build.runtime.searching import selection
 
     def decided(sels: list[dict]) -> int | None:
         samples: dict = {}

@@ -51,7 +51,7 @@ def adopted_stub(stub, blocks, x):
              Config({"BLOCK": 512})).save(d)
     os.environ["FLYTUNE_ARTIFACT_DIR"] = d
     from flytune_build.core import settings
-    from flytune_build.runtime.offline import TIER
+    from flytune_build.runtime.serving.offline import TIER
 
     settings.reload()  # the settings are read once per process: the first kernel's registration already did
     TIER.reset()

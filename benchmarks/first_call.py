@@ -44,7 +44,7 @@ print(json.dumps({"mode": mode, "kind": kind, "first_call_s": round(first, 4)}))
 def tuned_config(kind, shape):
     import sample_pkg  # noqa: F401  (registers the kernels)
     from flytune_build.core import key as keys
-    from flytune_build.runtime import autotuner
+    from flytune_build.runtime.serving import autotuner
 
     k = autotuner.kernel(f"sample_pkg.{kind}")
     dtype = "float16"

@@ -103,7 +103,7 @@ def overhead(proj, tmp: Path, rounds: int) -> None:
     import triton
     best_in, best_fleet = float("inf"), float("inf")
     for r in range(rounds):
-        from flytune_build.runtime import autotuner
+        from flytune_build.runtime.serving import autotuner
 
         autotuner.reset_stats()
         best_in = min(best_in, fleet_run(proj, (entry,), 1, tmp / f"inproc-{r}", tmp / "logs", "inprocess").jobs_s)

@@ -75,7 +75,7 @@ if bg is not None:
     t = time.perf_counter(); report = bg.result(120); out["waited_s"] = round(time.perf_counter() - t, 4)
     out["report"] = report.to_json()
 if mode in ("env", "racing"):
-    from flytune_build.runtime import warmup as w
+    from flytune_build.runtime.warming import warmup as w
     auto = w.auto()
     out["auto_started"] = auto is not None
 if mode == "env":

@@ -74,13 +74,13 @@ def __getattr__(name):  # loaded on first use: `import flytune_build` (and the b
         from .core import key
         return getattr(key, name)
     if name in ("autotune", "stats", "reset_stats"):
-        from .runtime import autotuner
+        from .runtime.serving import autotuner
         return getattr(autotuner, name)
     if name == "on_decision":
         from .runtime.events import on_decision
         return on_decision
     if name == "warmup":
-        from .runtime.warmup import warmup
+        from .runtime.warming.warmup import warmup
         return warmup
     if name == "tune":
         from .tuning import tune

@@ -155,7 +155,7 @@ def lay_out(site: Path, state) -> Path:
 def install_fake_dist(tmp_path: Path, monkeypatch, state) -> Path:
     """The build's bundle installed under tmp_path/site, importable by this process (stats reset);
     returns the bundle directory."""
-    from flytune_build.runtime import autotuner
+    from flytune_build.runtime.serving import autotuner
 
     site = lay_out(tmp_path / "site", state)
     monkeypatch.syspath_prepend(str(site))

@@ -52,7 +52,7 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "scratch-cache"))
     monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
     monkeypatch.delenv("FLYTUNE_RANKING", raising=False)
-    from flytune_build.runtime import autotuner
+    from flytune_build.runtime.serving import autotuner
 
     autotuner.reset_stats()
     yield

@@ -10,7 +10,7 @@ from flytune_build import triton as adapter
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER
-from flytune_build.runtime import autotuner
+from flytune_build.runtime.serving import autotuner
 
 HOOKED = []
 

@@ -125,7 +125,7 @@ import torch, triton
 import triton.language as tl
 import flytune_build as ft
 from flytune_build import Config
-from flytune_build.runtime import outputs, selection
+from flytune_build.runtime.searching import outputs, selection
 
 SEEN = []   # what a search started from a worker thread is asked: (checked, a shipped winner held)
 
@@ -173,7 +173,7 @@ import json, sys
 from pathlib import Path
 import flytune_build as ft
 from flytune_build.core import settings
-from flytune_build.runtime import session
+from flytune_build.runtime.searching import session
 
 root, got = Path(sys.argv[1]), {}
 state = lambda: (list(sys.path), settings.current(), session.current())

@@ -420,3 +420,20 @@ def test_a_pruned_adopted_kernel_serves_the_first_release_keys_with_zero_search(
     kernel[(8,)](s, o, None, None, 40, B=2, H=4)
     torch.testing.assert_close(o, s.cumsum(1))
     assert pruned and stats()["compatpkg.cumsum"]["calls"]["offline"] == 1
+
+
+def test_the_runtime_modules_keep_their_earlier_import_paths():
+    """runtime/ grouped its modules by job; `flytune_build.runtime.<module>` of an earlier release is still
+    the module, the same object, however it is imported (a process that did both shares one state)."""
+    import importlib
+
+    from flytune_build import runtime
+
+    for name, group in runtime.MOVED.items():
+        here = importlib.import_module(f"flytune_build.runtime.{group}.{name}")
+        assert importlib.import_module(f"flytune_build.runtime.{name}") is here
+    from flytune_build.runtime import autotuner, session  # noqa: I001 - the earlier spelling
+    assert autotuner.autotune is importlib.import_module("flytune_build.runtime.serving.autotuner").autotune
+    assert session.current is importlib.import_module("flytune_build.runtime.searching.session").current
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("flytune_build.runtime.no_such_module")

@@ -13,7 +13,7 @@ import triton.language as tl
 import flytune_build as ft
 from flytune_build import Config
 from flytune_build.core import settings
-from flytune_build.runtime import selection, session
+from flytune_build.runtime.searching import selection, session
 
 pytestmark = pytest.mark.skipif(not settings.current().interpret, reason="measured under TRITON_INTERPRET=1")
 

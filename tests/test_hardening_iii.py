@@ -15,7 +15,7 @@ from conftest import python_env
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.errors import ArtifactError
-from flytune_build.runtime import binder
+from flytune_build.runtime.warming import binder
 
 SPEC = {"format": 1, "kernel": "pkg.k:kernel", "signature": {"x": "*fp16", "BLOCK": "constexpr"},
         "constexprs": {"BLOCK": 16}, "attrs": {}, "options": {}}
@@ -507,7 +507,7 @@ def test_a_scratch_entry_outside_the_declared_configs_is_a_miss_with_one_warning
     from kernels import grid, make_add
 
     from flytune_build import FlytuneWarning
-    from flytune_build.runtime.scratch import ScratchCache
+    from flytune_build.runtime.serving.scratch import ScratchCache
 
     name = f"t.scratch{abs(block) % 1000}"
     k = make_add(name, default=lambda a: Config({"BLOCK": 16}))
@@ -526,7 +526,7 @@ def test_a_scratch_entry_early_config_prune_made_for_the_call_is_served():
     from kernels import ADD_CONFIGS, _add, grid
 
     import flytune_build as ft
-    from flytune_build.runtime.scratch import ScratchCache
+    from flytune_build.runtime.serving.scratch import ScratchCache
 
     made = Config({"BLOCK": 128})
     k = ft.autotune(ADD_CONFIGS, ["x", "n"], name="t.madescratch",
@@ -655,7 +655,7 @@ def test_adopting_an_autotuner_whose_cache_is_no_dict_falls_back_with_one_warnin
     from test_triton_adapter import make
 
     import flytune_build as ft
-    from flytune_build.runtime import registry
+    from flytune_build.runtime.serving import registry
     from flytune_build.runtime.adapters import triton_autotune
 
     k = make()

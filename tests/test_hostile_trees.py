@@ -605,7 +605,7 @@ WINNER = {"config": {"kwargs": {"BLOCK": 32}}, "time_ms": 1.0}
 
 
 def cache_case(tmp_path, monkeypatch, case):
-    from flytune_build.runtime import scratch
+    from flytune_build.runtime.serving import scratch
 
     if case == "is-a-file":
         (tmp_path / "c").write_text("")
@@ -625,7 +625,7 @@ def cache_case(tmp_path, monkeypatch, case):
 @pytest.mark.parametrize("case", ["is-a-file", "under-a-file", "read-only", "full"])
 def test_unwritable_cache_is_one_warning_and_the_winner_stays_in_memory(tmp_path, monkeypatch, case):
     from flytune_build.runtime import warning
-    from flytune_build.runtime.scratch import ScratchCache
+    from flytune_build.runtime.serving.scratch import ScratchCache
 
     cache_case(tmp_path, monkeypatch, case)
     warning.reset()
@@ -666,8 +666,10 @@ time.sleep(120)
 def test_a_stopped_lock_holder_delays_a_write_by_the_timeout_only(tmp_path, monkeypatch):
     import time
 
-    from flytune_build.runtime import scratch, warning
+    from flytune_build.runtime.serving import scratch
 
+
+    from flytune_build.runtime import warning
     monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(scratch, "LOCK_TIMEOUT", 0.5)
     warning.reset()
@@ -688,7 +690,7 @@ def test_a_stopped_lock_holder_delays_a_write_by_the_timeout_only(tmp_path, monk
 
 def test_a_lock_path_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
     from flytune_build.runtime import warning
-    from flytune_build.runtime.scratch import ScratchCache
+    from flytune_build.runtime.serving.scratch import ScratchCache
 
     monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "c"))
     (tmp_path / "c").mkdir()
@@ -707,7 +709,7 @@ def test_a_scratch_entry_binding_what_it_may_not_is_never_launched(tmp_path, mon
     import torch
     from kernels import grid, make_add
 
-    from flytune_build.runtime.scratch import ScratchCache
+    from flytune_build.runtime.serving.scratch import ScratchCache
 
     k = make_add("t.badscratch", default=lambda a: Config({"BLOCK": 16}))
     x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)

@@ -273,7 +273,7 @@ def test_a_harvest_that_autotunes_no_kernel_writes_nothing_and_exits_1(tmp_path,
 
 def test_serving_is_only_what_the_user_opened():
     """Importing flytune (or its runtime) never touches Inductor: no table entry, no patched method."""
-    import flytune_build.runtime.autotuner  # noqa: F401
+    import flytune_build.runtime.serving.autotuner  # noqa: F401
 
     assert torch._inductor.config.autotune_lookup_table == {}
     assert len(load_kernel().configs) > 1
@@ -293,7 +293,7 @@ def test_the_build_refuses_an_inductor_artifact_inductor_would_not_serve_as_writ
 
 def test_an_inductor_artifact_round_trips_and_verifies(tmp_path):
     from flytune_build.runtime import recording
-    from flytune_build.runtime.bench import Candidate
+    from flytune_build.runtime.searching.bench import Candidate
 
     rec = recording.Record("triton_poi_fused_gelu_0", lookup_key(), "{'x': 1048576}", "pointwise",
                            [Candidate(Config({"XBLOCK": 1024}, num_warps=4), 0.011), Candidate(SHIPPED, 0.010)],
@@ -342,8 +342,9 @@ class _Launcher:
 def _recorded(times_ms: dict, shipped=None):
     """Run Recording.benchmark over the gelu kernel's real candidates, each timed `times_ms[XBLOCK]`
     (a deterministic synthetic ranking: every re-timing gives the same figure)."""
-    from flytune_build.runtime import recording, selection
+    from flytune_build.runtime import recording
 
+    from flytune_build.runtime.searching import selection
     k = load_kernel()
     launchers = [_Launcher(c) for c in k.configs]
     k.bench = lambda launcher, *a, **kw: times_ms[launcher.config.kwargs["XBLOCK"]]
@@ -371,7 +372,7 @@ def test_harvest_chooses_by_flytunes_tie_rule_and_inductor_keeps_that_winner():
 
 
 def test_a_harvest_keeps_the_shipped_winner_unless_beaten_by_the_margin():
-    from flytune_build.runtime.selection import Shipped
+    from flytune_build.runtime.searching.selection import Shipped
 
     held = {lookup_key(): Shipped(Config({"XBLOCK": 512}, num_warps=8, num_stages=1), 0.03)}
     chosen, record = _recorded({1024: 0.0099, 512: 0.0100}, held)  # 1% faster: within the margin
@@ -383,8 +384,9 @@ def test_a_harvest_keeps_the_shipped_winner_unless_beaten_by_the_margin():
 def _coordesc(times_ms: dict, shipped=None):
     """Recording.coordesc after Inductor's coordinate descent moved the gelu kernel from XBLOCK 1024 (the
     benchmark's winner) to 2048, each timed `times_ms[XBLOCK]` (deterministic synthetic ranking)."""
-    from flytune_build.runtime import recording, selection
+    from flytune_build.runtime import recording
 
+    from flytune_build.runtime.searching import selection
     k = load_kernel()
     k.bench = lambda launcher, *a, **kw: times_ms[launcher.config.kwargs["XBLOCK"]]
     k.reset_to_zero_args = lambda *a, **kw: None
@@ -406,8 +408,9 @@ def test_a_coordinate_descent_move_within_the_noise_is_not_taken_so_harvests_agr
 
 
 def test_where_inductor_ran_no_coordinate_descent_nothing_is_recorded_or_marked():
-    from flytune_build.runtime import recording, selection
+    from flytune_build.runtime import recording
 
+    from flytune_build.runtime.searching import selection
     k = load_kernel()
     start = _Launcher(triton.Config({"XBLOCK": 1024}, num_warps=4, num_stages=1))
     rec = recording.Recording(selection.CPU_TIME)
@@ -416,7 +419,7 @@ def test_where_inductor_ran_no_coordinate_descent_nothing_is_recorded_or_marked(
 
 
 def test_a_coordinate_descent_move_replaces_a_shipped_winner_only_past_the_margin():
-    from flytune_build.runtime.selection import Shipped
+    from flytune_build.runtime.searching.selection import Shipped
 
     held = {lookup_key(): Shipped(Config({"XBLOCK": 1024}, num_warps=4, num_stages=1), 0.03)}
     block, record = _coordesc({1024: 0.0100, 2048: 0.00975}, held)   # 2.6% faster: within the 3% margin
@@ -630,7 +633,7 @@ def test_a_harvest_keeps_no_winner_of_another_device(entry_project, tmp_path, mo
 
 def test_the_harvests_space_hash_is_the_shared_one():
     from flytune_build.core.config import space_hash
-    from flytune_build.runtime.bench import Candidate
+    from flytune_build.runtime.searching.bench import Candidate
     from flytune_build.runtime.inductor import recording
 
     candidates = [Candidate(Config({"XBLOCK": 1024}, num_warps=4), 0.011), Candidate(SHIPPED, 0.010)]

@@ -339,7 +339,7 @@ def test_a_malformed_epilogue_record_names_its_field(epilogue, field, tmp_path):
 
 def test_a_gemm_artifact_round_trips_and_every_reader_reads_it(tmp_path, capsys):
     from flytune_build.cli.main import main
-    from flytune_build.runtime.bench import Candidate
+    from flytune_build.runtime.searching.bench import Candidate
     from flytune_build.runtime.inductor import recording
 
     winner = gemm.config_of("triton::mm", TRITON_MM, MM_HASH)
@@ -393,7 +393,7 @@ def compile_addmm(selects: list, monkeypatch):
 def test_a_select_inductor_benchmarked_is_harvested_then_served_with_nothing_benchmarked(tmp_path, monkeypatch,
                                                                                          cpu_lookup):
     from flytune_build import inductor as fti
-    from flytune_build.runtime import selection
+    from flytune_build.runtime.searching import selection
     from flytune_build.runtime.inductor import recording
 
     selects = []
@@ -489,7 +489,7 @@ def _triton(block_m, name=None):
 def _selected(times: dict, choices=None, shipped=None, bench=None, key=KEY, rec=None):
     """Inductor's feedback for one select of `choices` (default: triton::mm at BLOCK_M 64 and 128 and
     aten::mm), each timed `times[name]` on every timing: (the choice Inductor then keeps, the record)."""
-    from flytune_build.runtime import selection
+    from flytune_build.runtime.searching import selection
     from flytune_build.runtime.inductor import recording, templates
 
     choices = choices or [_triton(64), _triton(128), _Choice("aten_mm", "aten::mm")]
@@ -512,7 +512,7 @@ def test_a_gemm_choice_is_chosen_by_flytunes_tie_rule_and_inductor_keeps_that_wi
 
 
 def test_a_harvest_keeps_the_shipped_gemm_choice_unless_beaten_by_the_margin():
-    from flytune_build.runtime.selection import Shipped
+    from flytune_build.runtime.searching.selection import Shipped
 
     held = {KEY: Shipped(gemm.config_of("aten::mm", {}, MM_HASH), 0.03)}
     kept, record, _ = _selected({"triton_mm_64": 0.0099, "triton_mm_128": 0.02, "aten_mm": 0.0100}, shipped=held)
@@ -563,7 +563,7 @@ def test_the_choice_inductors_scheduler_built_with_its_epilogue_fused_is_the_one
 
 
 def test_a_select_of_several_keys_or_of_a_failing_profiler_is_said_in_the_notes():
-    from flytune_build.runtime import selection
+    from flytune_build.runtime.searching import selection
     from flytune_build.runtime.inductor import recording, templates
 
     a, b = _triton(64), _Choice("aten_addmm", "aten::addmm")
@@ -587,7 +587,7 @@ def test_a_harvest_takes_out_exactly_its_own_feedback_saver_and_records_only_its
         get_algorithm_selector_cache,
     )
 
-    from flytune_build.runtime import selection
+    from flytune_build.runtime.searching import selection
     from flytune_build.runtime.inductor import recording
 
     def users(*args):

@@ -21,7 +21,7 @@ SAMPLE = ROOT / "sample_pkg"
 
 @pytest.fixture(autouse=True)
 def _forget_misses():
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     misses.reset()
     yield
@@ -36,7 +36,7 @@ def add(k, n):
 
 
 def test_a_process_records_each_missed_key_with_its_tier_and_calls(tmp_path, monkeypatch):
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     path = tmp_path / "misses.json"
     monkeypatch.setenv("FLYTUNE_MISSES", str(path))
@@ -52,7 +52,7 @@ def test_a_process_records_each_missed_key_with_its_tier_and_calls(tmp_path, mon
 def test_a_served_tuned_key_is_no_miss_and_nothing_is_written_without_the_setting(tmp_path, monkeypatch):
     from flytune_build.core.artifact import Artifact
     from flytune_build.core.device import INTERPRETER
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     k = make_add("t.misses.tuned", default=lambda a: Config({"BLOCK": 32}))
     Artifact("t.misses.tuned", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 64})).save(tmp_path / "a")
@@ -125,7 +125,7 @@ def test_tune_misses_tunes_exactly_the_missed_shapes_with_the_plans_setups(tmp_p
 
 
 def test_a_hostile_misses_file_is_a_typed_error_and_never_fails_a_kernel_call(tmp_path, monkeypatch):
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     bad = tmp_path / "bad.json"
     for doc, field in (({"format": True, "misses": []}, "format"), ({"format": 1, "misses": [], "dropped": "x"},
@@ -213,7 +213,7 @@ def test_the_text_output_names_a_missed_kernel_the_plan_has_no_entry_for(tmp_pat
 
 
 def test_a_tuning_run_in_process_records_no_miss(tmp_path, monkeypatch):
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     monkeypatch.syspath_prepend(str(SAMPLE))
     path = tmp_path / "misses.json"

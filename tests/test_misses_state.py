@@ -20,7 +20,7 @@ from kernels import make_add
 
 @pytest.fixture(autouse=True)
 def _forget_misses():
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     misses.reset()
     yield
@@ -45,7 +45,7 @@ sys.path.insert(0, sys.argv[3])
 from kernels import make_add
 from flytune_build import Config
 from flytune_build.core import misses as misses_file
-from flytune_build.runtime import misses
+from flytune_build.runtime.serving import misses
 
 k = make_add("t.fork.add", default=lambda a: Config({"BLOCK": 32}))
 
@@ -125,7 +125,7 @@ def test_two_forked_workers_and_their_parent_each_count_their_own(tmp_path):
 
 
 def test_a_process_flushing_twice_counts_each_call_and_decision_once(tmp_path, monkeypatch):
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     path = tmp_path / "misses.json"
     monkeypatch.setenv("FLYTUNE_MISSES", str(path))
@@ -144,7 +144,7 @@ def test_a_symlink_and_its_target_are_one_file_with_one_lock(tmp_path, monkeypat
     held its write fails (and says so, once), and once free every call lands."""
     from filelock import FileLock
 
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     real = tmp_path / "data" / "misses.json"
     real.parent.mkdir()
@@ -180,7 +180,7 @@ def test_a_kernel_call_never_waits_on_another_process_lock_and_the_keys_land_onc
     """Another process holds FILE's lock (stopped, or just slow): four first calls of new keys take far
     less than core.misses.LOCK_TIMEOUT together; the lock is waited for once, said once, and every key
     lands, with its calls, once the lock is free."""
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     path = tmp_path / "misses.json"
     monkeypatch.setenv("FLYTUNE_MISSES", str(path))
@@ -227,7 +227,7 @@ def test_the_writer_thread_writes_a_new_decision_without_a_flush(tmp_path, monke
 
 
 def test_a_key_past_the_cap_is_dropped_once_per_process_however_often_it_is_written(tmp_path, monkeypatch):
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     path = tmp_path / "misses.json"
     doc = misses_file.empty()
@@ -257,7 +257,7 @@ def test_merge_says_which_keys_fit_and_counts_each_one_left_out(tmp_path, monkey
 
 
 def test_reset_forgets_what_is_not_written(tmp_path, monkeypatch):
-    from flytune_build.runtime import misses
+    from flytune_build.runtime.serving import misses
 
     path = tmp_path / "misses.json"
     monkeypatch.setenv("FLYTUNE_MISSES", str(path))

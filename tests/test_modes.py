@@ -1,5 +1,5 @@
 """FLYTUNE_AUTOTUNE=0|1|strict mean the same for ported `flytune_build.autotune` kernels and adopted
-`@triton.autotune` kernels (`runtime.kernel.ORDER`): never search (the first config after pruning),
+`@triton.autotune` kernels (`runtime.serving.kernel.ORDER`): never search (the first config after pruning),
 always search and emit, must hit; the interpreter gives adopted kernels a working fallback; and
 `verify --deep --execute` fails when it executed nothing, saying in `--json` what ran."""
 import json
@@ -16,7 +16,7 @@ from flytune_build import triton as adapter
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.device import INTERPRETER
 from flytune_build.core.errors import TierMissError
-from flytune_build.runtime import autotuner
+from flytune_build.runtime.serving import autotuner
 
 KINDS = ("ported", "adopted")
 NAME = "m.total"

@@ -26,7 +26,7 @@ from flytune_build.core.device import DeviceIdentity
 from flytune_build.core.errors import ProjectError, SettingsError
 from flytune_build.core.target import Target
 from flytune_build.dist.wheelfile import encode
-from flytune_build.runtime import offline
+from flytune_build.runtime.serving import offline
 
 PKG = "ownpkg"
 KERNEL_NAME = f"{PKG}.add"
@@ -79,7 +79,7 @@ def served(n: int):
     mod = importlib.import_module(PKG)
     x = torch.randn(n)
     assert torch.allclose(mod.add(x, x), 2 * x)
-    from flytune_build.runtime import registry
+    from flytune_build.runtime.serving import registry
 
     k = registry.kernel(KERNEL_NAME)
     d = k.decision(x, x, x, n)
@@ -372,7 +372,7 @@ def test_a_refused_pack_hit_leaves_the_key_to_the_next_tier(tmp_path, site, monk
     install(site, pack_project(tmp_path), "Vendor_Configs")
     monkeypatch.setenv("FLYTUNE_PACKS", "*")
     assert served(200) == ("offline", 64, "Vendor_Configs")
-    from flytune_build.runtime import registry
+    from flytune_build.runtime.serving import registry
 
     idx = registry.kernel(KERNEL_NAME).offline_index()
     assert idx.refuse(("float32", 200)).pack == "Vendor_Configs"
@@ -426,7 +426,7 @@ def test_an_adopted_kernels_pack_config_that_fails_is_refused_and_the_owners_sta
     of 2, no launch) is refused with one warning and the first config serves; the owner's failing
     config is an ArtifactExecutionError naming it."""
     from flytune_build.core.errors import ArtifactExecutionError
-    from flytune_build.runtime import registry
+    from flytune_build.runtime.serving import registry
 
     install(site, project(tmp_path / "owner", "ownpkg", PKG,
                           [artifact(100, owner_block, kernel=KERNEL_NAME, key=adopted_key(100))], "", ADOPTED_SOURCE),
@@ -582,7 +582,7 @@ def test_the_installed_bundle_serves_the_distributions_own_source_tree_imported_
     installed bundle still serves it (the same distribution's source, the same kernels), with no warning,
     and `inspect --installed` and the warm-up's plan say so alike."""
     from flytune_build.audit import inspection
-    from flytune_build.runtime import warmup
+    from flytune_build.runtime.warming import warmup
 
     install(site, owner_project(tmp_path), "ownpkg")
     root = source_tree(tmp_path, files, package_dir=f"{on_path}/{PKG}" if on_path != "." else PKG)
@@ -602,7 +602,7 @@ def test_the_installed_bundle_serves_the_distributions_own_source_tree_imported_
                          ids=["bare", "other-project", "other-egg-info"])
 def test_a_shadowing_tree_that_is_not_the_distributions_source_is_said_once_naming_both_paths(
         tmp_path, site, monkeypatch, files):
-    from flytune_build.runtime import warmup
+    from flytune_build.runtime.warming import warmup
 
     install(site, owner_project(tmp_path), "ownpkg")
     root = source_tree(tmp_path, files)
@@ -649,7 +649,7 @@ def test_run_from_the_project_root_after_a_real_build_the_installed_wheel_serves
 
 def test_an_adopted_kernel_imported_from_its_source_tree_is_seeded_from_the_installed_bundle(
         tmp_path, site, monkeypatch):
-    from flytune_build.runtime import registry
+    from flytune_build.runtime.serving import registry
 
     install(site, project(tmp_path / "owner", "ownpkg", PKG, [artifact(100, 32, kernel=KERNEL_NAME,
                                                                        key=adopted_key(100))], "", ADOPTED_SOURCE),

@@ -1,4 +1,4 @@
-"""The inputs' placements a measured search rotates over (`runtime.placement`), on CPU tensors standing
+"""The inputs' placements a measured search rotates over (`runtime.searching.placement`), on CPU tensors standing
 in for device ones: copies are exact, keep aliasing and alignment, and never touch the caller's."""
 import functools
 
@@ -7,7 +7,7 @@ import torch
 
 from flytune_build.core.config import Config
 from flytune_build.runtime import callbacks as hooks
-from flytune_build.runtime import placement
+from flytune_build.runtime.searching import placement
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_the_first_estimate_is_device_time_where_the_launch_path_could_decide_th
     REFINE_BELOW_MS a CUDA graph's device time answers; above it, or with no graph, the events do."""
     from triton import runtime
 
-    from flytune_build.runtime import bench
+    from flytune_build.runtime.searching import bench
 
     clock = {"cpu": 0.0, "gpu": 0.0}
     kernel_ms = {"t": 0.002}
@@ -192,7 +192,7 @@ def test_a_measured_search_rotates_over_the_placements_and_leaves_the_caller_ten
     pre_hook that reaches an argument other than through nargs keeps the search on the caller's tensors."""
     import types
 
-    from flytune_build.runtime import bench, search
+    from flytune_build.runtime.searching import bench, search
 
     monkeypatch.setattr(search, "_precompile", lambda *a, **k: None)
     monkeypatch.setattr(bench, "on_gpu", lambda w, r, calls: bench.Measurement("cuda-events", w, r, 0.2))

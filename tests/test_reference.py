@@ -15,7 +15,7 @@ from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.errors import ArtifactError, PlanError, ProjectError, UsageError
 from flytune_build.pipeline import reader
-from flytune_build.runtime import bench
+from flytune_build.runtime.searching import bench
 
 # `refpkg.off` computes x + y + 1 with BLOCK=16, its first declared config (the reference without a
 # function) and the one a synthetic ranking puts first: only a reference function can refuse it.
@@ -312,7 +312,7 @@ def test_a_call_the_check_cannot_cover_fails_its_job_where_a_reference_function_
     function, and fail the job with one: a plan that names one never ships an unchecked winner."""
     proj = project(tmp_path / "p", entry("add", 'reference = "refpkg.reference:add"'), entry("off"))
     init = proj / "refpkg" / "__init__.py"
-    init.write_text(init.read_text() + "\nimport flytune_build.runtime.outputs as _outputs\n_outputs.MAX_BYTES = 64\n")
+    init.write_text(init.read_text() + "\nimport flytune_build.runtime.searching.outputs as _outputs\n_outputs.MAX_BYTES = 64\n")
     out = tmp_path / "out"
     r = tune(proj, out, tmp_path, "--ranking", "synthetic")
     assert r.returncode == 1, r.stderr[-3000:]

@@ -26,7 +26,8 @@ from flytune_build.core.errors import (
     DeclarationError,
     SearchError,
 )
-from flytune_build.runtime import autotuner, bench, selection
+from flytune_build.runtime.serving import autotuner
+from flytune_build.runtime.searching import bench, selection
 from flytune_build.core import installed
 
 N = 100
@@ -460,7 +461,7 @@ def test_scratch_key_changes_with_layout_and_space():
 
 WRITER = r"""
 import os, sys
-from flytune_build.runtime.scratch import ScratchCache
+from flytune_build.runtime.serving.scratch import ScratchCache
 c = ScratchCache("t.concurrent")
 w = int(sys.argv[1])
 for i in range(int(sys.argv[2])):
@@ -511,7 +512,7 @@ def test_index_prefers_the_first_source_then_the_best_level(tmp_path):
 
     from flytune_build.core import bundle
     from flytune_build.core.target import Target
-    from flytune_build.runtime import offline
+    from flytune_build.runtime.serving import offline
 
     h200 = DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132)
     nvl = DeviceIdentity("cuda", "sm_90", "NVIDIA H200 NVL", 132)  # arch_units against an H200

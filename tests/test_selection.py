@@ -19,8 +19,8 @@ from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER
 from flytune_build.core.errors import ArtifactError, SearchError
 from flytune_build.pipeline import reader
-from flytune_build.runtime import bench, selection, session
-from flytune_build.runtime.bench import Candidate
+from flytune_build.runtime.searching import bench, selection, session
+from flytune_build.runtime.searching.bench import Candidate
 from flytune_build.tuning.shipped import ShippedWinners, read_output
 from flytune_build.tuning.job import Tuned
 
@@ -372,7 +372,7 @@ def test_repeat_reports_agreement_and_writes_the_majority(tmp_path):
 
 # -- the measurement policy (the GPU timers stubbed: the decision is what is tested here) ----------------------
 def test_a_small_kernel_is_timed_in_cuda_graphs_a_large_one_launch_by_launch(monkeypatch):
-    from flytune_build.runtime import bench
+    from flytune_build.runtime.searching import bench
 
     monkeypatch.setattr(bench, "quick_ms", lambda fn: fn())
     monkeypatch.setattr(bench, "graph_bench", lambda fn, rep: 0.01)
@@ -483,7 +483,7 @@ def test_a_plan_entry_may_turn_the_check_off_or_set_its_tolerances_by_name(tmp_p
 def test_outputs_compare_integers_exactly_and_floats_within_their_dtypes_tolerance():
     import torch
 
-    from flytune_build.runtime.outputs import Policy, differs
+    from flytune_build.runtime.searching.outputs import Policy, differs
 
     ones = torch.ones(8)
     assert differs(ones + 5e-6, ones, Policy()) is None                  # fp32: rtol 1e-4, atol 1e-5
@@ -568,7 +568,7 @@ def test_a_tuning_session_is_one_value_entered_and_left_whole(tmp_path):
     emits nothing and makes the root importable; an inner session replaces fields and collects into
     its own list and every enclosing one's; everything is back on exit, also when the block raises."""
     from flytune_build.core import settings
-    from flytune_build.runtime import outputs, search
+    from flytune_build.runtime.searching import outputs, search
 
     before, path = settings.current(), list(sys.path)
     assert session.current() == session.OUTSIDE and selection.shipped("k", {}) is None and outputs.policy() is None

@@ -1,7 +1,7 @@
 """FLYTUNE_AUTOTUNE=bundle, the one-step proof that the installed bundle serves a shape: only the offline
 tier answers, from installed bundles only (the scratch cache, which holds every winner `flytune tune`
 found, and FLYTUNE_ARTIFACT_DIR are skipped), and anything else is a TierMissError naming the kernel,
-the key, the device and why (`runtime.kernel.ORDER`, ported and adopted kernels alike). And Inductor
+the key, the device and why (`runtime.serving.kernel.ORDER`, ported and adopted kernels alike). And Inductor
 artifacts in the tools that cannot compile them: `verify --deep` checks them by the build's rules, and
 `warmup` says torch.compile compiles them under `flytune_build.inductor.serve()`. Real wheels laid out
 in site directories, real kernels on the interpreter."""
@@ -35,7 +35,7 @@ import flytune_build as ft
 from flytune_build import FlytuneWarning
 from flytune_build.core import settings
 from flytune_build.core.errors import SettingsError, TierMissError
-from flytune_build.runtime import kernel, registry
+from flytune_build.runtime.serving import kernel, registry
 
 EXAMPLE = ROOT / "examples" / "compiled_model"
 
@@ -272,7 +272,7 @@ def test_verify_deep_checks_an_inductor_artifact_by_the_builds_rules_and_execute
 
 
 def test_warmup_says_inductor_artifacts_are_compiled_by_torch_compile_not_to_retune(tmp_path, monkeypatch):
-    from flytune_build.runtime import warmup
+    from flytune_build.runtime.warming import warmup
 
     proj = tmp_path / "compiled_model"
     shutil.copytree(EXAMPLE, proj, ignore=shutil.ignore_patterns("build", "*.egg-info", "dist"))

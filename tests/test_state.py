@@ -49,7 +49,7 @@ import json, sys, threading
 from pathlib import Path
 import flytune_build as ft
 from flytune_build.core import settings
-from flytune_build.runtime import session
+from flytune_build.runtime.searching import session
 
 from triton.runtime import interpreter
 

@@ -10,7 +10,7 @@ from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER, DeviceIdentity
 from flytune_build.core.errors import FlytuneWarning
-from flytune_build.runtime import autotuner
+from flytune_build.runtime.serving import autotuner
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
 calls = []
@@ -61,7 +61,7 @@ def test_adopted_kernel_benchmarks_nothing_on_tuned_shapes(bundle_dir):
 
 def test_adopting_again_under_another_name_reports_the_kernel_once(bundle_dir):
     import flytune_build as ft
-    from flytune_build.runtime import registry
+    from flytune_build.runtime.serving import registry
 
     k = make()
     adapter.adopt(k, name="t.adopted")

@@ -21,8 +21,9 @@ from flytune_build import triton as adapter
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.device import INTERPRETER, parse_spec
 from flytune_build.core.errors import ArtifactExecutionError, TierMissError
-from flytune_build.runtime import autotuner, bench, registry
+from flytune_build.runtime.serving import autotuner, registry
 
+from flytune_build.runtime.searching import bench
 H200 = "cuda:sm_90:132:NVIDIA H200"
 
 

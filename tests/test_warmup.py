@@ -25,7 +25,7 @@ from flytune_build.core.artifact import Artifact, load_dir
 from flytune_build.core.config import Config
 from flytune_build.core.errors import ArtifactError, FlytuneError, FlytuneWarning
 from flytune_build.pipeline import directory, reader
-from flytune_build.runtime import binder as specialization
+from flytune_build.runtime.warming import binder as specialization
 from flytune_build.runtime import events
 
 
@@ -305,7 +305,7 @@ def test_forked_compiles_build_each_signatures_launcher_once_beside_the_kernels(
         import json, os
         from pathlib import Path
         from triton.backends.compiler import GPUTarget
-        from flytune_build.runtime import compiler, warmup
+        from flytune_build.runtime.warming import compiler, warmup
         built = Path({str(built)!r})
 
         class Launcher:  # what Triton's launcher class is built from; where it was built

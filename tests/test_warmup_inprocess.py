@@ -19,9 +19,10 @@ import flytune_build as ft
 from flytune_build import Config, pow2
 from flytune_build.core import settings
 from flytune_build.core.errors import SettingsError
-from flytune_build.runtime import autotuner, binder, warmup
+from flytune_build.runtime.serving import autotuner
 
 
+from flytune_build.runtime.warming import binder, warmup
 @triton.jit
 def scale2_kernel(x, out, n, alpha, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -121,7 +122,7 @@ def test_flytune_warmup_background_starts_the_bundles_warmup_when_its_kernel_reg
     script = textwrap.dedent("""
         import json, torch
         import fixpkg
-        from flytune_build.runtime import warmup
+        from flytune_build.runtime.warming import warmup
         auto = warmup.auto()
         assert auto is not None and auto.wait(120)
         report = auto.reports["fixpkg"]

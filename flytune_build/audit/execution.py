@@ -1,7 +1,7 @@
 """`flytune verify --deep / --execute`: check artifacts against the kernels they name.
 
 --deep imports the package in the current environment and checks each artifact against the kernel
-registered under its name (`runtime.registry`: `flytune_build.autotune` kernels and `@triton.autotune`
+registered under its name (`runtime.serving.registry`: `flytune_build.autotune` kernels and `@triton.autotune`
 kernels the package adopts alike); --execute also runs each artifact that matches this device once,
 through the kernel's declared `validate(key)` reference check, and records per artifact whether it
 ran and, where not, why (`Source.execution`, in `--json`). An --execute that ran no artifact is a
@@ -43,7 +43,7 @@ from ..runtime import device
 
 
 def check(src, *, execute: bool = False) -> None:
-    from ..runtime import registry
+    from ..runtime.serving import registry
 
     if execute:
         src.execution = []

@@ -60,13 +60,13 @@ def _margin(new: Artifact, old_config) -> float | None:
 
 def installed(dev=None) -> dict:
     """Which installed bundle (or FLYTUNE_ARTIFACT_DIR directory) serves each kernel on `dev` (default:
-    this device), by the runtime's own rules (runtime.offline, core.serving): per kernel its owner
+    this device), by the runtime's own rules (runtime.serving.offline, core.serving): per kernel its owner
     package, every source holding artifacts for it with its role (directory, owner, pack, or a pack
     not accepted, ignored) and how many of the kernel's keys it serves here. Reads what is installed
     now through a tier of its own: the process's offline tier is left as it is."""
     from ..core import settings
     from ..runtime import device
-    from ..runtime.offline import OfflineTier
+    from ..runtime.serving.offline import OfflineTier
 
     dev = dev or device.current()
     tier = OfflineTier()

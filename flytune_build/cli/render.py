@@ -1,6 +1,6 @@
 """The text the commands print, from the data the engines return: `flytune inspect`, `inspect --installed`
 and `diff` from the documents audit.inspection makes (the same documents `--json` prints); `verify` from an
-audit.source.Source, `warmup` from a runtime.warmup.Report, and `tune --repeat`'s stability table from
+audit.source.Source, `warmup` from a runtime.warming.warmup.Report, and `tune --repeat`'s stability table from
 tuning.stability.Stability. The engines hold no text of their own. Every name quoted from data is made
 printable."""
 from __future__ import annotations
@@ -66,7 +66,7 @@ def render_verify(src) -> str:
 
 
 def render_warmup(report) -> str:
-    """A runtime.warmup.Report: one row per unit, its notes, then the counts."""
+    """A runtime.warming.warmup.Report: one row per unit, its notes, then the counts."""
     rows = [("kernel", "config", "tuned keys", "status", "seconds", "here", "note")]
     for u in report.units:
         keys = ",".join(f"{k}={v}" for k, v in u.keys[0].items()) if u.keys else ""

@@ -1,7 +1,7 @@
 """`flytune warmup [DIST...]`: compile the installed bundles' configs for this device into Triton's caches.
 
 Run it where the kernels will run (a container build step with the GPU's toolchain, a service's start),
-so that a first call in any later process finds its kernel compiled. See `runtime.warmup`.
+so that a first call in any later process finds its kernel compiled. See `runtime.warming.warmup`.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_command(command) -> None:
 
 
 def command(args) -> int:
-    from ..runtime.warmup import warmup
+    from ..runtime.warming.warmup import warmup
 
     def run():
         return warmup(*args.distributions, workers=args.workers, processes=False if args.threads else None)

@@ -1,5 +1,5 @@
 """How a tuned winner was timed and chosen: an artifact's optional `provenance.measurement` and
-`provenance.selection` (written by `runtime.bench` and `runtime.selection`; artifacts made before them
+`provenance.selection` (written by `runtime.searching.bench` and `runtime.searching.selection`; artifacts made before them
 have neither). Data only; indices name entries of `provenance.candidates`:
 
     "measurement": {"timer": "cuda-graph",        cuda-graph | cuda-events | cpu-time | user | synthetic
@@ -27,7 +27,7 @@ have neither). Data only; indices name entries of `provenance.candidates`:
                    The artifact's config is the candidate `winner` names (`contradicted`: what verify checks).
     "outputs":     {"reference": {"kwargs": {...}, ...},   the config every candidate's outputs were compared with,
                     or "function": "mylib.ref:add",       the plan entry's reference function, where it named one
-                    "rtol": null, "atol": null,  the plan entry's tolerances (null: by dtype, runtime.outputs)
+                    "rtol": null, "atol": null,  the plan entry's tolerances (null: by dtype, runtime.searching.outputs)
                     "rejected": 1}               candidates whose outputs differed (each one's `error` says where)
                    or {"note": "not checked: ..."}
 """

@@ -12,7 +12,7 @@ Invariants:
 - A key's values are JSON scalars (a number, a string, a boolean, null): a key holding an array or an
   object is an InputError naming the file and the field (`misses[0].key.n`), never a shape to tune.
 - `add` counts a key that no longer fits in `dropped` each time it is offered: a writer offers each key
-  once per process (runtime.misses remembers the keys it saw dropped).
+  once per process (runtime.serving.misses remembers the keys it saw dropped).
 
 `flytune tune --misses FILE` tunes exactly those shapes (`read`, then `plan`): each missed kernel's
 plan entry (its setup, from the project's tuning plan) with the misses' keys as shapes, less the tensor

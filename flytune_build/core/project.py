@@ -129,7 +129,7 @@ class TuneEntry:
     setup: str               # "module:function"; function(**shape) returns a zero-argument callable
     shapes: tuple[dict, ...]
     autotuner: str | None = None  # "module:attr" of a @triton.autotune kernel to capture, if not ours
-    rtol: float | None = None     # the output check's tolerances (None: by dtype, runtime.outputs)
+    rtol: float | None = None     # the output check's tolerances (None: by dtype, runtime.searching.outputs)
     atol: float | None = None
     check: bool = True            # False: candidates' outputs are not compared with the reference's
     # (file, dotted field) of the entry: the plan file or pyproject.toml, which an error names

@@ -73,7 +73,7 @@ def synthetic(art: Artifact) -> bool:
     return prov.get("ranking") == "synthetic" or (isinstance(m, Mapping) and m.get("timer") == "synthetic")
 
 
-# the words of a selection's `why` (runtime.selection) that speak of time, as a synthetic ranking means them
+# the words of a selection's `why` (runtime.searching.selection) that speak of time, as a synthetic ranking means them
 _RANK_WORDS = {"fastest": "best-ranked", "faster": "ranked better", "slower": "ranked worse", "ms": "rank"}
 _TIME_WORD = re.compile(r"\b(" + "|".join(_RANK_WORDS) + r")\b")
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from ..core import settings
 
 if TYPE_CHECKING:
-    from .decision import Decision
+    from .serving.decision import Decision
 
 _subscriptions: list[Subscription] = []
 
@@ -70,7 +70,8 @@ def announce(kernel: str, d: Decision) -> None:
         level = f" level={d.level}" if d.level else ""
         print(f"[flytune] {kernel} key={d.key} tier={d.first_tier}{level} config={d.config}", file=sys.stderr)
     if s.misses is not None:
-        from . import device, misses
+        from . import device
+        from .serving import misses
 
         misses.record(kernel, d, device.current().spec())
     emit(kernel, d)

@@ -18,7 +18,7 @@ from typing import Any
 from ..core import settings
 from ..core.key import dtype_name
 from ..core.version import VERSION
-from .scratch import entry_key
+from .serving.scratch import entry_key
 
 
 @functools.cache
@@ -61,7 +61,7 @@ def scratch_key(kernel: str, key: dict, bound: dict, arg_names: Sequence[str], d
 def provenance(candidates: Sequence[Any], space_hash: str, ranking: str, specialization: dict | None = None, *,
                measurement: dict | None = None, selection: dict | None = None, outputs: dict | None = None) -> dict:
     """How a winner was found: versions, when, over which config space, and every `bench.Candidate` timed;
-    with how Triton specialised the winner's launch when known (`runtime.binder`), how the times
+    with how Triton specialised the winner's launch when known (`runtime.warming.binder`), how the times
     were taken (`bench.Measurement`), why the winner won (`selection`) and what its outputs were checked
     against (`outputs`)."""
     out = {**versions(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

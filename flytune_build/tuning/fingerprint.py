@@ -43,7 +43,9 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
     """`entry_name` -> fingerprint (None where the setup cannot be imported here, or its kernel is not
     registered once it is: a kernel may register when the setup runs; if it still is not, the job fails,
     naming the kernels that are: `job.unknown_kernels`)."""
-    from ..runtime import identity, registry, session
+    from ..runtime import identity
+    from ..runtime.serving import registry
+    from ..runtime.searching import session
 
     with session.importable(root):
         setups = {e.setup: _load(e.setup) for e in entries}

@@ -92,7 +92,7 @@ def harvest(entry: str, *, project: str | Path = ".", output: str | Path = "arti
         raise UsageError("refusing to harvest where CI is set: shared runners do not choose winners (harvest on "
                          "the intended GPU; allow_ci=True or --allow-ci overrides)")
     from ..runtime import inductor as rt
-    from ..runtime import session
+    from ..runtime.searching import session
 
     kernel = f"{module}.{function}"
     with tuning(root):  # the tuning session of `flytune tune`: the project root importable, search forced

@@ -60,7 +60,7 @@ def unknown_kernels(names, known, where: str, listing: str = "its kernels") -> U
 
 
 def check_options(entry: TuneEntry) -> dict:
-    """How a search of `entry` checks its candidates' outputs (its `runtime.outputs.Policy`, in the job's
+    """How a search of `entry` checks its candidates' outputs (its `runtime.searching.outputs.Policy`, in the job's
     tuning session); `reference` only where the entry names one (so an entry without one keeps the
     fingerprint it always had)."""
     options = {"check": entry.check, "rtol": entry.rtol, "atol": entry.atol}
@@ -72,9 +72,9 @@ def shape_text(shape: dict) -> str:
 
 
 def tuning(root: Path, ranking: str | None = None):
-    """The tuning session in which jobs of the project at `root` run (`runtime.session`): search forced,
+    """The tuning session in which jobs of the project at `root` run (`runtime.searching.session`): search forced,
     no emit directory, the project root importable; all as it was on exit."""
-    from ..runtime import session
+    from ..runtime.searching import session
 
     return session.opened(root=Path(root), ranking=ranking)
 
@@ -83,7 +83,8 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
     """Build `entry`'s call at `shape`, run it, and return the winners its kernel's searches chose
     (none: the key was already tuned in this process, or the setup does not call the kernel). A kernel
     that is still not registered once the call ran is a UsageError naming those that are."""
-    from ..runtime import outputs, registry, session
+    from ..runtime.searching import outputs, session
+    from ..runtime.serving import registry
 
     file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
     reference = load_reference(root, entry)
@@ -197,7 +198,8 @@ def check_kernels(root: Path, entries) -> None:
     `kernel` field, the kernel meant and the fix; nothing has run. Every other entry runs: one whose setup
     cannot be loaded, or whose kernel registers only when its setup runs (or never: its job fails naming
     the registered kernels), is its jobs' to report."""
-    from ..runtime import registry, session
+    from ..runtime.serving import registry
+    from ..runtime.searching import session
 
     loaded = []
     with session.importable(root):
@@ -260,7 +262,7 @@ def _unregistered(entries, known: dict) -> ProjectError:
 def load_references(root: Path, entries) -> None:
     """Every reference function the entries name, imported (the project root importable) before any job
     runs: a PlanError naming the first that cannot be used."""
-    from ..runtime import session
+    from ..runtime.searching import session
 
     with session.importable(root):
         for entry in entries:

@@ -6,7 +6,7 @@ identity; `provenance.selection.shipped` records a search against it. Its margin
 
 A job searches inside `session.opened(shipped=winners.lookup)`: a search whose kernel and key have an
 artifact in the output keeps that artifact's config unless its own winner, timed in the same rounds,
-is faster by more than `min_improvement` (`runtime.selection`). Each result is then one of
+is faster by more than `min_improvement` (`runtime.searching.selection`). Each result is then one of
 
     new                  no artifact for this identity was there: written
     kept (+1.2%)         the shipped config stays (this search's own winner was 1.2% faster: within the
@@ -32,7 +32,8 @@ from ..core import artifactdir
 from ..core.artifact import TOOLS, Artifact
 from ..core.config import Config
 from ..core.errors import FlytuneError
-from ..runtime import bench, device, selection
+from ..runtime.searching import bench, selection
+from ..runtime import device
 
 MIN_IMPROVEMENT_PCT = 3.0
 TOOLCHAIN = (*TOOLS, "space_hash")  # what re-writes a kept artifact's provenance

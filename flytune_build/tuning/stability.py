@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.project import TuneEntry
-from ..runtime import autotuner
+from ..runtime.serving import autotuner
 from . import job
 
 

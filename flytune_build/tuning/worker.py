@@ -90,7 +90,8 @@ def execute(root: Path, name: str, jid: str, kernel: str, setup: str, autotuner:
     unless beaten by more than `options["min_improvement"]` percent. Its artifacts come back as JSON
     text, their provenance naming this host and worker, each with what it did to the output
     (`shipped.ShippedWinners.change`) and whether it is to be written."""
-    from ..runtime import device, session
+    from ..runtime import device
+    from ..runtime.searching import session
 
     origin = options.get("origin")
     entry = TuneEntry(kernel, setup, (shape,), autotuner, options.get("rtol"), options.get("atol"),

@@ -1,5 +1,5 @@
 """An adopted `@triton.autotune` kernel: its offline tier, how its calls were served, and what
-`flytune verify --deep` asks of every registered kernel. It is a `runtime.kernel.Kernel`: its
+`flytune verify --deep` asks of every registered kernel. It is a `runtime.serving.kernel.Kernel`: its
 preamble, checks, fallback warnings, launch-or-fail and the FLYTUNE_AUTOTUNE rule are a ported
 kernel's.
 
@@ -36,10 +36,12 @@ from ...core import serving, settings
 from ...core.artifact import Artifact
 from ...core.config import Config
 from ...core.errors import FlytuneError
-from .. import bench, device, events, registry
-from ..decision import Decision, Stats
-from ..kernel import Kernel, first_candidate
-from ..offline import TIER, Index, not_served
+from ..searching import bench
+from .. import device, events
+from ..serving import registry
+from ..serving.decision import Decision, Stats
+from ..serving.kernel import Kernel, first_candidate
+from ..serving.offline import TIER, Index, not_served
 from . import hits, triton_search
 from .triton_keys import artifact_key, call_key, optional_keys, seed_key
 

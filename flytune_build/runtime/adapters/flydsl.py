@@ -24,7 +24,7 @@ def expose(write: Callable[[Iterable[Artifact], Path], object]) -> Path | None:
     variable points there; set, the user's directory wins (said once). Returns the directory in use.
     """
     from ...core import bundle
-    from ..offline import TIER
+    from ..serving.offline import TIER
 
     user = settings.current().flydsl_dir
     if user:
@@ -44,7 +44,7 @@ def expose(write: Callable[[Iterable[Artifact], Path], object]) -> Path | None:
     if not arts:
         return None
     digest = hashlib.sha256("".join(sorted(a.address + str(a.config) for a in arts)).encode()).hexdigest()[:16]
-    from ..scratch import cache_dir
+    from ..serving.scratch import cache_dir
 
     out = cache_dir().parent / "flydsl" / digest
     if not out.is_dir():

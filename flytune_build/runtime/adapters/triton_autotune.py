@@ -4,7 +4,7 @@
 put into its in-memory cache on each key's first call, keyed exactly as the installed Triton keys
 it, so a tuned shape benchmarks nothing; and registers the kernel (`adopted.Adopted`): it reports
 through `flytune_build.stats()` and FLYTUNE_PRINT_AUTOTUNING, warns once on a device no artifact
-matches, follows FLYTUNE_AUTOTUNE as a ported kernel does (`runtime.kernel`) and is checked by
+matches, follows FLYTUNE_AUTOTUNE as a ported kernel does (`runtime.serving.kernel`) and is checked by
 `flytune verify --deep`. `recording(kernel, name=...)` captures Triton's own searches as flytune
 artifacts, each winner chosen over Triton's timings by flytune's selection rule (`triton_search.select`). Both take what a library exports: an Autotuner, or a
 `@triton.heuristics` wrapper of one (`.fn` is followed down to the Autotuner).
@@ -25,7 +25,7 @@ import contextlib
 
 from ...core.artifact import Artifact
 from ...core.errors import DeclarationError
-from .. import bench, search
+from ..searching import bench, search
 from .adopted import Adopted
 from ..wrapping import chain
 from .triton_keys import autotuner_of
@@ -36,7 +36,7 @@ def adopt(kernel, name: str, validate=None) -> int:
     """Register the Autotuner under `kernel` as `name`, its offline tier the bundled configs for this
     device (`validate(key)`: an optional reference check for `flytune verify --execute`); returns how
     many configs it holds. On a device no artifact matches it holds none, with one warning naming the
-    devices the bundles hold. FLYTUNE_AUTOTUNE binds it as it binds ported kernels (`runtime.kernel`)."""
+    devices the bundles hold. FLYTUNE_AUTOTUNE binds it as it binds ported kernels (`runtime.serving.kernel`)."""
     return Adopted.install(kernel, autotuner_of(kernel), name, validate).seed()
 
 
@@ -44,7 +44,7 @@ def adopt(kernel, name: str, validate=None) -> int:
 def recording(kernel, name: str):
     """Within the block every search of the Autotuner under `kernel` is captured; yields the list of
     artifacts. Each winner is flytune's selection over the candidates Triton timed (re-timed in rounds;
-    hysteresis against the output's winner where the tuning session holds one (`runtime.session`); the first config Triton timed
+    hysteresis against the output's winner where the tuning session holds one (`runtime.searching.session`); the first config Triton timed
     kept unless beaten by the margin), put into Triton's cache for the process's later calls. The block always searches: the Autotuner's cache (what `adopt` seeded, or earlier
     calls decided) is set aside and its disk cache is off, both as they were on exit. With
     FLYTUNE_RANKING=synthetic each candidate still runs once but is ranked by `bench.synthetic_ms`, and

@@ -9,7 +9,7 @@ Both are instance attributes set for the search's duration (`Patches`), Triton's
 
 Checked outputs (`Checking`, inside a tuning session that checks outputs, as `flytune tune` runs a plan's
 `autotuner` entry): before Triton times a config, the config launches once on the call's tensors as
-the search found them and its outputs are compared with the reference's (`runtime.outputs`: the plan
+the search found them and its outputs are compared with the reference's (`runtime.searching.outputs`: the plan
 entry's reference function, else the first config Triton searches for the call that launches: the
 objects its `prune_configs` returned, an `early_config_prune`'s own configs and pre_hooks included). A
 config that differs is never timed: Triton sees it as infinitely slow, and its candidate carries the
@@ -28,8 +28,10 @@ from ...core import settings
 from ...core.artifact import Artifact
 from ...core.config import Config, space_hash
 from ...core.errors import FlytuneError, SearchError, one_line
-from .. import bench, binder, device, identity, outputs, placement, selection
-from ..bench import Candidate
+from ..searching import bench, outputs, placement, selection
+from ..warming import binder
+from .. import device, identity
+from ..searching.bench import Candidate
 from .triton_keys import artifact_key
 
 # Triton's own (private) Autotuner attributes this adapter reaches: the method that times one config,
@@ -121,7 +123,7 @@ class Picked:
 
 
 def select(tuner, name: str, ranking: str, key: dict, args: tuple, kwargs: dict, checking: "Checking") -> Picked:
-    """The winner of the search Triton just ran for this call, chosen by flytune's rule (`runtime.selection`:
+    """The winner of the search Triton just ran for this call, chosen by flytune's rule (`runtime.searching.selection`:
     finalists re-timed in interleaved rounds by the search's own timer, the sequential test and its tie
     rule, hysteresis against the output's winner for `key`, and with none the guard: the first config
     Triton timed, the one it launches with no search, stays unless beaten by more than the margin).

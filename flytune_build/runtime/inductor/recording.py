@@ -2,13 +2,13 @@
 selection decides what Inductor autotunes in the contexts it is open in.
 
 Where Inductor benchmarks a kernel's candidates (`CachingAutotuner.benchmark_all_configs`), the selection
-(runtime.selection: the sequential test, its tie rule, hysteresis against a winner the output already
+(runtime.searching.selection: the sequential test, its tie rule, hysteresis against a winner the output already
 holds) picks the winner from Inductor's own timings and re-timings (`CachingAutotuner.bench`), and
 Inductor is told that winner. Where Inductor's coordinate descent then moves from that winner to
 another config, the same selection decides between the two, the start first on a tie: a move within
 the noise, or within the margin of a shipped winner, is not taken. So two harvests agree, and a
 re-harvest keeps what ships unless it is beaten. The shipped winner is the tuning session's
-(`runtime.session`: `shipped(kernel, key)`, as for every search of `flytune tune`). Each kernel becomes
+(`runtime.searching.session`: `shipped(kernel, key)`, as for every search of `flytune tune`). Each kernel becomes
 one `Record`; `artifacts()` turns a compile entry's records into artifacts. The patched methods are
 runtime.inductor.hooks'.
 
@@ -58,7 +58,7 @@ class Record:
 class Recording:
     """While open, every kernel Inductor autotunes in the contexts it is open in is chosen by flytune's
     selection and recorded (`records`, by lookup hash). The winner an output already holds for a kernel
-    (runtime.selection.Shipped) stays unless beaten by more than its margin (hysteresis): it is the
+    (runtime.searching.selection.Shipped) stays unless beaten by more than its margin (hysteresis): it is the
     tuning session's `shipped(kernel, {inductor_source: hash})`, or `shipped[hash]` where a map is
     given. `kernel`: the compile entry's flytune kernel (`module.function`) the session is asked for."""
 
@@ -105,7 +105,7 @@ class Recording:
 
     def held(self, key: str):
         """The winner the output holds for the kernel of lookup hash `key` (selection.Shipped), or None."""
-        from .. import session
+        from ..searching import session
 
         if self.shipped is not None:
             return self.shipped.get(key)
@@ -117,7 +117,7 @@ class Recording:
         return original(autotuner, *args, **kwargs)
 
     def benchmark(self, original, autotuner, *args, **kwargs) -> dict:
-        from ..bench import Candidate
+        from ..searching.bench import Candidate
 
         timings = original(autotuner, *args, **kwargs)
         launchers = list(timings)
@@ -134,7 +134,7 @@ class Recording:
     def coordesc(self, autotuner, start, found, args: tuple, kwargs: dict):
         """Inductor's coordinate descent went from `start` (the benchmark's winner) to `found`: the
         selection decides between the two by re-timing both; returns the launcher Inductor keeps."""
-        from ..bench import Candidate
+        from ..searching.bench import Candidate
 
         if found is None or (found is start and not getattr(start.config, "found_by_coordesc", False)):
             return found  # Inductor ran no descent here (`_should_coordesc_tune` off): nothing to record
@@ -184,7 +184,7 @@ class Recording:
     def choose(self, rec: Record, candidates: list, retime, **limits):
         """The selection over `candidates` against the output's winner for `rec.key`, recorded in `rec`
         (`limits`: the sequential test's max_finalists and max_rounds at most so many); returns the winner."""
-        from .. import selection
+        from ..searching import selection
 
         rule = self.rule or selection.MEASURED
         if limits and isinstance(rule, selection.Rule):

@@ -36,8 +36,8 @@ from ...core.device import INTERPRETER, DeviceIdentity
 from ...core.errors import ArgumentTypeError, ArtifactError, DeviceError, FlytuneError, TierMissError
 from .. import device as running_device
 from .. import warning
-from ..kernel import must_hit
-from ..offline import TIER, Index
+from ..serving.kernel import must_hit
+from ..serving.offline import TIER, Index
 from . import hooks, templates
 from .counts import Counts, Kernel, Totals
 

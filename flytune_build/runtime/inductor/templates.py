@@ -25,7 +25,7 @@ import math
 from ...core import gemm, settings
 from ...core.errors import FlytuneError, TierMissError
 from .. import warning
-from ..kernel import must_hit
+from ..serving.kernel import must_hit
 from . import hooks
 
 # a GEMM finalist's re-timing is Inductor's profiler benchmark of it (0.1-1 s): at most 3 finalists, 10 rounds
@@ -174,7 +174,7 @@ def record(recording, timings: dict, name, choices, profiler_bench_fn) -> None:
     """Inductor timed a select's `choices` (`timings`: choice -> ms): the selection picks the winner among
     those a table entry names, recorded under their one key, and Inductor is told it (its time made the
     least). A select of no noted key is left as it is; one of several keys is noted, not recorded."""
-    from ..bench import Candidate
+    from ..searching.bench import Candidate
 
     named = [(c, entry_of(c), _key(recording, c)) for c in choices if c in timings]
     keys = {k for _, entry, k in named if entry is not None and k is not None}

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core import settings
+from ...core import settings
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import settings
-from ..core.config import Config
-from ..core.errors import DeclarationError
-from . import bench, callbacks, outputs, placement, selection, session, warning
+from ...core import settings
+from ...core.config import Config
+from ...core.errors import DeclarationError
+from .. import callbacks, warning
+from . import bench, outputs, placement, selection, session
 from .bench import Candidate
 
 

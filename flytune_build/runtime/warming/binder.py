@@ -14,14 +14,14 @@ import sys
 import weakref
 from typing import Any
 
-from ..core import settings
-from ..core import specialization as spec_format
-from ..core.codec import Fields
-from ..core.config import COMPILER_OPTIONS, Config
-from ..core.errors import ArtifactError
-from ..core.options import BACKEND_KWARGS, specialization_option_problem
-from . import warning
-from .wrapping import chain
+from ...core import settings
+from ...core import specialization as spec_format
+from ...core.codec import Fields
+from ...core.config import COMPILER_OPTIONS, Config
+from ...core.errors import ArtifactError
+from ...core.options import BACKEND_KWARGS, specialization_option_problem
+from .. import warning
+from ..wrapping import chain
 
 _RUNTIME_OPTIONS = ("instrumentation_mode",)  # JITFunction.run sets it itself, whatever the caller passed
 

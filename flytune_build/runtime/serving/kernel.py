@@ -32,13 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..core import settings
-from ..core.artifact import kernel_name
-from ..core.codec import Fields
-from ..core.config import Config, space_hash
-from ..core.errors import ArtifactExecutionError, DeclarationError, FlytuneError
-from . import callbacks, device, warning
-from .binding import Binding
+from ...core import settings
+from ...core.artifact import kernel_name
+from ...core.codec import Fields
+from ...core.config import Config, space_hash
+from ...core.errors import ArtifactExecutionError, DeclarationError, FlytuneError
+from .. import callbacks, device, warning
+from ..binding import Binding
 from .decision import Decision, Stats, failure, miss, unbundled
 
 ORDER = {

@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..core import codec, fsutil, settings
-from ..core.errors import FlytuneError, ScratchError
-from ..core.fsutil import atomic_write
-from . import warning
+from ...core import codec, fsutil, settings
+from ...core.errors import FlytuneError, ScratchError
+from ...core.fsutil import atomic_write
+from .. import warning
 
 FORMAT_VERSION = 1
 MAX_BYTES = 64 << 20

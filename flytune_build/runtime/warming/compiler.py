@@ -1,9 +1,9 @@
-"""Driving Triton's compiler for the warm-up: each unit's (runtime.warmup.Unit) kernel into Triton's disk
+"""Driving Triton's compiler for the warm-up: each unit's (runtime.warming.warmup.Unit) kernel into Triton's disk
 cache (in forked processes, else on threads), its launcher built, and readied in this process's own JIT
 cache.
 
-The units are planned by runtime.warmup; how a recorded specialization becomes compile inputs and
-stand-in arguments is runtime.binder's.
+The units are planned by runtime.warming.warmup; how a recorded specialization becomes compile inputs and
+stand-in arguments is runtime.warming.binder's.
 """
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from ..core.device import DeviceIdentity
-from ..core.errors import one_line
-from . import binder, warning
+from ...core.device import DeviceIdentity
+from ...core.errors import one_line
+from .. import warning
+from . import binder
 
 CHILD_TIMEOUT = 60.0  # seconds (and 2 s a unit) for the forked compiles; past it the rest compile on threads here
 

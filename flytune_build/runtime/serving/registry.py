@@ -7,15 +7,15 @@ A registered kernel has `name`, `validate` (None or `validate(key)`), `arg_names
 the rule an artifact breaks) and `forcing(config)` (a context in which every call launches `config`).
 
 With FLYTUNE_WARMUP=background, registering a kernel that an installed bundle lists starts that
-bundle's warm-up on a daemon thread (`runtime.warmup.on_register`), once per bundle: every kernel,
+bundle's warm-up on a daemon thread (`runtime.warming.warmup.on_register`), once per bundle: every kernel,
 ported or adopted, registers here, so importing a tuned package is enough.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ..core import settings
-from ..core.errors import SettingsError
+from ...core import settings
+from ...core.errors import SettingsError
 
 _kernels: dict[str, Any] = {}
 
@@ -28,7 +28,7 @@ def register(kernel: Any) -> None:
     except SettingsError:  # a bad FLYTUNE_* value: the kernel's first call says which, as without a warm-up
         return
     if background:
-        from . import warmup
+        from ..warming import warmup
 
         warmup.on_register(kernel.name)
 

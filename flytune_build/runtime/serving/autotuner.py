@@ -18,18 +18,21 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core import key as keys
-from ..core import settings
-from ..core.artifact import Artifact
-from ..core.codec import Fields, did_you_mean
-from ..core.config import Config
-from ..core.errors import ArtifactError, DeclarationError, FlytuneError
-from . import binder, callbacks, device, events, identity, registry, search, warning
+from ...core import key as keys
+from ...core import settings
+from ...core.artifact import Artifact
+from ...core.codec import Fields, did_you_mean
+from ...core.config import Config
+from ...core.errors import ArtifactError, DeclarationError, FlytuneError
+from ..warming import binder
+from .. import callbacks, device, events, identity, warning
+from ..searching import search
+from . import registry
 from .decision import TIERS, Decision, Stats
 from .kernel import Kernel, first_candidate, launch_error
 from .offline import TIER
 from .scratch import ScratchCache
-from .wrapping import chain
+from ..wrapping import chain
 
 __all__ = ["TIERS", "Autotuned", "Decision", "autotune", "kernel", "kernels", "reset_stats", "stats"]
 
@@ -135,7 +138,7 @@ class Autotuned(Kernel):
 
     def prime(self, *args, **kwargs) -> Decision | None:
         """Decide a call's key from the scratch and offline tiers alone and remember it, launching and
-        searching nothing, so that call's first launch is a hit (`runtime.warmup`; stand-ins may take
+        searching nothing, so that call's first launch is a hit (`runtime.warming.warmup`; stand-ins may take
         the tensors' place). None, remembering nothing, where neither tier serves the key or where the
         decision may depend on more than the key: a scratch cache for this kernel (keyed on tensor
         layouts too), an `early_config_prune` (it sees the call's tensors)."""
@@ -456,7 +459,7 @@ def stats() -> dict:
 def reset_stats() -> None:
     """Reset every kernel's decisions and counters, rediscover bundles and the device (tests)."""
     registry.reset()
-    for loaded in ("flytune_build.runtime.inductor", "flytune_build.runtime.misses"):  # where imported at all
+    for loaded in ("flytune_build.runtime.inductor", "flytune_build.runtime.serving.misses"):  # where imported at all
         module = sys.modules.get(loaded)
         if module is not None:
             module.reset()

@@ -46,8 +46,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.config import Config
-from ..core.errors import TuneError, foreign_failure, one_line
+from ...core.config import Config
+from ...core.errors import TuneError, foreign_failure, one_line
 from . import session
 
 # (rtol, atol) by dtype name; a dtype not listed and not floating compares exactly

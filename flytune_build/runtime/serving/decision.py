@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.config import Config
-from ..core.errors import ArtifactExecutionError, TierMissError
+from ...core.config import Config
+from ...core.errors import ArtifactExecutionError, TierMissError
 
 if TYPE_CHECKING:
-    from ..core.artifact import Artifact
-    from .search import SearchResult
+    from ...core.artifact import Artifact
+    from ..searching.search import SearchResult
 
 TIERS = ("scratch", "offline", "heuristic", "search")
 

@@ -44,15 +44,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import arguments, bundle, codec, inductor, installed, serving, settings
-from ..core import specialization as spec_format
-from ..core.artifact import Artifact
-from ..core.codec import Fields
-from ..core.config import Config
-from ..core.device import DeviceIdentity
-from ..core.errors import BundleError, FlytuneError, foreign_failure
-from . import binder, compiler, device, warning
-from .wrapping import chain
+from ...core import arguments, bundle, codec, inductor, installed, serving, settings
+from ...core import specialization as spec_format
+from ...core.artifact import Artifact
+from ...core.codec import Fields
+from ...core.config import Config
+from ...core.device import DeviceIdentity
+from ...core.errors import BundleError, FlytuneError, foreign_failure
+from .. import device, warning
+from . import binder, compiler
+from ..wrapping import chain
 
 STATUSES = ("compiled", "cached", "interpreter", "skipped", "failed")
 MAX_VARIANT_AXES = 3   # bucketed axes whose alignment variants are warmed (2**3 - 1 variants at most)

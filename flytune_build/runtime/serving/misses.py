@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from multiprocessing import util as multiprocessing_util  # loaded with torch already
 from typing import Any
 
-from ..core import codec, settings
-from ..core import misses as misses_file
-from ..core.errors import InputError
-from . import warning
+from ...core import codec, settings
+from ...core import misses as misses_file
+from ...core.errors import InputError
+from .. import warning
 
 SERVED = ("scratch", "offline")  # the tiers that serve tuned configs: anything else is a miss
 RETRY_TIMEOUT = 0.5  # seconds a write waits for FILE's lock once a wait has timed out in this process

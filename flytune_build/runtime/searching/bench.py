@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..core import codec, settings
-from ..core.config import Config
+from ...core import codec, settings
+from ...core.config import Config
 
 SCREEN_FRACTION = 10    # screening times each candidate on 1/10 of the warmup and rep budget, in all
 SCREEN_PASSES = 3       # in three interleaved passes, keeping each candidate's least time

@@ -16,11 +16,11 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..core import bundle, installed, serving, settings
-from ..core.artifact import Artifact
-from ..core.device import DeviceIdentity
-from ..core.errors import ArtifactError, FlytuneError
-from . import warning
+from ...core import bundle, installed, serving, settings
+from ...core.artifact import Artifact
+from ...core.device import DeviceIdentity
+from ...core.errors import ArtifactError, FlytuneError
+from .. import warning
 
 
 class Hit:

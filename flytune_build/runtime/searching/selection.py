@@ -61,8 +61,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..core.config import Config
-from ..core.errors import SearchError
+from ...core.config import Config
+from ...core.errors import SearchError
 from . import session
 from .bench import Candidate
 
@@ -160,7 +160,7 @@ class Test:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The sequential test's outcome over the rounds so far (how a key is served is runtime.decision's)."""
+    """The sequential test's outcome over the rounds so far (how a key is served is runtime.serving.decision's)."""
     fastest: int
     noise: float                  # the pooled relative dispersion of the paired rounds
     tests: dict[int, Test]        # every finalist but the fastest
