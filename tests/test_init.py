@@ -121,12 +121,17 @@ def test_init_force_replaces_only_the_tool_flytune_tables(tmp_path, capsys):
         "interpreter", "sm_90"]
 
 
-def test_init_refuses_to_force_a_tool_flytune_written_as_dotted_keys(tmp_path, capsys):
-    root = package(tmp_path, PYPROJECT + '\n[tool]\nflytune.sources = ["x"]\n')
-    before = snapshot(root)
-    assert init(root, "--force") == 1
-    assert "cannot replace; remove it by hand" in capsys.readouterr().err
-    assert snapshot(root) == before
+@pytest.mark.parametrize("written", [
+    '\n[tool]\nflytune.sources = ["x"]  # dotted keys\nblack.line-length = 99\n',
+    '\n[tool]\nblack = { line-length = 99 }\nflytune = { sources = ["x"] }\n',
+])
+def test_init_force_replaces_a_tool_flytune_written_as_dotted_keys_or_inline(tmp_path, capsys, written):
+    root = package(tmp_path, PYPROJECT + written)
+    assert init(root, "--force") == 0
+    text = (root / "pyproject.toml").read_text()
+    assert text.startswith(PYPROJECT) and 'sources = ["x"]' not in text and "line-length = 99" in text
+    doc = tomllib.loads(text)
+    assert doc["tool"]["black"] == {"line-length": 99} and doc["tool"]["flytune"]["package"] == "mylib"
 
 
 @pytest.mark.parametrize("layout, pyproject", [
@@ -182,17 +187,16 @@ def test_init_checks_a_target_by_the_rule_tool_flytune_follows_before_writing(tm
 
 
 def test_force_never_cuts_text_that_only_looks_like_a_tool_flytune_header(tmp_path):
-    from flytune_build.core.errors import ProjectError
     from flytune_build.pipeline import scaffold
 
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
-    text = ('[project]\nname = "mypkg"\nversion = "0.1"\ndescription = """Usage:\n[tool.flytune]\nsecret text\n'
-            '[x]\n"""\n\n[tool.flytune]\npackage = "mypkg"\n')
-    (tmp_path / "pyproject.toml").write_text(text)
-    with pytest.raises(ProjectError, match="header-like line inside a string"):
-        scaffold.scaffold(tmp_path, force=True)
-    assert (tmp_path / "pyproject.toml").read_text() == text
+    kept = '[project]\nname = "mypkg"\nversion = "0.1"\ndescription = """Usage:\n[tool.flytune]\nsecret text\n[x]\n"""\n'
+    (tmp_path / "pyproject.toml").write_text(kept + '\n[tool.flytune]\npackage = "mypkg"\n')
+    scaffold.write(scaffold.scaffold(tmp_path, force=True))
+    text = (tmp_path / "pyproject.toml").read_text()
+    assert text.startswith(kept)  # the string's header-like lines are the string's, untouched
+    assert tomllib.loads(text)["project"]["description"] == "Usage:\n[tool.flytune]\nsecret text\n[x]\n"
 
 
 def _plain_project(root):

@@ -6,7 +6,8 @@ as what it held plus exactly the tables appended, the plan as a plan, the setups
 names shadow neither its imports nor each other), every path is checked, then each file is written
 atomically, and a write that fails undoes the others: the project is as it was. An existing
 `[tool.flytune]` or plan is replaced only with `force`, the setups module never; pyproject.toml is only
-appended to, in its own line endings, so what was there stays byte for byte (but a `force`d table).
+appended to, in its own line endings, so what was there stays byte for byte, but a `force`d [tool.flytune],
+which tomlkit takes out however it is written, writing back the rest as it read it.
 """
 from __future__ import annotations
 
@@ -36,7 +37,6 @@ SETUPS = "tuning"  # the module of setups, inside the package
 # the package is "several top-level packages" to them: the one layout that needs `packages.find`
 SETUPTOOLS_BACKENDS = (None, "setuptools.build_meta", "setuptools.build_meta:__legacy__", "flytune_build.backend")
 DEFAULT_SIZE = 1024
-HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 
 
 @dataclass
@@ -273,16 +273,6 @@ def _package_dir(root: Path, doc: dict, package: str) -> Path | None:
     return None
 
 
-def _tables(text: str) -> list[tuple[int, str]]:
-    """(line index, dotted table name) of every table header, as written."""
-    return [(i, re.sub(r"\s*\.\s*", ".", m.group(1)).replace('"', ""))
-            for i, line in enumerate(text.splitlines()) if (m := HEADER.match(line))]
-
-
-def _ours(name: str) -> bool:
-    return name == "tool.flytune" or name.startswith("tool.flytune.")
-
-
 def _without_tool_flytune(s: Scaffold, pyproject: Path, text: str, doc: dict, tool: dict,
                           force: bool) -> tuple[str, dict]:
     """(pyproject.toml's text that [tool.flytune] is appended to, what it parses to): the file as it is,
@@ -293,26 +283,28 @@ def _without_tool_flytune(s: Scaffold, pyproject: Path, text: str, doc: dict, to
     if not force:
         raise ProjectError("already has a [tool.flytune] table; `flytune init` wrote nothing (--force replaces "
                            "it, and the plan file)", file=pyproject)
-    lines = text.splitlines(keepends=True)
-    headers = _tables(text)
-    spans = [(i, headers[n + 1][0] if n + 1 < len(headers) else len(lines))
-             for n, (i, name) in enumerate(headers) if _ours(name)]
-    kept = [line for i, line in enumerate(lines) if not any(a <= i < b for a, b in spans)]
-    # the cut must remove [tool.flytune] and nothing else (a header-like line inside a multi-line
-    # string is no header): the rest parses to exactly what it was
+    # tomlkit (style-preserving: what it does not change it writes back as read, comments and line endings
+    # included) takes out the [tool.flytune] tables however they are written (headers, dotted keys, an
+    # inline table), and nothing it only looks like (a header-like line inside a string)
+    import tomlkit
+
     before = {**doc}
     before["tool"] = {k: v for k, v in tool.items() if k != "flytune"}
     before = {k: v for k, v in before.items() if k != "tool" or v}
     try:
-        after = project_mod.tomllib.loads("".join(kept))
-    except project_mod.tomllib.TOMLDecodeError:
+        edited = tomlkit.parse(text)
+        del edited["tool"]["flytune"]
+        if not edited["tool"]:
+            del edited["tool"]
+        kept = tomlkit.dumps(edited)
+        after = project_mod.tomllib.loads(kept)
+    except Exception:  # noqa: BLE001 - any failure of the edit is the refusal below, the file untouched
         after = None
-    if not spans or after != before:
-        raise ProjectError("holds [tool.flytune] as dotted keys, an inline table or beside a header-like line "
-                           "inside a string, which `flytune init --force` cannot replace; remove it by hand "
-                           "and run `flytune init` again", file=pyproject)
+    if after != before:  # the rest must read as exactly what it was
+        raise ProjectError("holds [tool.flytune] in a form `flytune init --force` cannot take out and leave the rest "
+                           "as it was; remove [tool.flytune] by hand and run `flytune init` again", file=pyproject)
     s.actions.append(f"replaced [tool.flytune] in {pyproject.name} (--force)")
-    return "".join(kept), before
+    return kept, before
 
 
 def _tool_flytune(s: Scaffold, targets: tuple[str, ...]) -> str:
