@@ -413,3 +413,40 @@ def test_a_kernel_no_plan_can_name_is_left_out_with_what_to_do(tmp_path, capsys)
            "imported by that name" in out
     assert [e.kernel for e in project_mod.load_plan(root, "tune/plan.toml")] == ["mylib.kernels.add_kernel",
                                                                                  "mylib.scale"]
+
+
+@pytest.mark.parametrize("after", [
+    "\n# Black settings: keep in sync with CI\n[tool.black]\nx = 1\n",   # the next table's own comment
+    "\n# vim: set ft=toml:\n",                                            # the file's last line
+])
+def test_init_force_keeps_the_comments_that_follow_tool_flytune(tmp_path, after):
+    root = package(tmp_path, PYPROJECT + '\n[tool.flytune]\npackage = "mylib"  # mine\n' + after)
+    assert init(root, "--force") == 0
+    text = (root / "pyproject.toml").read_text()
+    assert after.strip() in text and "# mine" not in text
+    assert tomllib.loads(text)["tool"]["flytune"]["package"] == "mylib"
+
+
+def test_init_reads_a_nan_back_as_itself(tmp_path):
+    root = package(tmp_path, PYPROJECT + "\n[tool.black]\nx = nan\n")
+    assert init(root) == 0
+    root2 = package(tmp_path / "forced", PYPROJECT + '\n[tool.black]\nx = nan\n\n[tool.flytune]\npackage = "x"\n')
+    assert init(root2, "--force") == 0
+
+
+@pytest.mark.parametrize("tool, kind", [("tool = 3\n", "an integer"), ("tool = [1, 2]\n", "an array"),
+                                        ("[[tool]]\nx = 1\n", "an array of tables")])
+def test_init_says_what_a_tool_key_that_is_no_table_is(tmp_path, capsys, tool, kind):
+    root = package(tmp_path, tool + PYPROJECT)
+    before = snapshot(root)
+    assert init(root) == 1
+    err = capsys.readouterr().err
+    assert f"is {kind}, not a table" in err and "rename or remove `tool`" in err and err.count("\n") == 1, err
+    assert snapshot(root) == before
+
+
+def test_a_bad_package_name_is_said_once(tmp_path, capsys):
+    root = package(tmp_path)
+    assert init(root, "--package", "1bad") in (1, 2)
+    err = capsys.readouterr().err
+    assert err.count("--package") == 1 and "must be a dotted Python package name" in err, err

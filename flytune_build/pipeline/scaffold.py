@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import difflib
 import keyword
+import math
 import os
 import re
 import stat
@@ -78,8 +80,8 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
     else:
         field_hint = " (--package)"
         if not isinstance(package, str) or not PACKAGE_NAME.fullmatch(package):
-            raise InputError(f"--package must be a dotted Python package name (mylib, or mylib.ops), not "
-                             f"{package!r}", file=root, field="--package")
+            raise InputError(f"must be a dotted Python package name (mylib, or mylib.ops), not {package!r}",
+                             file=root, field="--package")
     package_dir = _package_dir(root, doc, package)
     if package_dir is None:
         raise InputError(f"package {package!r}{field_hint} is not under the project root or src/: no "
@@ -296,15 +298,50 @@ def _without_tool_flytune(s: Scaffold, pyproject: Path, text: str, doc: dict, to
         del edited["tool"]["flytune"]
         if not edited["tool"]:
             del edited["tool"]
-        kept = tomlkit.dumps(edited)
-        after = project_mod.tomllib.loads(kept)
+        kept = _with_their_comments(text, tomlkit.dumps(edited))
     except Exception:  # noqa: BLE001 - any failure of the edit is the refusal below, the file untouched
-        after = None
-    if after != before:  # the rest must read as exactly what it was
+        kept = None
+    if kept is None or not _reads_as(kept, before):  # the rest must read as exactly what it was
         raise ProjectError("holds [tool.flytune] in a form `flytune init --force` cannot take out and leave the rest "
                            "as it was; remove [tool.flytune] by hand and run `flytune init` again", file=pyproject)
     s.actions.append(f"replaced [tool.flytune] in {pyproject.name} (--force)")
     return kept, before
+
+
+def _with_their_comments(text: str, edited: str) -> str:
+    """`edited` (tomlkit's `text` less [tool.flytune]) with the comment and blank lines that ended each run
+    of lines it took out put back: tomlkit counts the comments after a table as that table's, where they
+    are the next table's (`# Black settings` above [tool.black]) or the file's last lines."""
+    before, after = text.splitlines(keepends=True), edited.splitlines(keepends=True)
+    out: list[str] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
+        if tag == "delete":
+            run, k = before[i1:i2], i2 - i1
+            while k and (not run[k - 1].strip() or run[k - 1].lstrip().startswith("#")):
+                k -= 1
+            out += run[k:]
+        else:  # kept as it was, or rewritten by tomlkit (a line holding an inline table it edited)
+            out += after[j1:j2]
+    return "".join(out)
+
+
+def _reads_as(text: str, expected: dict) -> bool:
+    """Whether `text` parses to `expected` (a float nan equal to itself: TOML's `nan` is a value)."""
+    try:
+        got = project_mod.tomllib.loads(text)
+    except project_mod.tomllib.TOMLDecodeError:
+        return False
+    return _same(got, expected)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
 
 
 def _tool_flytune(s: Scaffold, targets: tuple[str, ...]) -> str:
@@ -330,11 +367,7 @@ def _appended(s: Scaffold, pyproject: Path, base: str, before: dict, blocks: lis
     for table, block in blocks:
         text = _append(text, block)
         expected = _merged(expected, project_mod.tomllib.loads(block))
-        try:
-            got = project_mod.tomllib.loads(text)
-        except project_mod.tomllib.TOMLDecodeError:
-            got = None
-        if got != expected:
+        if not _reads_as(text, expected):
             raise _closed(pyproject, table, before)
     doc = project_mod.tomllib.loads(text)
     name = doc.get("project", {}).get("name") if isinstance(doc.get("project"), dict) else None
@@ -363,6 +396,12 @@ def _closed(pyproject: Path, table: str, doc: dict) -> ProjectError:
         return ProjectError(f"would not read back as what it holds plus the [{table}] table `flytune init` appends; "
                             f"nothing was written: add [{table}] by hand", file=pyproject)
     field_ = ".".join(where)
+    if not isinstance(node, dict) and len(where) < len(table.split(".")):
+        kind = "an array of tables" if isinstance(node, list) and node and isinstance(node[0], dict) else \
+            TOML_KINDS.get(type(node), "a value")
+        return ProjectError(f"is {kind}, not a table, so it cannot hold the [{table}] table `flytune init` appends; "
+                            f"nothing was written: rename or remove `{field_}`, then run `flytune init` again",
+                            file=pyproject, field=field_)
     return ProjectError(f"is written in a form TOML closes to the [{table}] table `flytune init` appends (an "
                         f"inline table, `{where[-1]} = {{ ... }}`, takes nothing added after it); nothing was "
                         f"written: write it as a [{field_}] header with its keys below it (each inline table "
@@ -370,6 +409,7 @@ def _closed(pyproject: Path, table: str, doc: dict) -> ProjectError:
                         file=pyproject, field=field_)
 
 
+TOML_KINDS = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array"}
 TOML_ESCAPES = {**{c: f"\\u{c:04x}" for c in (*range(0x20), 0x7F)}, ord('"'): '\\"', ord("\\"): "\\\\"}
 
 
