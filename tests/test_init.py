@@ -450,3 +450,14 @@ def test_a_bad_package_name_is_said_once(tmp_path, capsys):
     assert init(root, "--package", "1bad") in (1, 2)
     err = capsys.readouterr().err
     assert err.count("--package") == 1 and "must be a dotted Python package name" in err, err
+
+
+def test_init_says_what_is_wrong_with_the_project_path(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir" / "pyproject.toml").mkdir(parents=True)
+    expected = {"missing": "does not exist: pass --project", "file": "is not a directory: pass --project",
+                "dir": "pyproject.toml: is a directory, not a regular file"}
+    for name, said in expected.items():
+        assert init(tmp_path / name) == 1
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err

@@ -63,7 +63,10 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
     root = Path(root).resolve()
     parse_targets(list(targets), Fields(None, InputError), "--target")  # the rule [tool.flytune] targets follow
     pyproject = root / "pyproject.toml"
-    if not pyproject.is_file():
+    if not root.is_dir():
+        raise InputError(f"{'is not a directory' if os.path.lexists(root) else 'does not exist'}: pass --project the "
+                         f"directory that holds the package's pyproject.toml", file=root)
+    if not os.path.lexists(pyproject):
         raise InputError("has no pyproject.toml: `flytune init` configures an existing package; write its "
                          "[project] table first (or pass --project DIR)", file=root)
     doc = project_mod.read_toml(pyproject)  # capped, UTF-8 and TOML checked: the text below is read once more
