@@ -314,6 +314,18 @@ def test_a_directory_gemm_artifact_inductor_would_not_look_up_is_refused_with_a_
     (KEY, gemm.config_of("decompose_k", {"k_split": 4, "splits": 2}), "config.kwargs.splits", "takes k_split"),
     (KEY, Config({"template_id": "aten::mm"}, num_warps=8), "config", "does not take"),
     (KEY, gemm.config_of("aten::mm", {}, "not-a-hash"), "config.kwargs.template_hash", "sha256"),
+    # Inductor writes a Triton template's kwargs into the kernel's source: no text but a Triton type
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "ACC_TYPE": "tl.float32\rimport os\rdef f():"}),
+     "config.kwargs.ACC_TYPE", "writes it into the kernel's source"),
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "FOO": "1 + 1"}), "config.kwargs.FOO", "a Triton type"),
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "GROUP_M": -3}), "config.kwargs.GROUP_M", "from 0 to"),
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "hint_override": "tl.float32"}), "config.kwargs.hint_override",
+     "whole number"),
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "BLOCK_M": 2**40}), "config.kwargs.BLOCK_M", "at most"),
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "BLOCK_K": 256}), "config.kwargs.EVEN_K", "read past K"),
+    (KEY, gemm.config_of("decompose_k", {"k_split": "4"}), "config.kwargs.k_split", "whole number"),
+    (KEY.replace("[64, 128]", "[٦٤, 128]"), None, f"key.{inductor.AXIS}", "must be the key Inductor"),
+    (KEY.replace("+mm", "+alpha=1\n+mm"), None, f"key.{inductor.AXIS}", "must be the key Inductor"),
 ])
 def test_the_build_refuses_a_gemm_artifact_inductor_would_not_serve_as_written(key, config, field, rule):
     art = gemm_artifact(key, config)
@@ -420,27 +432,60 @@ def test_a_select_inductor_benchmarked_is_harvested_then_served_with_nothing_ben
 
 
 
+ADDMM_KEY = f"((torch.float32, [{M}, {N}], [0, 1]), (torch.float32, [{M}, {K}], [{K}, 1]), " \
+            f"(torch.float32, [{K}, {N}], [{N}, 1]))+alpha=1&beta=1+addmm"
+
+
+def one_call_per_template(monkeypatch):
+    """Inductor asks for a lowering's choices in one call per template (as a GPU's addmm does in part)."""
+    from torch._inductor.choices import InductorChoices
+
+    original = InductorChoices.get_template_configs
+
+    def split(self, kernel_inputs, templates, op_name, *rest, **kwargs):
+        out = []
+        for t in templates or [None]:
+            out += original(self, kernel_inputs, [t] if t else [], op_name, *rest, **kwargs)
+        return out
+
+    monkeypatch.setattr(InductorChoices, "get_template_configs", split)
+
+
+def test_a_users_table_answering_one_call_of_a_lowering_decides_it(tmp_path, monkeypatch, cpu_lookup):
+    """The user's table holds bias_addmm, the bundle addmm: Inductor asks ATen's addmm and bias_addmm apart;
+    the user's table answers its call, flytune serves the other: the user's choice is the one selected."""
+    from torch._inductor.virtualized import V
+
+    from flytune_build import inductor as fti
+
+    class Users(lookup_table.LookupTableChoices):
+        def _get_lookup_table(self):
+            return torch._inductor.config.lookup_table.table
+
+    one_call_per_template(monkeypatch)
+    d = tmp_path / "artifacts"
+    gemm_artifact(ADDMM_KEY, gemm.config_of("aten::addmm", {})).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    ft.reset_stats()
+    selects = []
+    mine = {ADDMM_KEY: [{"template_id": "aten::bias_addmm"}]}
+    with torch._inductor.config.patch({"lookup_table.table": mine}), V.set_choices_handler(Users()):
+        with fti.serve() as serving:
+            compile_addmm(selects, monkeypatch)
+    assert selects == [] and serving.stats()["gemm"] == {"offline": 0, "autotune": 0, "single": 0}
+
+
 @pytest.mark.parametrize("shipped", ["aten::addmm", "aten::bias_addmm"])
 def test_a_lowering_that_asks_for_its_templates_in_several_calls_benchmarks_nothing(shipped, tmp_path, monkeypatch,
                                                                                       cpu_lookup):
     """Inductor may ask for one lowering's choices in several calls (torch 2.13's addmm: ATen's templates, the
     contiguous one, the Triton ones), each offering some templates: the shipped choice is served in the call
     offering its template whichever it is, and the select drops what the other calls made."""
-    from torch._inductor.choices import InductorChoices
-
     from flytune_build import inductor as fti
 
-    original = InductorChoices.get_template_configs
-
-    def one_call_per_template(self, kernel_inputs, templates, op_name, *rest, **kwargs):
-        out = []
-        for t in templates or [None]:
-            out += original(self, kernel_inputs, [t] if t else [], op_name, *rest, **kwargs)
-        return out
-
-    monkeypatch.setattr(InductorChoices, "get_template_configs", one_call_per_template)
-    key = f"((torch.float32, [{M}, {N}], [0, 1]), (torch.float32, [{M}, {K}], [{K}, 1]), " \
-          f"(torch.float32, [{K}, {N}], [{N}, 1]))+alpha=1&beta=1+addmm"
+    one_call_per_template(monkeypatch)
+    key = ADDMM_KEY
     d = tmp_path / "artifacts"
     gemm_artifact(key, gemm.config_of(shipped, {})).save(d)
     monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))

@@ -44,16 +44,23 @@ TRITON_KWARGS = ("hint_override", "kpack", "matrix_instr_nonkdim", "waves_per_eu
                  "num_buffers_warp_spec", "tma_store")
 _CONSTEXPR = re.compile(r"[A-Z][A-Z0-9_]*")
 _POW2 = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+MAX_BLOCK = 1 << 20  # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL): no block size is larger
+MAX_INT = 2**31 - 1  # a template kwarg's whole number: a 32-bit constexpr
+# Inductor writes a Triton template's kwargs into the kernel's source (`NAME : tl.constexpr = VALUE`): a
+# value is a boolean, a whole number, null, or a constexpr's Triton type, never other text
+_TRITON_TYPE = re.compile(r"tl\.[a-z][a-z0-9_]*")
+# which input's last size is K, by op (EVEN_K: K a multiple of BLOCK_K, Inductor's own rule)
+K_INPUT = {"mm": 0, "int_mm": 0, "bmm": 0, "scaled_mm": 0, "addmm": 1, "baddbmm": 1}
 MAX_KEY = 256   # an artifact's key value holds at most this many characters (core.artifact)
 
-_INT = r"-?\d+"
+_INT = r"[0-9]+"
 _LIST = rf"\[(?:{_INT}(?:, {_INT})*)?\]"
 _INPUT = rf"\((?P<dtype>torch\.[a-z0-9_]+), {_LIST}, {_LIST}\)"
 _ONE = _INPUT.replace("(?P<dtype>", "(?:")
-_SCALAR = r"[A-Za-z_][A-Za-z0-9_]*=[^&+]+"
+_SCALAR = r"[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.-]+"
 KEY = re.compile(rf"(?P<inputs>\((?:{_ONE},|{_ONE}(?:, {_ONE})+)\))(?:\+(?P<scalars>{_SCALAR}(?:&{_SCALAR})*))?"
                  rf"\+(?P<op>[A-Za-z_][A-Za-z0-9_-]*)")
-_INPUTS = re.compile(r"\((torch\.[a-z0-9_]+), \[([-0-9, ]*)\], \[([-0-9, ]*)\]\)")
+_INPUTS = re.compile(r"\((torch\.[a-z0-9_]+), \[([0-9, ]*)\], \[([0-9, ]*)\]\)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -107,6 +114,28 @@ def config_of(template_id: str, kwargs: Mapping[str, Any], template_hash: str | 
     return Config({**head, **kw}, **opts)
 
 
+def _value_problem(name: str, value: Any) -> str | None:
+    """Why a Triton template's kwarg value is not one Inductor may write into the kernel's source."""
+    if name in _POW2:
+        ok = type(value) is int and 1 <= value <= MAX_BLOCK and not value & (value - 1)
+        return None if ok else f"must be a power of two of at most {MAX_BLOCK}, not {value!r}"
+    if value is None or type(value) is bool or (type(value) is int and 0 <= value <= MAX_INT):
+        return None
+    if isinstance(value, str) and _CONSTEXPR.fullmatch(name) and _TRITON_TYPE.fullmatch(value):
+        return None
+    return (f"must be true, false, null, a whole number from 0 to {MAX_INT} or a Triton type (`tl.float32`), "
+            f"not {value!r}: Inductor writes it into the kernel's source")
+
+
+def _k_of(key: Any) -> int | None:
+    """The K of a GEMM key (the last size of the op's first matrix), where its op has one K."""
+    m = KEY.fullmatch(key) if isinstance(key, str) else None
+    at = K_INPUT.get(m["op"]) if m else None
+    inputs = _INPUTS.findall(m["inputs"]) if at is not None else []
+    sizes = inputs[at][1].split(", ") if at is not None and at < len(inputs) and inputs[at][1] else []
+    return int(sizes[-1]) if sizes else None
+
+
 def key_problems(value: Any, field: str) -> list[tuple[str, str]]:
     """(`field`, rule) where `value` is not a key Inductor's lookup would look up."""
     if not isinstance(value, str):
@@ -151,14 +180,20 @@ def problems(key_value: Any, config: Config, key_field: str) -> list[tuple[str, 
             if not (_CONSTEXPR.fullmatch(name) or name in TRITON_KWARGS):
                 out.append((f"config.kwargs.{name}", f"is not a kwarg of {template} (its constexprs, upper case, "
                                                      f"and {', '.join(TRITON_KWARGS)})"))
-            elif name in _POW2 and (type(value) is not int or value < 1 or value & (value - 1)):
-                out.append((f"config.kwargs.{name}", f"must be a power of two, not {value!r}"))
+            elif (why := _value_problem(name, value)) is not None:
+                out.append((f"config.kwargs.{name}", why))
+        if not out and own.get("EVEN_K") is True and (k := _k_of(key_value)) is not None and \
+                k % own.get("BLOCK_K", 1):
+            out.append(("config.kwargs.EVEN_K", f"is true, but the key's K ({k}) is not a multiple of BLOCK_K "
+                                                f"({own['BLOCK_K']}): the kernel would read past K unmasked"))
     else:
         takes = SUBGRAPH.get(template, ())
-        for name in own:
+        for name, value in own.items():
             if name not in takes:
                 out.append((f"config.kwargs.{name}", f"is not a kwarg of {template} (it takes "
                                                      f"{', '.join(takes) or 'none'})"))
+            elif type(value) is not int or not 1 <= value <= MAX_INT:
+                out.append((f"config.kwargs.{name}", f"must be a whole number from 1 to {MAX_INT}, not {value!r}"))
         if (config.num_warps, config.num_stages) != (DEFAULTS["num_warps"], DEFAULTS["num_stages"]):
             out.append(("config", f"sets num_warps or num_stages, which {template} (not a Triton template) "
                                   f"does not take"))

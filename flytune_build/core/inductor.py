@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import gemm
+from .gemm import MAX_BLOCK
 from .choice import MAX_INDEX
 from .config import Config
 
@@ -33,7 +34,6 @@ AXIS = "inductor_source"
 SHA256 = re.compile(r"[0-9a-f]{64}")
 BLOCK_NAME = re.compile(r"[XYZR][0-9]*_?BLOCK")   # XBLOCK, YBLOCK, ZBLOCK, RBLOCK, R0_BLOCK, R1_BLOCK
 _NAME = re.compile(r"^def [^(]+\(")               # triton_heuristics.triton_name_sub
-MAX_BLOCK = 1 << 20  # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL): no block size is larger
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "aoti")
 PROVENANCE_FIELDS = ("name", "size_hints", "heuristic", "mode", "coordesc",
                      "unshipped",  # a GEMM choice's: the choices no table entry can name (CUTLASS, ...), timed

@@ -114,7 +114,8 @@ def serve(serving, here: list, original, handler, template_choices, kernel_input
                     table.setdefault(k, v)
             got = hooks.lookup_choices(table, kernel_inputs, templates, op_name)
             if got:
-                low.served, low.made = list(got), list(got)
+                low.served = list(got)
+                low.made += got
                 return got
     out = original(handler, template_choices, kernel_inputs, templates, op_name, *args, **kwargs)
     low.made += out
@@ -124,6 +125,8 @@ def serve(serving, here: list, original, handler, template_choices, kernel_input
 def select(serving, original, cache, name, choices, *args, **kwargs):
     """Inductor's select among a lowering's choices: only the shipped one where the lowering made it
     (choices added outside the template lookup, CUTLASS, CK or C++, dropped with the rest), counted;
+    only the user's where a lookup of the user's own answered one of the lowering's calls (theirs are the
+    choices made from a template config no call flytune saw made), uncounted;
     Inductor's own list, counted as benchmarked where it holds more than one (FLYTUNE_AUTOTUNE=strict: a
     `TierMissError`). A select of no lowering made here (a convolution, flex attention) is Inductor's."""
     from .counts import Kernel
@@ -133,6 +136,9 @@ def select(serving, original, cache, name, choices, *args, **kwargs):
         return original(cache, name, choices, *args, **kwargs)
     _lowering.set(None)
     op, key, shipped = gemm.op_of(low.key), low.key, low.shipped
+    theirs = [c for c in choices if ktc_of(c) is not None and not low.made_here([c])]
+    if low.served and theirs:  # a handler of the user's answered part of this lowering: it decides, uncounted
+        return original(cache, name, theirs, *args, **kwargs)
     if low.served:
         choices = [c for c in choices if any(ktc_of(c) is k for k in low.served)]
         serving.decided(Kernel(op, key, "offline", shipped.entry, shipped.origin, shipped.level, "gemm"))
