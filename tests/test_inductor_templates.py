@@ -707,3 +707,19 @@ def test_a_gemm_key_is_told_from_a_kernels_lookup_hash():
     assert gemm.is_key(KEY) and gemm.is_key("NVIDIA H200+" + KEY)
     assert not gemm.is_key("ab" * 32) and not gemm.is_key("not-a-hash") and not gemm.is_key(3)
     assert inductor.is_gemm({inductor.AXIS: KEY}) and not inductor.is_gemm({inductor.AXIS: "ab" * 32})
+
+
+def test_strict_in_a_real_compile_reaches_the_caller_as_a_tier_miss_error(monkeypatch, cpu_lookup, tmp_path):
+    """Inductor wraps an error raised while it lowers (InductorError: LoweringException: ...): closing the
+    serving it was raised under hands the caller the TierMissError itself, chained to Inductor's."""
+    from flytune_build import inductor as fti
+
+    d = tmp_path / "artifacts"
+    gemm_artifact().save(d)  # the mm's choice: the addmm compiled below is in no bundle
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    with pytest.raises(TierMissError, match=r"strict: Inductor GEMM choice addmm .*benchmark 2") as raised:
+        with fti.serve():
+            compile_addmm([], monkeypatch)
+    assert type(raised.value.__cause__).__name__ == "InductorError"

@@ -76,8 +76,11 @@ class Serving:
     def __enter__(self) -> Serving:
         return self.open()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
+        miss = _tier_miss(exc)
+        if miss is not None and miss is not exc:  # Inductor wrapped it (InductorError: LoweringException: ...)
+            raise miss from exc
 
     def open(self) -> Serving:
         """Serve (again: each open needs its close) until the last close."""
@@ -441,6 +444,18 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
             f"kernels are served"))
         gemm_winners = {}
     return Serving(shipped, dev, other, problems, [], gemm_winners, gemm_served=not lacking)
+
+
+def _tier_miss(exc: BaseException | None) -> TierMissError | None:
+    """The TierMissError a FLYTUNE_AUTOTUNE=strict serving raised inside a compile, where Inductor wrapped
+    it in errors of its own (`inner_exception`, or the exception it was raised from or while handling)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 32:
+        if isinstance(exc, TierMissError):
+            return exc
+        seen.add(id(exc))
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return None
 
 
 def _shipped(kernels: tuple[str, ...], dev: DeviceIdentity
