@@ -145,3 +145,16 @@ def foreign_failure(e: BaseException) -> bool:
     a kernel, a validate) is that code's failure, to report and go on: everything but the user's
     KeyboardInterrupt, so SystemExit (`sys.exit` at import), pytest's Skipped and other BaseExceptions too."""
     return not isinstance(e, KeyboardInterrupt)
+
+
+def within(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of `kind` in `exc`'s chain, where a library wrapped it in errors of its own:
+    its `inner_exception` (Inductor's), or the exception it was raised from or while handling."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 32:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return None
+

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-import difflib
 import keyword
-import math
 import os
 import re
 import stat
@@ -29,6 +27,7 @@ from ..core.codec import Fields
 from ..core.errors import InputError, OutputError, ProjectError
 from ..core.fsutil import atomic_write
 from ..core.target import parse_targets
+from . import pyproject_text as toml_text
 from .discovery import FoundKernel, find_kernels
 
 PLAN = "tune/plan.toml"
@@ -281,147 +280,42 @@ def _package_dir(root: Path, doc: dict, package: str) -> Path | None:
 def _without_tool_flytune(s: Scaffold, pyproject: Path, text: str, doc: dict, tool: dict,
                           force: bool) -> tuple[str, dict]:
     """(pyproject.toml's text that [tool.flytune] is appended to, what it parses to): the file as it is,
-    or, with `force`, less the [tool.flytune] tables it holds."""
+    or, with `force`, less the [tool.flytune] tables it holds (`pyproject_text.without`)."""
     if "flytune" not in tool:
         s.actions.append(f"appended [tool.flytune] to {pyproject.name}")
         return text, doc
     if not force:
         raise ProjectError("already has a [tool.flytune] table; `flytune init` wrote nothing (--force replaces "
                            "it, and the plan file)", file=pyproject)
-    # tomlkit (style-preserving: what it does not change it writes back as read, comments and line endings
-    # included) takes out the [tool.flytune] tables however they are written (headers, dotted keys, an
-    # inline table), and nothing it only looks like (a header-like line inside a string)
-    import tomlkit
-
     before = {**doc}
     before["tool"] = {k: v for k, v in tool.items() if k != "flytune"}
     before = {k: v for k, v in before.items() if k != "tool" or v}
-    try:
-        edited = tomlkit.parse(text)
-        del edited["tool"]["flytune"]
-        if not edited["tool"]:
-            del edited["tool"]
-        kept = _with_their_comments(text, tomlkit.dumps(edited))
-    except Exception:  # noqa: BLE001 - any failure of the edit is the refusal below, the file untouched
-        kept = None
-    if kept is None or not _reads_as(kept, before):  # the rest must read as exactly what it was
+    kept = toml_text.without(text, ("tool", "flytune"))
+    if kept is None or not toml_text.reads_as(kept, before):  # the rest must read as exactly what it was
         raise ProjectError("holds [tool.flytune] in a form `flytune init --force` cannot take out and leave the rest "
                            "as it was; remove [tool.flytune] by hand and run `flytune init` again", file=pyproject)
     s.actions.append(f"replaced [tool.flytune] in {pyproject.name} (--force)")
     return kept, before
 
 
-def _with_their_comments(text: str, edited: str) -> str:
-    """`edited` (tomlkit's `text` less [tool.flytune]) with the comment and blank lines that ended each run
-    of lines it took out put back: tomlkit counts the comments after a table as that table's, where they
-    are the next table's (`# Black settings` above [tool.black]) or the file's last lines."""
-    before, after = text.splitlines(keepends=True), edited.splitlines(keepends=True)
-    out: list[str] = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
-        if tag == "delete":
-            run, k = before[i1:i2], i2 - i1
-            while k and (not run[k - 1].strip() or run[k - 1].lstrip().startswith("#")):
-                k -= 1
-            out += run[k:]
-        else:  # kept as it was, or rewritten by tomlkit (a line holding an inline table it edited)
-            out += after[j1:j2]
-    return "".join(out)
-
-
-def _reads_as(text: str, expected: dict) -> bool:
-    """Whether `text` parses to `expected` (a float nan equal to itself: TOML's `nan` is a value)."""
-    try:
-        got = project_mod.tomllib.loads(text)
-    except project_mod.tomllib.TOMLDecodeError:
-        return False
-    return _same(got, expected)
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return type(a) is type(b) and a == b
-
-
 def _tool_flytune(s: Scaffold, targets: tuple[str, ...]) -> str:
-    target_list = ", ".join(_toml_string(t) for t in targets)
+    target_list = ", ".join(toml_text.string(t) for t in targets)
     return (f'\n[tool.flytune]\npackage = "{s.package}"\nsources = ["{SOURCES}"]\n'
             f'# one per device you ship for; a GPU: {{ arch = "sm_90", name = "NVIDIA H200", units = 132 }}\n'
             f'targets = [{target_list}]\n\n'
             f'[tool.flytune.tune]\nplan = "{PLAN}"\noutput = "{OUTPUT}"\n')
 
 
-def _append(text: str, block: str) -> str:
-    newline = "\r\n" if "\r\n" in text else "\n"  # the file's own line endings
-    if text and not text.endswith("\n"):
-        text += newline
-    return text + block.replace("\n", newline)
-
-
 def _appended(s: Scaffold, pyproject: Path, base: str, before: dict, blocks: list[tuple[str, str]]) -> str:
-    """`base` with each (table, block) appended, parsed back before anything is written: it must read
-    as `before` plus exactly the appended tables (TOML closes an inline table to them, and a table
-    defined twice does not parse), and its [tool.flytune] as the build will read it."""
-    text, expected = base, before
-    for table, block in blocks:
-        text = _append(text, block)
-        expected = _merged(expected, project_mod.tomllib.loads(block))
-        if not _reads_as(text, expected):
-            raise _closed(pyproject, table, before)
+    """`base` with each (table, block) appended and read back (`pyproject_text.appended`), and its
+    [tool.flytune] as the build will read it."""
+    text = toml_text.appended(pyproject, base, before, blocks)
     doc = project_mod.tomllib.loads(text)
     name = doc.get("project", {}).get("name") if isinstance(doc.get("project"), dict) else None
     proj = project_mod.parse(doc["tool"]["flytune"], root=s.root, file=pyproject,
                              name=name if isinstance(name, str) else None)
     project_mod.check_owned(proj, doc)
     return text
-
-
-def _merged(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merged(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
-    return out
-
-
-def _closed(pyproject: Path, table: str, doc: dict) -> ProjectError:
-    """Why [table] cannot be appended to pyproject.toml, naming the table in the way and the fix."""
-    node, where = doc, []
-    for part in table.split("."):
-        if not isinstance(node, dict) or part not in node:
-            break
-        where.append(part)
-        node = node[part]
-    if not where:
-        return ProjectError(f"would not read back as what it holds plus the [{table}] table `flytune init` appends; "
-                            f"nothing was written: add [{table}] by hand", file=pyproject)
-    field_ = ".".join(where)
-    if not isinstance(node, dict) and len(where) < len(table.split(".")):
-        kind = "an array of tables" if isinstance(node, list) and node and isinstance(node[0], dict) else \
-            TOML_KINDS.get(type(node), "a value")
-        return ProjectError(f"is {kind}, not a table, so it cannot hold the [{table}] table `flytune init` appends; "
-                            f"nothing was written: rename or remove `{field_}`, then run `flytune init` again",
-                            file=pyproject, field=field_)
-    return ProjectError(f"is written in a form TOML closes to the [{table}] table `flytune init` appends (an "
-                        f"inline table, `{where[-1]} = {{ ... }}`, takes nothing added after it); nothing was "
-                        f"written: write it as a [{field_}] header with its keys below it (each inline table "
-                        f"inside it as a [{field_}.NAME] header of its own), then run `flytune init` again",
-                        file=pyproject, field=field_)
-
-
-TOML_KINDS = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array"}
-TOML_ESCAPES = {**{c: f"\\u{c:04x}" for c in (*range(0x20), 0x7F)}, ord('"'): '\\"', ord("\\"): "\\\\"}
-
-
-def _toml_string(text: str) -> str:
-    return '"' + text.translate(TOML_ESCAPES) + '"'
-
-
-def _toml_key(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _toml_string(name)
 
 
 def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path) -> list[tuple[str, str]]:
@@ -467,12 +361,12 @@ def _plan_file(s: Scaffold, force: bool) -> None:
              f"# Each setup, in {s.package}.{SETUPS}, builds inputs of one shape and returns the call to time.",
              "# Replace the sizes by the ones that matter on the device you ship for."]
     for k in s.kernels:
-        shape = ", ".join(f"{_toml_key(a)} = {DEFAULT_SIZE}" for a in k.axes)
-        lines += ["", "[[entries]]", f"kernel = {_toml_string(k.name)}",
-                  f"setup = {_toml_string(f'{s.package}.{SETUPS}:{k.setup}')}",
+        shape = ", ".join(f"{toml_text.key(a)} = {DEFAULT_SIZE}" for a in k.axes)
+        lines += ["", "[[entries]]", f"kernel = {toml_text.string(k.name)}",
+                  f"setup = {toml_text.string(f'{s.package}.{SETUPS}:{k.setup}')}",
                   f"shapes = [{{ {shape} }}]" if shape else "shapes = [{}]"]
         if k.adopted:
-            lines.append(f"autotuner = {_toml_string(f'{k.module}:{k.function}')}  "
+            lines.append(f"autotuner = {toml_text.string(f'{k.module}:{k.function}')}  "
                          f"# @triton.autotune: its own search, captured")
     if not s.kernels:
         lines += ["", "# no @flytune_build.autotune or @triton.autotune kernel was found: replace the line below with",

@@ -33,7 +33,7 @@ from ...core import gemm, inductor, settings
 from ...core.codec import Fields
 from ...core.config import Config
 from ...core.device import INTERPRETER, DeviceIdentity
-from ...core.errors import ArgumentTypeError, ArtifactError, DeviceError, FlytuneError, TierMissError
+from ...core.errors import ArgumentTypeError, ArtifactError, DeviceError, FlytuneError, TierMissError, within
 from .. import device as running_device
 from .. import warning
 from ..serving.kernel import must_hit
@@ -78,7 +78,7 @@ class Serving:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
-        miss = _tier_miss(exc)
+        miss = within(exc, TierMissError)
         if miss is not None and miss is not exc:  # Inductor wrapped it (InductorError: LoweringException: ...)
             raise miss from exc
 
@@ -444,18 +444,6 @@ def serve(kernels: tuple[str, ...] = (), dev: DeviceIdentity | None = None) -> S
             f"kernels are served"))
         gemm_winners = {}
     return Serving(shipped, dev, other, problems, [], gemm_winners, gemm_served=not lacking)
-
-
-def _tier_miss(exc: BaseException | None) -> TierMissError | None:
-    """The TierMissError a FLYTUNE_AUTOTUNE=strict serving raised inside a compile, where Inductor wrapped
-    it in errors of its own (`inner_exception`, or the exception it was raised from or while handling)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen and len(seen) < 32:
-        if isinstance(exc, TierMissError):
-            return exc
-        seen.add(id(exc))
-        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
-    return None
 
 
 def _shipped(kernels: tuple[str, ...], dev: DeviceIdentity
