@@ -28,8 +28,7 @@ class Seeded(Exception):
 
 
 class Hits:
-    """One adopted kernel's memo: hit key -> (config object, decision or None, its kwargs, the same after
-    `warmup=False`, pre_hook, tier)."""
+    """One adopted kernel's memo: hit key -> (config object, decision or None, its kwargs, pre_hook, tier)."""
 
     def __init__(self, tuner):
         self.tuner = tuner
@@ -52,9 +51,7 @@ class Hits:
             self.sized[0] = len(self.tuner.cache)
         try:
             if self.key.learn(args, kwargs):
-                meta = obj.all_kwargs()
-                self.memo[self.key(args, kwargs)] = (obj, d, meta, {"warmup": False, **meta},
-                                                     getattr(obj, "pre_hook", None), tier)
+                self.memo[self.key(args, kwargs)] = (obj, d, obj.all_kwargs(), getattr(obj, "pre_hook", None), tier)
         except (TypeError, IndexError, AttributeError, ValueError):
             return
 
@@ -69,11 +66,11 @@ def wrapped_run(adopted, original):
 
     def run(*args, grid=ABSENT, warmup=ABSENT, **kwargs):
         # `grid` and `warmup` apart: what Triton's launch (`kernel[grid](...)`) passes on every call, so the
-        # other keywords are usually none (0.36 -> 0.30 us over a ported hit, benchmarks/dispatch_overhead.py)
+        # parameter check is skipped where no other keyword came (+0.51 -> +0.45 us over a ported hit on the
+        # 2-core CPU, benchmarks/dispatch_overhead.py)
         try:  # `key`, inlined: the hot path
             k = positional[0](args)
-            obj, d, meta, plain, hook, tier = memo[named(k, kwargs) if kwargs and not parameters.isdisjoint(kwargs)
-                                                    else k]
+            obj, d, meta, hook, tier = memo[named(k, kwargs) if kwargs and not parameters.isdisjoint(kwargs) else k]
             # Triton's cache changed by hand (cleared to re-tune): decide again; a call that is not a launch's
             if len(cache) != sized[0] or warmup is ABSENT or grid is ABSENT:
                 raise KeyError
@@ -83,10 +80,7 @@ def wrapped_run(adopted, original):
         if hook is not None:
             hook({**dict(zip(tuner.arg_names, args)), **_keywords(grid, warmup, kwargs), **meta})
         try:
-            if warmup is False and not kwargs:  # a launch's call: its keywords merged once, when remembered
-                ret = launch(*args, grid=grid, **plain)
-            else:
-                ret = launch(*args, grid=grid, warmup=warmup, **kwargs, **meta)
+            ret = launch(*args, grid=grid, warmup=warmup, **kwargs, **meta)
         except Exception:
             return slow(args, _keywords(grid, warmup, kwargs))  # Triton's path says what failed, and which tier
         if d is None:

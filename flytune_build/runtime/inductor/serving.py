@@ -61,7 +61,6 @@ class Serving:
                  gemm_served: bool = False):
         self.shipped = shipped
         self.gemm = gemm_winners or {}          # GEMM lookup key -> the choice served (core.gemm)
-        self.gemm_table = {key: [w.entry] for key, w in self.gemm.items()}  # as Inductor's lookup table reads it
         self.gemm_served = gemm_served          # whether this torch serves GEMM choices (runtime.inductor.templates)
         self.device = device
         self.other_devices = other_devices

@@ -107,12 +107,8 @@ def serve(serving, here: list, original, handler, template_choices, kernel_input
     if low.shipped is not None:
         if low.served:
             return []
-        if low.shipped.entry.get("template_id") in offered:
-            table: dict = {}
-            for o in here:
-                for k, v in o.gemm_table.items():
-                    table.setdefault(k, v)
-            got = hooks.lookup_choices(table, kernel_inputs, templates, op_name)
+        if low.shipped.entry.get("template_id") in offered:  # the lowering's entry, as a one-key table
+            got = hooks.lookup_choices({key: [low.shipped.entry]}, kernel_inputs, templates, op_name)
             if got:
                 low.served = list(got)
                 low.made += got
