@@ -15,7 +15,8 @@ from flytune_build import Config
 from flytune_build.core import settings
 from flytune_build.runtime.searching import selection, session
 
-pytestmark = pytest.mark.skipif(not settings.current().interpret, reason="measured under TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.skipif(not settings.current().interpret, reason="measured under TRITON_INTERPRET=1"),
+              pytest.mark.timed]
 
 # Exact ties: within a BLOCK the three configs run the same interpreted code. Across BLOCKs the time
 # differs (a program per BLOCK elements), so the search must also tell real differences apart.

@@ -342,6 +342,7 @@ def winners(out: Path) -> dict[str, Config]:
     return {p.name: Artifact.load(p).config for p in sorted(out.glob("*.json"))}
 
 
+@pytest.mark.timed
 def test_two_cold_measured_tunes_agree_and_a_re_tune_keeps_every_winner(tmp_path):
     proj = project(tmp_path / "p")
     first, second = tmp_path / "first", tmp_path / "second"
