@@ -68,6 +68,9 @@ def main(n=100_000, rounds=9):
                       key=["N"], reset_to_zero=None, restore_value=None)
     ours = ft.autotune([Config({"BLOCK": b}, num_warps=w) for b, w in blocks], key=["x", "N"],
                        default=lambda a: Config({"BLOCK": 512}), name="bench.stub")(stub)
+    # the same port keyed on what Triton keys this stub's cache on: N and every tensor's dtype
+    keyed = ft.autotune([Config({"BLOCK": b}, num_warps=w) for b, w in blocks], key=["x", "w", "y", "N"],
+                        default=lambda a: Config({"BLOCK": 512}), name="bench.stub_keyed")(stub)
     x, w, y = torch.empty(4, 8), torch.empty(8), torch.empty(4, 8)
     args = (x, w, y, 8, 8, 1e-6)
     tuner.cache[(8, str(x.dtype), str(w.dtype), str(y.dtype))] = tuner.configs[3]
@@ -78,13 +81,15 @@ def main(n=100_000, rounds=9):
     assert ft.stats()["bench.adopted"]["calls"]["offline"] == 1
     launch = ours[grid]
     launch(*args)  # first call decides (heuristic tier); later calls are hits
+    keyed[grid](*args)
     full = dict(BLOCK=512, num_warps=4, num_stages=3, num_ctas=1, warmup=False)  # what a hit passes
-    res = {"triton": [], "adopted": [], "flytune": [], "bare": [], "bare_full": []}
+    res = {"triton": [], "adopted": [], "flytune": [], "keyed": [], "bare": [], "bare_full": []}
     for _ in range(rounds):
         # as `kernel[grid](...)` calls a triton.autotune's run (a ported kernel's launch passes the grid only)
         res["triton"].append(timed(lambda: tuner.run(*args, grid=grid, warmup=False), n))
         res["adopted"].append(timed(lambda: adopted.run(*args, grid=grid, warmup=False), n))
         res["flytune"].append(timed(lambda: ours.run(*args, grid=grid), n))
+        res["keyed"].append(timed(lambda: keyed.run(*args, grid=grid), n))
         res["bare"].append(timed(lambda: stub.run(*args, grid=grid, BLOCK=512, num_warps=4), n))
         res["bare_full"].append(timed(lambda: stub.run(*args, grid=grid, **full), n))
     med = {k: min(v) * 1e6 for k, v in res.items()}  # the least-disturbed round: the machine is shared
@@ -96,6 +101,8 @@ def main(n=100_000, rounds=9):
           f"{med['triton'] / med['adopted']:.1f}x it, {(med['triton'] - med['bare']) / (med['adopted'] - med['bare']):.1f}x "
           f"its overhead)")
     print(f"  flytune_build hit      {med['flytune']:.3f} us/call  overhead {med['flytune'] - med['bare']:.3f} us")
+    print(f"  flytune_build hit keyed as Triton keys (x, w, y dtypes and N)  {med['keyed']:.3f} us/call: the "
+          f"adopted hit is {med['adopted'] - med['keyed']:+.3f} us over it")
     print(f"  overhead ratio triton/flytune: {(med['triton'] - med['bare']) / (med['flytune'] - med['bare']):.1f}x")
     print(f"  bare launcher, full config kwargs  {med['bare_full']:.3f} us/call: flytune adds "
           f"{med['flytune'] - med['bare_full']:.3f} us over launching the same config by hand")

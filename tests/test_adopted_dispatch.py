@@ -161,3 +161,54 @@ def test_a_hit_passes_the_launch_and_the_pre_hook_what_tritons_run_passes(bundle
     fresh = torch.zeros(100)
     k.run(x, y, fresh, 100, grid=(4,), warmup=True)   # compiles, launches nothing
     assert torch.equal(fresh, torch.zeros(100)) and len(seen) == 4
+
+
+# -- Triton's cache changed by another hand: a hit always launches what the cache holds for its call ----------
+def test_a_config_put_over_a_cached_key_by_hand_is_what_the_next_hit_launches(bundled):
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    (key,) = list(k.cache)
+    k.cache[key] = k.configs[1]   # the same size: only the value changed
+    assert call(k, 100) == 32 and call(k, 100) == 32 and k.best_config is k.configs[1]
+
+
+def test_a_cache_put_in_the_autotuners_place_decides_again_and_is_watched_from_then_on(bundled, monkeypatch):
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    monkeypatch.delenv("FLYTUNE_ARTIFACT_DIR")
+    k.cache = {}   # another way to make Triton decide again
+    assert call(k, 100) == 64   # decided anew (the offline tier keeps its seeds), into the new cache
+    (key,) = list(k.cache)
+    k.cache[key] = k.configs[0]
+    assert call(k, 100) == 16 and call(k, 100) == 16
+
+
+def test_a_key_decided_for_another_call_leaves_the_remembered_hits(bundled):
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    memo = k.flytune_adopted.hits.memo
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    first = dict(memo)
+    assert call(k, 50) == 16 and call(k, 50) == 16   # a new key in Triton's cache: no key it held changed
+    assert len(memo) == 2 and all(memo[key] == entry for key, entry in first.items())
+
+
+def test_a_call_is_remembered_with_its_own_keys_config_whatever_another_call_set_best_config_to(bundled):
+    """`best_config` is one attribute for every caller: a call remembered by what it reads there after its
+    launch takes the config of any call made meanwhile (another thread's; here one made from the config's
+    pre_hook, which runs in that window, deterministically). Each key keeps its own config."""
+    nested = []
+
+    def hook(nargs):
+        if nargs["n"] == 100 and not nested:
+            nested.append(call(k, 50))   # another key's call sets best_config before this launch returns
+
+    k = make(pre_hook=hook)
+    adapter.adopt(k, name="hit.add")
+    call(k, 100)   # its outputs checked; `best_config` after it is the nested call's, as in Triton
+    assert nested == [16]
+    memo = k.flytune_adopted.hits.memo
+    assert {key[1]: entry[0].kwargs["BLOCK"] for key, entry in memo.items()} == {100: 64, 50: 16}
+    assert call(k, 100) == 64 and call(k, 50) == 16 and call(k, 100) == 64

@@ -3,7 +3,8 @@
 preamble, checks, fallback warnings, launch-or-fail and the FLYTUNE_AUTOTUNE rule are a ported
 kernel's.
 
-`adopt` installs three instance attributes on the Autotuner, leaving Triton's code as it is:
+`adopt` installs three instance attributes on the Autotuner and makes its `cache` a `hits.Cache` (Triton's
+dict, the same entries, which tells the hits memo of its changes), leaving Triton's code as it is:
 - `prune_configs`: Triton calls it exactly when a key misses its cache, about to search: the one
   place a key is decided, by the mode's tier order (`Kernel.decide`). Its tiers: offline (the
   call's artifact key, order-free: each tensor's dtype by parameter name, finds the best bundled
@@ -18,8 +19,8 @@ kernel's.
   is an `ArtifactExecutionError` naming the artifact, never Triton's bare error;
 - `warmup`: Triton's, marked so its pruning is not taken for a key's first call.
 
-The object Triton reports as `best_config` tells which decision served a call, with no key computed
-on the hot path. `reset` forgets what flytune put into Triton's cache: the next call decides again,
+The object Triton's cache holds under a call's key tells which decision served the call (a hit of
+flytune's memo remembered it; a call through Triton's `run` looks it up there). `reset` forgets what flytune put into Triton's cache: the next call decides again,
 under the settings of then, and the offline tier is read again first (so is it when the settings
 changed between `adopt` at import and the first call: `core.settings.settle`). An Autotuner whose
 cache is no dict is registered but not seeded (one warning): Triton's own tuning serves it.
@@ -48,6 +49,14 @@ from .triton_keys import artifact_key, call_key, optional_keys, seed_key
 TRITON_SEARCHES = object()  # the search tier's answer: Triton runs its own search for this call
 
 
+class Calls(threading.local):
+    """What a call of an adopted kernel is doing, per thread (a call on another thread, or one nested in
+    a hook, is another call)."""
+    retrying = None   # the Triton key a call retries after seeding it
+    pending = None    # the key of the search Triton runs for the call
+    warming = False   # inside Triton's `warmup`
+
+
 @dataclass
 class Seed:
     """A bundled artifact for one key, and the `triton.Config` object that serves it once made."""
@@ -68,12 +77,10 @@ class Adopted(Kernel):
         self.offline: dict[tuple, Seed] = {}   # artifact key (items, sorted) -> its best bundled artifact
         self.seeded: dict[int, Decision] = {}  # id(a triton.Config flytune put in Triton's cache) -> decision
         self.objects: list = []                # those objects, kept alive so their ids stay theirs
-        self.pending: dict | None = None       # the key of the search Triton is running for this call
         self.searching = triton_search.Patches(tuner)  # the timers that search runs with
-        self.local = threading.local()         # .retrying: this thread's `run` calls Triton again after seeding
+        self.local = Calls()
         self.hits = hits.Hits(tuner)           # the decided calls' hits, Triton's `run` skipped
         self._reseed = True
-        self.warming = False
         self.stale = False                     # the offline tier is read again before the next decision
         # a cache that is no dict (FlagGems' LibTuner keeps it in sqlite) cannot be seeded: Triton's own
         # tuning serves such a kernel, which is still registered and reported
@@ -104,6 +111,7 @@ class Adopted(Kernel):
         adopted = vars(tuner).get("flytune_adopted")
         if adopted is None:
             adopted = cls(public, tuner, name, validate)
+            adopted.hits.watch()
             tuner.run = adopted.wrap_run(tuner.run)
             tuner.prune_configs = adopted.wrap_prune(tuner.prune_configs)
             tuner.warmup = adopted.wrap_warmup(tuner.warmup)
@@ -125,31 +133,29 @@ class Adopted(Kernel):
         tuner = self.tuner
 
         def prune_configs(kwargs):
-            if self.warming or not self.seedable:
+            if self.local.warming or not self.seedable:
                 return original(kwargs)
             settings.settle()  # the process's first decision reads the environment once more
             if self.stale:  # the settings or the device changed since it was seeded (reset_stats, settle)
                 self.seed()
             key = artifact_key(tuner, tuner.nargs, kwargs)
+            triton_key = call_key(tuner, tuple(tuner.nargs.values()), kwargs)
             mode = settings.current().autotune if self.reseed else "search"
             chosen: list = []
             tiers = {"search": lambda: self.search(key)}
-            if not self._retrying():  # a retry that misses again: its key was decided, Triton searches
+            if self.local.retrying != triton_key:  # a retry that misses again: Triton searches
                 tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen)
                 tiers["first"] = lambda: self.first_config(key, original(kwargs), chosen)
             d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
             if d is TRITON_SEARCHES:
                 return original(kwargs)
-            tuner.cache[call_key(tuner, tuple(tuner.nargs.values()), kwargs)] = chosen[0]
-            raise hits.Seeded
+            tuner.cache[triton_key] = chosen[0]
+            raise hits.Seeded(triton_key)
         return prune_configs
-
-    def _retrying(self) -> bool:
-        return getattr(self.local, "retrying", False)
 
     def search(self, key: dict):
         """The search tier: Triton searches this call, with flytune's timers where it needs them."""
-        self.pending = key
+        self.local.pending = key
         self.tuner.bench_time = None  # Triton's benchmark() sets it; left None, its disk cache answered
         if self.reseed:  # `recording` has set the timers itself
             triton_search.timed_as_flytune(self.tuner, self.name, bench.ranking(), self.searching)
@@ -204,17 +210,17 @@ class Adopted(Kernel):
 
     def wrap_warmup(self, original):
         def warmup(*args, **kwargs):
-            self.warming = True
+            was, self.local.warming = self.local.warming, True
             try:
                 return original(*args, **kwargs)
             finally:
-                self.warming = False
+                self.local.warming = was
         return warmup
 
     def served(self, args: tuple, kwargs: dict) -> str | None:
         """A call Triton served itself: from its cache (the tier it is counted for, returned), or with the
         search it just ran for a new key (None)."""
-        key, self.pending = self.pending, None
+        key, self.local.pending = self.local.pending, None
         if key is None:
             tier = "scratch" if len(self.tuner.configs) > 1 else "heuristic"
             self._stats.served[tier] += 1
@@ -238,7 +244,7 @@ class Adopted(Kernel):
 
     def failure(self, args: tuple, kwargs: dict, e: Exception) -> Decision | None:
         """The decision of flytune's that served a failing call, else None (Triton's own: the error stands)."""
-        self.pending = None
+        self.local.pending = None
         self.searching.restore()
         if not self.seeded or isinstance(e, FlytuneError):
             return None
@@ -311,7 +317,7 @@ class Adopted(Kernel):
         """Forget decisions and counters (tests; after changing the environment); the offline tier is read
         again, under the settings and device of then, when the next key is decided."""
         self._stats = Stats()
-        self.pending = None
+        self.local.pending = None
         self.forget()
         self.stale = True
 

@@ -7,24 +7,73 @@ fine as Triton's (`key_of`); the next such call is a lookup in that memo, `best_
 config's pre_hook called with Triton's arguments, and the launch (`wrapped_run`), counted as Triton's
 path counts it. A miss, a search, strict mode and a failing launch take Triton's `run`, unchanged.
 
-Invariants: a hit launches the object Triton's cache held for that call when it was remembered; the
-memo is emptied whenever flytune changes Triton's cache (`Adopted.forget`), while `recording` searches,
-and when the cache's size changed by any other hand (a user clearing it to re-tune). A kernel whose
-Autotuner overrides `run`, keeps its cache in no dict or has one config is never remembered (`refused`
-says why: `stats()["dispatch"]`).
+Invariants: a hit launches the object Triton's cache holds for that call. Adoption makes the cache a
+`Cache`, a dict that empties the memo when a key it holds changes by any hand (overwritten with another
+config, deleted, cleared: a user re-tuning, `Adopted.forget`, `recording`); a key added leaves the memo
+as it is. A cache put in its place (`tuner.cache = {}`) is a miss, and watched from then on. A call is
+remembered with the config Triton's cache holds under the call's own Triton key, never `best_config`
+(which another thread's call may have set meanwhile), and only if no key changed since that call
+began (`Hits.generation`). A kernel whose Autotuner overrides `run`, keeps its cache in no dict (or a
+dict subclass of its own) or has one config is never remembered (`refused` says why:
+`stats()["dispatch"]`).
 """
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Callable
 
 from .. import events
+from .triton_keys import call_key
 
 MAX_HITS = 4096   # hit keys remembered per kernel (a key argument holding many values stops here)
 
 
 class Seeded(Exception):
-    """Raised through Triton's `run` by `prune_configs` once it has put the call's config in the cache."""
+    """Raised through Triton's `run` by `prune_configs` once it has put the call's config in the cache
+    under the call's Triton key (`key`), which the call's retry then finds."""
+
+    def __init__(self, key):
+        super().__init__(key)
+        self.key = key
+
+
+class Cache(dict):
+    """An adopted Autotuner's `cache`: Triton's dict, which tells `hits` when a key it holds changes (see
+    the module docstring); reads are the dict's own."""
+    __slots__ = ("hits",)
+
+    def __setitem__(self, key, value):
+        if dict.get(self, key, value) is not value:
+            self.hits.invalidate()
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key):
+        self.hits.invalidate()
+        dict.__delitem__(self, key)
+
+    def __ior__(self, other):
+        self.hits.invalidate()
+        return dict.__ior__(self, other)
+
+    def clear(self):
+        self.hits.invalidate()
+        dict.clear(self)
+
+    def pop(self, *args):
+        self.hits.invalidate()
+        return dict.pop(self, *args)
+
+    def popitem(self):
+        self.hits.invalidate()
+        return dict.popitem(self)
+
+    def update(self, *args, **kwargs):
+        self.hits.invalidate()
+        dict.update(self, *args, **kwargs)
+
+    def __reduce__(self):   # a copy or pickle of the cache is Triton's plain dict
+        return dict, (dict(self),)
 
 
 class Hits:
@@ -33,25 +82,47 @@ class Hits:
     def __init__(self, tuner):
         self.tuner = tuner
         self.memo: dict = {}
-        self.sized = [-1]                 # len(tuner.cache) when the memo was last added to
+        self.generation = 0               # how many times a key of Triton's cache changed
+        self.lock = threading.Lock()      # a change and a call remembered are never interleaved
         self.refused = refused(tuner)     # None: hits skip Triton's `run`; else why they cannot
         self.key = key_of(tuner)
         self.on = True                    # False while `recording`: every call takes Triton's `run`
 
-    def clear(self) -> None:
-        self.memo.clear()
+    def watch(self) -> None:
+        """Make the Autotuner's cache a `Cache` (the same entries) where it is Triton's plain dict."""
+        if self.refused is None and type(self.tuner.cache) is dict:
+            cache = Cache(self.tuner.cache)
+            cache.hits = self
+            self.tuner.cache = cache
+            self.invalidate()
 
-    def remember(self, args, kwargs, obj, d, tier) -> None:
-        """Remember a call Triton served from its cache, where this kernel's hits take that path, the call
-        can be keyed and the memo is not full."""
-        if self.refused is not None or not self.on or len(self.memo) >= MAX_HITS:
-            return
-        if len(self.tuner.cache) != self.sized[0]:
+    def invalidate(self) -> None:
+        with self.lock:
+            self.generation += 1
             self.memo.clear()
-            self.sized[0] = len(self.tuner.cache)
+
+    clear = invalidate
+
+    def served(self, args, kwargs):
+        """The config Triton's cache holds under this call's Triton key (None: not keyable, or none)."""
         try:
-            if self.key.learn(args, kwargs):
-                self.memo[self.key(args, kwargs)] = (obj, d, obj.all_kwargs(), getattr(obj, "pre_hook", None), tier)
+            return self.tuner.cache.get(call_key(self.tuner, args, kwargs))
+        except TypeError:
+            return None
+
+    def remember(self, args, kwargs, obj, d, tier, generation: int) -> None:
+        """Remember a call Triton served from its cache with `obj`, where this kernel's hits take that
+        path, the call can be keyed, no key of the cache changed since the call began (`generation`)
+        and the memo is not full."""
+        if obj is None or self.refused is not None or not self.on or len(self.memo) >= MAX_HITS:
+            return
+        try:
+            if not self.key.learn(args, kwargs):
+                return
+            entry = (obj, d, obj.all_kwargs(), getattr(obj, "pre_hook", None), tier)
+            with self.lock:
+                if generation == self.generation:
+                    self.memo[self.key(args, kwargs)] = entry
         except (TypeError, IndexError, AttributeError, ValueError):
             return
 
@@ -59,28 +130,32 @@ class Hits:
 def wrapped_run(adopted, original):
     """The adopted Autotuner's `run`: a hit of `adopted.hits`, else Triton's `original` run (`slow`), which
     decides, searches or serves as Triton does, its call remembered where it can be."""
-    tuner, seeded, local, memo = adopted.tuner, adopted.seeded, adopted.local, adopted.hits.memo
-    launch, key = tuner.fn.run, adopted.hits.key
+    tuner, seeded, local, hits = adopted.tuner, adopted.seeded, adopted.local, adopted.hits
+    memo, launch, key = hits.memo, tuner.fn.run, hits.key
     positional, parameters, named = key.positional, key.parameters, key.named
-    cache, sized = tuner.cache, adopted.hits.sized
+    cache = tuner.cache
 
-    def run(*args, grid=ABSENT, warmup=ABSENT, **kwargs):
+    def run(*args, grid, warmup=ABSENT, **kwargs):
         # `grid` and `warmup` apart: what Triton's launch (`kernel[grid](...)`) passes on every call, so the
-        # parameter check is skipped where no other keyword came (+0.51 -> +0.45 us over a ported hit on the
-        # 2-core CPU, benchmarks/dispatch_overhead.py)
+        # parameter check is skipped where no other keyword came (a call without `grid` is Python's
+        # TypeError, as Triton's launch raises it). Each test here costs 10-40 ns of a 1.3 us hit
+        # (benchmarks/dispatch_overhead.py): the cache tells of its changes (`Cache`), only a cache put in
+        # its place is looked for, and only `warmup=False`, a launch, is served here
         try:  # `key`, inlined: the hot path
-            k = positional[0](args)
-            obj, d, meta, hook, tier = memo[named(k, kwargs) if kwargs and not parameters.isdisjoint(kwargs) else k]
-            # Triton's cache changed by hand (cleared to re-tune): decide again; a call that is not a launch's
-            if len(cache) != sized[0] or warmup is ABSENT or grid is ABSENT:
+            if kwargs and not parameters.isdisjoint(kwargs):
+                obj, d, meta, hook, tier = memo[named(positional[0](args), kwargs)]
+            else:
+                obj, d, meta, hook, tier = memo[positional[0](args)]
+            if warmup is not False or tuner.cache is not cache:
                 raise KeyError
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):  # not decided, or not keyable
             return slow(args, _keywords(grid, warmup, kwargs))
         tuner.best_config = obj
         if hook is not None:
-            hook({**dict(zip(tuner.arg_names, args)), **_keywords(grid, warmup, kwargs), **meta})
+            hook({**dict(zip(tuner.arg_names, args)), "grid": grid, "warmup": False, **kwargs, **meta})
         try:
-            ret = launch(*args, grid=grid, warmup=warmup, **kwargs, **meta)
+            ret = launch(*args, grid=grid, warmup=False, **kwargs, **meta) if kwargs else \
+                launch(*args, grid=grid, warmup=False, **meta)
         except Exception:
             return slow(args, _keywords(grid, warmup, kwargs))  # Triton's path says what failed, and which tier
         if d is None:
@@ -90,20 +165,18 @@ def wrapped_run(adopted, original):
         return ret
 
     def slow(args, kwargs):
+        nonlocal cache
+        if tuner.cache is not cache:   # put in its place by another hand: watched from now on
+            hits.watch()
+            cache = tuner.cache
+        generation = hits.generation
         try:
-            try:
-                ret = original(*args, **kwargs)
-            except Seeded:  # `prune_configs` put this call's config in Triton's cache: a hit now
-                local.retrying = True
-                try:
-                    ret = original(*args, **kwargs)
-                finally:
-                    local.retrying = False
+            ret = _triton(original, local, args, kwargs)
         except Exception as e:
             adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
             return run(*args, **kwargs)  # decided again: the next tier serves
-        obj = tuner.best_config
-        d = seeded.get(id(obj))
+        obj = hits.served(args, kwargs)
+        d = seeded.get(id(tuner.best_config if obj is None else obj))
         tier = None
         if d is None:
             tier = adopted.served(args, kwargs)
@@ -112,9 +185,21 @@ def wrapped_run(adopted, original):
             if d.calls == 1:
                 events.announce(adopted.name, d)
         if d is not None or tier is not None:
-            adopted.hits.remember(args, kwargs, obj, d, tier)
+            hits.remember(args, kwargs, obj, d, tier, generation)
         return ret
     return run
+
+
+def _triton(original, local, args, kwargs):
+    """Triton's `run` of a call, once more where `prune_configs` seeded its key (a hit then)."""
+    try:
+        return original(*args, **kwargs)
+    except Seeded as retry:
+        was, local.retrying = local.retrying, retry.key   # a call nested in a hook is another call
+        try:
+            return original(*args, **kwargs)
+        finally:
+            local.retrying = was
 
 
 ABSENT = object()  # a keyword the call did not pass
@@ -122,10 +207,7 @@ ABSENT = object()  # a keyword the call did not pass
 
 def _keywords(grid, warmup, kwargs: dict) -> dict:
     """The call's keywords as it passed them."""
-    out = {} if grid is ABSENT else {"grid": grid}
-    if warmup is not ABSENT:
-        out["warmup"] = warmup
-    return {**out, **kwargs}
+    return {"grid": grid, **kwargs} if warmup is ABSENT else {"grid": grid, "warmup": warmup, **kwargs}
 
 
 def key_of(tuner):
@@ -209,6 +291,8 @@ def refused(tuner) -> str | None:
 
     if not isinstance(tuner.cache, dict):
         return f"its cache is a {type(tuner.cache).__name__}, not a dict"
+    if type(tuner.cache) not in (dict, Cache):
+        return f"its cache is a {type(tuner.cache).__name__}, a dict of its own whose changes flytune cannot watch"
     if type(tuner).run is not Autotuner.run:
         return f"{type(tuner).__name__} overrides Autotuner.run"
     if len(tuner.configs) <= 1:
