@@ -4,6 +4,7 @@ key's buckets need, the stand-ins whose specialization is the recorded one, and 
 Kernels run on the interpreter here: the JIT's own cache (GPU only) is exercised by
 benchmarks/warmup_inprocess.py on the H200; what decides it (the stand-ins, the binder's check) runs here.
 """
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -160,3 +161,103 @@ def _bind(jit, spec, config):
     bind = create_function_from_signature(jit.signature, jit.params, _backend())
     named = binder.stand_ins(spec, config, exclude=set(config.kwargs))
     return bind(**named, **config.launch_kwargs(), debug=False, instrumentation_mode="")
+
+
+# -- an adopted @triton.autotune kernel: its tuned keys go into its Autotuner's cache ahead ------------------
+ADOPTED = '''
+import triton
+import triton.language as tl
+import flytune_build.triton
+
+@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])
+@triton.jit
+def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+flytune_build.triton.adopt(add_kernel, name="adoptpkg.add")
+
+def add(x, y):
+    out = x.new_empty(x.shape)
+    n = x.numel()
+    add_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+    return out
+'''
+
+
+@pytest.fixture
+def adopted_site(tmp_path, monkeypatch):
+    """`adoptpkg`: an adopted kernel whose searches (recorded, synthetic ranking) were bundled by the build
+    pipeline, installed as a distribution on sys.path."""
+    import io
+
+    from buildkit import H200, pyproject
+
+    from flytune_build.core.artifact import Artifact
+
+    from flytune_build import pipeline
+    from flytune_build.pipeline import directory
+    from flytune_build.triton import recording
+
+    proj, site = tmp_path / "proj", tmp_path / "site"
+    (proj / "adoptpkg").mkdir(parents=True)
+    (proj / "pyproject.toml").write_text(pyproject().replace("fixpkg", "adoptpkg"))
+    (proj / "adoptpkg" / "__init__.py").write_text(ADOPTED)
+    shutil.copytree(proj / "adoptpkg", site / "adoptpkg")
+    sys.path.insert(0, str(site))
+    try:
+        import adoptpkg
+        with settings.override(ranking="synthetic"), recording(adoptpkg.add_kernel, "adoptpkg.add") as arts:
+            for n in (100, 256):
+                adoptpkg.add(torch.randn(n), torch.randn(n))
+    finally:
+        sys.path.remove(str(site))
+        for name in [m for m in sys.modules if m.split(".")[0] == "adoptpkg"]:
+            sys.modules.pop(name)
+    assert len(arts) == 2 and all("specialization" in a.provenance for a in arts)
+    for a in arts:   # the interpreter's, and the H200 the project targets too
+        a.save(proj / "artifacts")
+        Artifact(a.kernel, a.key, H200, a.config, a.provenance).save(proj / "artifacts")
+    directory.write(pipeline.run(proj, out=io.StringIO()), site / "adoptpkg")
+    info = site / "adoptpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: adoptpkg\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[flytune.bundles]\nadoptpkg = adoptpkg._flytune\n")
+    monkeypatch.syspath_prepend(str(site))
+    fresh_scratch(monkeypatch, tmp_path)
+    yield {a.key["n"]: a.config for a in arts}
+    for name in [m for m in sys.modules if m.split(".")[0] == "adoptpkg"]:
+        sys.modules.pop(name)
+
+
+def test_after_a_warmup_an_adopted_kernels_tuned_keys_are_in_its_autotuners_cache_before_any_call(adopted_site):
+    report = warmup.warmup("adoptpkg")
+    import adoptpkg
+
+    k = adoptpkg.add_kernel
+    assert report.ok and sum(u.primed for u in report.units) == 2, report.to_json()
+    assert {key[0]: c.kwargs["BLOCK"] for key, c in k.cache.items()} == \
+        {n: c.kwargs["BLOCK"] for n, c in adopted_site.items()}   # Triton's key: n, then each tensor's dtype
+    decided = {key[0]: c for key, c in k.cache.items()}
+    for n in (100, 256):
+        x, y = torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(adoptpkg.add(x, y), x + y)
+        assert k.best_config is decided[n]   # the object put there ahead: nothing decided at the call
+    assert {key[0]: c for key, c in k.cache.items()} == decided
+    s = ft.stats()["adoptpkg.add"]
+    assert s["calls"]["offline"] == 2 and s["calls"]["heuristic"] == 0 and s["searches"] == 0
+
+
+def test_a_warmup_under_flytune_autotune_search_leaves_an_adopted_kernels_keys_to_their_calls(adopted_site, monkeypatch):
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    settings.reload()
+    try:
+        report = warmup.warmup("adoptpkg")
+        import adoptpkg
+
+        assert sum(u.primed for u in report.units) == 0 and not adoptpkg.add_kernel.cache
+        assert any("chosen at its first call" in n for n in report.notes), report.notes
+    finally:
+        monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
+        settings.reload()

@@ -167,7 +167,7 @@ class Adopted(Kernel):
         if seed is None:
             return None
         if seed.obj is None:
-            seed.obj = self.pruned(seed, kwargs) if self.tuner.early_config_prune else \
+            seed.obj = _pruned(self, seed, kwargs) if self.tuner.early_config_prune else \
                 triton_config(self, seed.artifact.config)
             if seed.obj is None:
                 del self.offline[items]
@@ -188,25 +188,30 @@ class Adopted(Kernel):
         self.remember(obj, d)
         return d
 
+    def prime_key(self, key: dict) -> Decision | None:
+        """Decide an artifact key ahead (`flytune warmup`), by the mode's order from the offline tier alone:
+        its config goes into Triton's cache under the Triton key of a call passing the key's tensors in
+        parameter order (`seed_key`), so that call is a hit there. None, deciding nothing, where no artifact
+        serves the key, the mode would search it, the kernel prunes per call (`early_config_prune` sees the
+        call's tensors) or its searches are being recorded; a strict mode's miss raises."""
+        if not self.seedable or not self.reseed or self.tuner.early_config_prune:
+            return None
+        settings.settle()
+        if self.stale:
+            self.seed()
+        triton_key, chosen = seed_key(self.tuner, key), []
+        if triton_key in self.tuner.cache:  # decided already (a call, or an earlier warm-up)
+            return self.seeded.get(id(self.tuner.cache[triton_key]))
+        d = self.decide(settings.current().autotune, key,
+                        {"offline": lambda: self.from_offline(_items(key), {}, chosen)}, can_search=False)
+        if d is not None:
+            self.tuner.cache[triton_key] = chosen[0]
+        return d
+
     def remember(self, obj, d: Decision) -> None:
         self.seeded[id(obj)] = d
         self.objects.append(obj)
         self._stats.decisions.append(d)
-
-    def pruned(self, seed: Seed, kwargs: dict):
-        """The object serving an artifact of a kernel whose `early_config_prune` may attach pre_hooks: a
-        copy of the pruner's config with its data for this call, its pre_hook with it; a fresh one when
-        the pruner's configs carry no hook; None (with one warning) when they do and none is the
-        artifact's."""
-        tuner, config = self.tuner, seed.artifact.config
-        made = list(tuner.early_config_prune(tuner.configs, tuner.nargs, **kwargs))
-        match = next((c for c in made if Config.coerce(c) == config), None)
-        if match is None and any(getattr(c, "pre_hook", None) is not None for c in made):
-            self.fallback(f"artifact {seed.artifact.filename} ({seed.origin}) rejected: its config is none of the "
-                          f"configs early_config_prune makes for this call, which carry pre_hooks (a config "
-                          f"never launches without its hook)")
-            return None
-        return copy.copy(match) if match is not None else triton_config(self, config)
 
     def wrap_warmup(self, original):
         def warmup(*args, **kwargs):
@@ -340,6 +345,22 @@ def _usable(self: Adopted, here, idx: Index):
                 self.fallback(f"artifact {fname or getattr(art, 'filename', '?')} from {origin} rejected: {e.rule}")
                 continue
             yield serving.rank(order, level), art, level, origin, pack
+
+
+def _pruned(self: Adopted, seed: Seed, kwargs: dict):
+    """The object serving an artifact of a kernel whose `early_config_prune` may attach pre_hooks: a
+    copy of the pruner's config with its data for this call, its pre_hook with it; a fresh one when
+    the pruner's configs carry no hook; None (with one warning) when they do and none is the
+    artifact's."""
+    tuner, config = self.tuner, seed.artifact.config
+    made = list(tuner.early_config_prune(tuner.configs, tuner.nargs, **kwargs))
+    match = next((c for c in made if Config.coerce(c) == config), None)
+    if match is None and any(getattr(c, "pre_hook", None) is not None for c in made):
+        self.fallback(f"artifact {seed.artifact.filename} ({seed.origin}) rejected: its config is none of the "
+                      f"configs early_config_prune makes for this call, which carry pre_hooks (a config "
+                      f"never launches without its hook)")
+        return None
+    return copy.copy(match) if match is not None else triton_config(self, config)
 
 
 def triton_config(kernel: Adopted, config: Config):

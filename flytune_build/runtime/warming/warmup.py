@@ -11,8 +11,9 @@ later first call, in any process, finds them.
 With a GPU, the warm-up then readies this process (`Toolchain.load`): each compiled kernel, its
 launcher built and its module loaded onto the device, goes into its `@triton.jit` function's
 in-process cache under the key that function's own launch computes, and each tuned key of a
-`flytune_build.autotune` kernel is decided ahead (`Autotuned.prime`), so the first call of a tuned
-shape is a hit in both: it costs what a later call costs.
+`flytune_build.autotune` kernel is decided ahead (`Autotuned.prime`), as is each of an adopted
+`@triton.autotune` kernel's (`Adopted.prime_key`: its config put in the Autotuner's cache), so the first
+call of a tuned shape is a hit in both: it costs what a later call costs.
 
 Invariants (tests/test_warmup.py, tests/test_warmup_inprocess.py):
 - only modules under a bundle's own package (its manifest's `package`) are imported, and only for the
@@ -52,6 +53,7 @@ from ...core.config import Config
 from ...core.device import DeviceIdentity
 from ...core.errors import BundleError, FlytuneError, foreign_failure
 from .. import device, warning
+from ..serving import registry
 from . import binder, compiler
 from ..wrapping import chain
 
@@ -432,16 +434,22 @@ def variants(todo: list[tuple[Unit, object]]) -> list[tuple[Unit, object]]:
 
 
 def _prime(unit: Unit, notes: list[str]) -> None:
-    """Decide each of the unit's tuned keys ahead (`Autotuned.prime`), from stand-ins carrying the key's
-    values: that key's first call is a dict hit. Kernels without the seam (adopted ones) decide on their
-    first call, as before."""
+    """Decide each of the unit's tuned keys ahead, so that key's first call is a hit: a
+    `flytune_build.autotune` kernel's from stand-ins carrying the key's values (`Autotuned.prime`), an
+    adopted `@triton.autotune` kernel's from the key itself, its config put into the Autotuner's cache
+    (`Adopted.prime_key`)."""
     k = unit.tuned
-    if k is None:
+    adopted = registry.kernel(unit.kernel) if k is None else None
+    if k is None and not callable(getattr(adopted, "prime_key", None)):
         return
     for key in unit.keys:
         try:
-            named = binder.stand_ins(unit.spec, unit.config, key, exclude=set(k.tuned_kwargs) | _heuristic_names(k.fn))
-            if k.prime(**named) is None:
+            if k is None:
+                decided = adopted.prime_key(key)
+            else:
+                named = binder.stand_ins(unit.spec, unit.config, key, exclude=set(k.tuned_kwargs) | _heuristic_names(k.fn))
+                decided = k.prime(**named)
+            if decided is None:
                 notes.append(f"{unit.kernel} {key}: compiled, but its config is chosen at its first call, not "
                              f"now (choosing it needs the call's own tensors: the kernel prunes its configs per "
                              f"call, or the key is served from this machine's scratch cache)")
