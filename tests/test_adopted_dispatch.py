@@ -212,3 +212,18 @@ def test_a_call_is_remembered_with_its_own_keys_config_whatever_another_call_set
     memo = k.flytune_adopted.hits.memo
     assert {key[1]: entry[0].kwargs["BLOCK"] for key, entry in memo.items()} == {100: 64, 50: 16}
     assert call(k, 100) == 64 and call(k, 50) == 16 and call(k, 100) == 64
+
+
+def test_a_cache_of_another_kind_put_in_its_place_ends_the_hits_and_says_why(bundled):
+    import flytune_build as ft
+
+    class Logged(dict):
+        pass
+
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    k.cache = Logged({key: k.configs[1] for key in k.cache})   # changes flytune cannot watch
+    assert call(k, 100) == 32 and call(k, 100) == 32
+    assert not k.flytune_adopted.hits.memo
+    assert ft.stats()["hit.add"]["dispatch"] == "its cache is a Logged, a dict of its own whose changes flytune cannot watch"

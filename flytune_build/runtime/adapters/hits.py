@@ -89,12 +89,16 @@ class Hits:
         self.on = True                    # False while `recording`: every call takes Triton's `run`
 
     def watch(self) -> None:
-        """Make the Autotuner's cache a `Cache` (the same entries) where it is Triton's plain dict."""
-        if self.refused is None and type(self.tuner.cache) is dict:
-            cache = Cache(self.tuner.cache)
-            cache.hits = self
-            self.tuner.cache = cache
-            self.invalidate()
+        """Make the Autotuner's cache a `Cache` (the same entries) where it is Triton's plain dict; where
+        another kind was put in its place, no call is a hit from then on (`refused` says why)."""
+        cache = self.tuner.cache
+        if self.refused is None and type(cache) is dict:
+            watched = Cache(cache)
+            watched.hits = self
+            self.tuner.cache = watched
+        elif self.refused is None and type(cache) is not Cache:
+            self.refused = refused(self.tuner)
+        self.invalidate()
 
     def invalidate(self) -> None:
         with self.lock:

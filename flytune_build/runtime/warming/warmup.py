@@ -53,7 +53,6 @@ from ...core.config import Config
 from ...core.device import DeviceIdentity
 from ...core.errors import BundleError, FlytuneError, foreign_failure
 from .. import device, warning
-from ..serving import registry
 from . import binder, compiler
 from ..wrapping import chain
 
@@ -80,7 +79,7 @@ class Unit:
     loaded: bool = False         # ready in this process's JIT cache (launcher built, module loaded)
     load_seconds: float = 0.0
     primed: int = 0              # tuned keys decided ahead: their first call is a hit
-    tuned: Any = field(default=None, repr=False, compare=False)  # the @autotune kernel (None: adopted)
+    tuned: Any = field(default=None, repr=False, compare=False)  # the @autotune kernel, or an adopted one's Adopted
 
     def to_json(self) -> dict:
         return {"kernel": self.kernel, "origin": self.origin, "config": self.config.to_json(), "keys": self.keys,
@@ -393,12 +392,16 @@ def _resolve(unit: Unit):
 
 
 def _tuned(unit: Unit, path: str, module_object):
-    """The `flytune_build.autotune` kernel named `unit.kernel` that the recorded attribute is or wraps
-    (through `@triton.heuristics`); None for an adopted `@triton.autotune` kernel."""
+    """The tuned kernel named `unit.kernel` that the recorded attribute is or wraps (through
+    `@triton.heuristics`): a `flytune_build.autotune` kernel, or an adopted `@triton.autotune` kernel's
+    `Adopted` (on its Autotuner); None where the attribute is the @triton.jit function itself."""
     obj = module_object
     for part in spec_format.IMPORT_PATH.fullmatch(path)["qualname"].split("."):
         obj = getattr(obj, part, None)
     for o in chain(obj):
+        adopted = vars(o).get("flytune_adopted") if hasattr(o, "__dict__") else None
+        if getattr(adopted, "name", None) == unit.kernel:
+            return adopted
         if binder.is_jit(o):
             return None
         if getattr(o, "name", None) == unit.kernel and callable(getattr(o, "prime", None)):
@@ -439,13 +442,12 @@ def _prime(unit: Unit, notes: list[str]) -> None:
     adopted `@triton.autotune` kernel's from the key itself, its config put into the Autotuner's cache
     (`Adopted.prime_key`)."""
     k = unit.tuned
-    adopted = registry.kernel(unit.kernel) if k is None else None
-    if k is None and not callable(getattr(adopted, "prime_key", None)):
+    if k is None:
         return
     for key in unit.keys:
         try:
-            if k is None:
-                decided = adopted.prime_key(key)
+            if hasattr(k, "prime_key"):
+                decided = k.prime_key(key)
             else:
                 named = binder.stand_ins(unit.spec, unit.config, key, exclude=set(k.tuned_kwargs) | _heuristic_names(k.fn))
                 decided = k.prime(**named)
