@@ -124,6 +124,44 @@ def test_two_forked_workers_and_their_parent_each_count_their_own(tmp_path):
     assert rows(path) == {100: (5 + 2 * 3, 1)}
 
 
+WRITER_IMPORTS = """
+import sys, threading, time, torch
+sys.path.insert(0, sys.argv[2])
+from kernels import make_add
+from flytune_build import Config
+from flytune_build.core import misses as misses_file
+
+seen = []
+sys.addaudithook(lambda event, args: seen.append((threading.current_thread().name, args[0]))
+                 if event == "import" else None)
+k = make_add("t.writer.add", default=lambda a: Config({"BLOCK": 32}))
+for n in (100, 7, 300):   # three decisions, three wakes of the writer thread
+    x = torch.randn(n); out = torch.empty_like(x)
+    k[lambda m: ((n + m["BLOCK"] - 1) // m["BLOCK"],)](x, x, out, n)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+            m.key["n"] == n for m in misses_file.misses(misses_file.load(misses_file.real(sys.argv[1])))):
+        time.sleep(0.02)
+print(sorted({name for thread, name in seen if thread == "flytune-misses"}))
+"""
+
+
+def test_the_writer_thread_imports_nothing_a_forked_child_could_wait_for(tmp_path):
+    """A fork made while another thread imports a module leaves the child waiting forever on that module's
+    import lock, whose holder is not in the child (a forked worker's exit flush hung so, importing filelock
+    the parent's writer thread was importing). The writer thread imports nothing: every import it would
+    make is seen here (an audit hook names the importing thread)."""
+    path = tmp_path / "misses.json"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER_IMPORTS)
+    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_MISSES=path, FLYTUNE_CACHE_DIR=tmp_path / "c")
+    r = subprocess.run([sys.executable, str(script), str(path), str(ROOT / "tests")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+    assert rows(path) == {100: (1, 1), 7: (1, 1), 300: (1, 1)}
+
+
 def test_a_process_flushing_twice_counts_each_call_and_decision_once(tmp_path, monkeypatch):
     from flytune_build.runtime.serving import misses
 

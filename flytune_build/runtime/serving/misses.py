@@ -20,6 +20,9 @@ Invariants:
   `flush`, never in a kernel call.
 - Recording never fails a kernel call: a FILE that cannot be written or a lock held too long is one
   warning per FILE (runtime.warning), and the misses stay in memory for the next write.
+- The writer thread imports nothing: what a write needs is imported with this module. A fork made while
+  another thread imports a module leaves the child waiting forever on that module's import lock (its
+  holder does not exist there), and a server forks its workers while this thread may be writing.
 
 State: `_pending` (one `Log`) is this process's: its recorded decisions, each with the calls and the
 decision already counted, the keys it saw dropped, whether a lock wait timed out, its writer thread.
@@ -37,6 +40,8 @@ import threading
 from dataclasses import dataclass, field
 from multiprocessing import util as multiprocessing_util  # loaded with torch already
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from ...core import codec, settings
 from ...core import misses as misses_file
@@ -175,8 +180,6 @@ def _write(log: Log) -> None:
 def _update(log: Log, path: str, rows: dict) -> bool:
     """Add `rows` to FILE (`path`: its real path) under its lock, all or none; a key that no longer fits
     is remembered in `log.dropped` (counted once: never offered again). False where nothing was written."""
-    from filelock import FileLock, Timeout
-
     fresh = [ident for ident in rows if (path, ident) not in log.dropped]
     if not fresh:
         return True
