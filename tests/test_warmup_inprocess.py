@@ -186,8 +186,16 @@ def add(x, y):
 '''
 
 
-@pytest.fixture
-def adopted_site(tmp_path, monkeypatch):
+# the same kernel as libraries often write it: the @triton.jit function apart, wrapped later (the recorded
+# specialization names `_add`, not the Autotuner's attribute)
+WRAPPED_LATER = ADOPTED.replace('@triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], '
+                                'key=["n"])\n@triton.jit\ndef add_kernel(', '@triton.jit\ndef _add(').replace(
+    'flytune_build.triton.adopt(', 'add_kernel = triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) '
+    'for b in (16, 32, 64)], key=["n"])(_add)\nflytune_build.triton.adopt(')
+
+
+@pytest.fixture(params=["decorated", "wrapped later"])
+def adopted_site(tmp_path, monkeypatch, request):
     """`adoptpkg`: an adopted kernel whose searches (recorded, synthetic ranking) were bundled by the build
     pipeline, installed as a distribution on sys.path."""
     import io
@@ -203,7 +211,9 @@ def adopted_site(tmp_path, monkeypatch):
     proj, site = tmp_path / "proj", tmp_path / "site"
     (proj / "adoptpkg").mkdir(parents=True)
     (proj / "pyproject.toml").write_text(pyproject().replace("fixpkg", "adoptpkg"))
-    (proj / "adoptpkg" / "__init__.py").write_text(ADOPTED)
+    source = ADOPTED if request.param == "decorated" else WRAPPED_LATER
+    assert ("key=[\"n\"])(_add)" in source) == (request.param == "wrapped later")
+    (proj / "adoptpkg" / "__init__.py").write_text(source)
     shutil.copytree(proj / "adoptpkg", site / "adoptpkg")
     sys.path.insert(0, str(site))
     try:

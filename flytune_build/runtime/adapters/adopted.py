@@ -122,7 +122,7 @@ class Adopted(Kernel):
                 registry.unregister(adopted)
                 adopted.name = name
                 adopted.binding = dataclasses.replace(adopted.binding, kernel=name)
-        registry.register(adopted)
+        adopted.enroll()
         return adopted
 
     def wrap_run(self, original):

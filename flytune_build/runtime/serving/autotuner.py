@@ -97,7 +97,7 @@ class Autotuned(Kernel):
         self._index = None
         self._scratch = ScratchCache(self.name)
         self.run = self._hot_path()
-        registry.register(self)
+        self.enroll()
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)

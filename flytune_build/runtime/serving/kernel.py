@@ -36,9 +36,10 @@ from ...core import settings
 from ...core.artifact import kernel_name
 from ...core.codec import Fields
 from ...core.config import Config, space_hash
-from ...core.errors import ArtifactExecutionError, DeclarationError, FlytuneError
+from ...core.errors import ArtifactExecutionError, DeclarationError, FlytuneError, SettingsError
 from .. import callbacks, device, warning
 from ..binding import Binding
+from . import registry
 from .decision import Decision, Stats, failure, miss, unbundled
 
 ORDER = {
@@ -106,6 +107,20 @@ class Kernel:
                                **binding)
         self.space_hash = space_hash(self.configs)
         self._stats = Stats()
+
+    def enroll(self) -> None:
+        """Register this kernel (`registry.register`). With FLYTUNE_WARMUP=background, the first kernel an
+        installed bundle lists starts that bundle's warm-up on a daemon thread (`warmup.on_register`), once
+        per bundle: importing a tuned package is enough."""
+        registry.register(self)
+        try:
+            background = settings.current().warmup == "background"
+        except SettingsError:  # a bad FLYTUNE_* value: the kernel's first call says which, as without a warm-up
+            return
+        if background:
+            from ..warming import warmup
+
+            warmup.on_register(self.name)
 
     def decide(self, mode: str, key: dict, tiers: Mapping[str, Tier], can_search: bool = True) -> Decision | None:
         """The decision of the first tier of `mode`'s order that answers (`tiers`: what this kernel has,

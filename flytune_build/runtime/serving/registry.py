@@ -6,16 +6,12 @@ A registered kernel has `name`, `validate` (None or `validate(key)`), `arg_names
 `check_key(key, file)` and `check_binds(config, caller, what, file)` (raise an `ArtifactError` naming
 the rule an artifact breaks) and `forcing(config)` (a context in which every call launches `config`).
 
-With FLYTUNE_WARMUP=background, registering a kernel that an installed bundle lists starts that
-bundle's warm-up on a daemon thread (`runtime.warming.warmup.on_register`), once per bundle: every kernel,
-ported or adopted, registers here, so importing a tuned package is enough.
+Every kernel, ported or adopted, registers here through `Kernel.enroll`, which with
+FLYTUNE_WARMUP=background also starts the warm-up of the bundle that lists it.
 """
 from __future__ import annotations
 
 from typing import Any
-
-from ...core import settings
-from ...core.errors import SettingsError
 
 _kernels: dict[str, Any] = {}
 
@@ -23,14 +19,6 @@ _kernels: dict[str, Any] = {}
 def register(kernel: Any) -> None:
     """Register `kernel` under its name (a later kernel of the same name replaces it)."""
     _kernels[kernel.name] = kernel
-    try:
-        background = settings.current().warmup == "background"
-    except SettingsError:  # a bad FLYTUNE_* value: the kernel's first call says which, as without a warm-up
-        return
-    if background:
-        from ..warming import warmup
-
-        warmup.on_register(kernel.name)
 
 
 def unregister(kernel: Any) -> None:

@@ -53,6 +53,7 @@ from ...core.config import Config
 from ...core.device import DeviceIdentity
 from ...core.errors import BundleError, FlytuneError, foreign_failure
 from .. import device, warning
+from ..serving import registry
 from . import binder, compiler
 from ..wrapping import chain
 
@@ -177,7 +178,7 @@ def _current_cuda_device() -> int | None:
 
 class Auto(threading.Thread):
     """FLYTUNE_WARMUP=background: the warm-up of each installed bundle that lists a kernel registered in
-    this process, started by that kernel's registration (`registry.register`), once per bundle."""
+    this process, started by that kernel's registration (`Kernel.enroll`), once per bundle."""
 
     def __init__(self):
         super().__init__(name="flytune-warmup-auto", daemon=True)
@@ -243,7 +244,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def on_register(name: str) -> None:
-    """`registry.register`'s hook under FLYTUNE_WARMUP=background: warm the bundle listing `name`."""
+    """`Kernel.enroll`'s hook under FLYTUNE_WARMUP=background: warm the bundle listing `name`."""
     global _auto
     with _auto_lock:
         if _auto is None:
@@ -380,7 +381,7 @@ def _resolve(unit: Unit):
         module_object = importlib.import_module(module)
         jit = binder.resolve(path, module_object)
         binder.compile_inputs(unit.spec, jit, unit.config)  # the kernel as it is now must fit
-        unit.tuned = _tuned(unit, path, module_object)
+        unit.tuned = _tuned(unit, jit)
         return jit
     except binder.Mismatch as e:
         unit.status, unit.note = "skipped", str(e)
@@ -391,22 +392,13 @@ def _resolve(unit: Unit):
     return None
 
 
-def _tuned(unit: Unit, path: str, module_object):
-    """The tuned kernel named `unit.kernel` that the recorded attribute is or wraps (through
-    `@triton.heuristics`): a `flytune_build.autotune` kernel, or an adopted `@triton.autotune` kernel's
-    `Adopted` (on its Autotuner); None where the attribute is the @triton.jit function itself."""
-    obj = module_object
-    for part in spec_format.IMPORT_PATH.fullmatch(path)["qualname"].split("."):
-        obj = getattr(obj, part, None)
-    for o in chain(obj):
-        adopted = vars(o).get("flytune_adopted") if hasattr(o, "__dict__") else None
-        if getattr(adopted, "name", None) == unit.kernel:
-            return adopted
-        if binder.is_jit(o):
-            return None
-        if getattr(o, "name", None) == unit.kernel and callable(getattr(o, "prime", None)):
-            return o
-    return None
+def _tuned(unit: Unit, jit):
+    """The registered kernel named `unit.kernel` whose launch reaches `jit` (through `@triton.heuristics`
+    and an Autotuner): a `flytune_build.autotune` kernel, or an adopted `@triton.autotune` kernel's
+    `Adopted`, whichever attribute the recorded path names; None where none does."""
+    k = registry.kernel(unit.kernel)
+    launched = getattr(k, "tuner", None) or getattr(k, "fn", None)
+    return k if k is not None and any(o is jit for o in chain(launched)) else None
 
 
 def variants(todo: list[tuple[Unit, object]]) -> list[tuple[Unit, object]]:
