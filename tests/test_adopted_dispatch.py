@@ -173,16 +173,46 @@ def test_a_config_put_over_a_cached_key_by_hand_is_what_the_next_hit_launches(bu
     assert call(k, 100) == 32 and call(k, 100) == 32 and k.best_config is k.configs[1]
 
 
-def test_a_cache_put_in_the_autotuners_place_decides_again_and_is_watched_from_then_on(bundled, monkeypatch):
+def test_a_cache_put_in_the_autotuners_place_is_triton_s_to_read_from_then_on(bundled, monkeypatch):
+    """A dict put in the Autotuner's place by hand tells the memo nothing: every later call takes Triton's
+    `run`, which reads that very dict (a change to it is the next launch), and stats say why."""
+    import flytune_build as ft
+
     k = make()
     adapter.adopt(k, name="hit.add")
     assert call(k, 100) == 64 and call(k, 100) == 64
     monkeypatch.delenv("FLYTUNE_ARTIFACT_DIR")
-    k.cache = {}   # another way to make Triton decide again
-    assert call(k, 100) == 64   # decided anew (the offline tier keeps its seeds), into the new cache
-    (key,) = list(k.cache)
-    k.cache[key] = k.configs[0]
-    assert call(k, 100) == 16 and call(k, 100) == 16
+    mine = {}
+    k.cache = mine   # another way to make Triton decide again
+    assert call(k, 100) == 64 and k.cache is mine   # decided anew (the offline tier keeps its seeds), into it
+    (key,) = list(mine)
+    mine[key] = k.configs[0]
+    assert call(k, 100) == 16 and call(k, 100) == 16 and not k.flytune_adopted.hits.memo
+    assert ft.stats()["hit.add"]["dispatch"] == "its cache was replaced by hand after adoption"
+
+
+def test_two_adopted_kernels_sharing_one_cache_each_launch_what_it_holds(bundled):
+    one, two = make(), make()
+    adapter.adopt(one, name="hit.one")
+    adapter.adopt(two, name="hit.two")
+    assert call(one, 100) == 16 and call(two, 100) == 16 and call(two, 100) == 16   # nothing bundled: the first
+    two.cache = one.cache   # the first kernel's watched cache: it tells only the first kernel's memo
+    (key,) = list(one.cache)
+    two.cache[key] = two.configs[1]
+    assert call(two, 100) == 32 and call(one, 100) == 32 and call(two, 100) == 32
+
+
+def test_forcing_a_config_launches_it_whatever_the_memo_or_the_cache_holds(bundled):
+    """`verify --execute` forces one config (Triton then launches it reading no cache): neither a
+    remembered hit nor a key in Triton's cache (a call's, a warm-up's) launches another one."""
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    adopted = k.flytune_adopted
+    assert call(k, 100) == 64 and call(k, 100) == 64 and adopted.hits.memo
+    for _ in range(2):
+        with adopted.forcing(Config({"BLOCK": 16}, num_warps=1)):
+            assert call(k, 100) == 16 and call(k, 100) == 16
+        assert call(k, 100) == 64 and call(k, 100) == 64
 
 
 def test_a_key_decided_for_another_call_leaves_the_remembered_hits(bundled):
@@ -227,3 +257,17 @@ def test_a_cache_of_another_kind_put_in_its_place_ends_the_hits_and_says_why(bun
     assert call(k, 100) == 32 and call(k, 100) == 32
     assert not k.flytune_adopted.hits.memo
     assert ft.stats()["hit.add"]["dispatch"] == "its cache is a Logged, a dict of its own whose changes flytune cannot watch"
+
+
+def test_a_kernel_of_one_config_is_not_decided_ahead_as_triton_reads_no_cache_for_it(bundled):
+    @triton.autotune(configs=[triton.Config({"BLOCK": 16}, num_warps=1)], key=["n"])
+    @triton.jit
+    def add(x, y, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+    adapter.adopt(add, name="hit.add")
+    key = {"n": 100, "x": "float32", "y": "float32", "out": "float32"}   # bundled (BLOCK 64)
+    assert add.flytune_adopted.prime_key(key) is None and not add.cache
+    assert call(add, 100) == 16

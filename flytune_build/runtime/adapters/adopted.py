@@ -194,8 +194,8 @@ class Adopted(Kernel):
         parameter order (`seed_key`), so that call is a hit there. None, deciding nothing, where no artifact
         serves the key, the mode would search it, the kernel prunes per call (`early_config_prune` sees the
         call's tensors) or its searches are being recorded; a strict mode's miss raises."""
-        if not self.seedable or not self.reseed or self.tuner.early_config_prune:
-            return None
+        if not self.seedable or not self.reseed or self.tuner.early_config_prune or len(self.tuner.configs) <= 1:
+            return None   # (one config: Triton launches it reading no cache)
         settings.settle()
         if self.stale:
             self.seed()
@@ -308,12 +308,15 @@ class Adopted(Kernel):
     def forcing(self, config):
         """A context in which every call launches `config` (verify --execute): Triton's own path for a
         kernel with one config, which launches it with its pre_hook and consults no cache."""
-        saved = self.tuner.configs
+        saved, hits_on = self.tuner.configs, self.hits.on
         self.tuner.configs = [triton_config(self, Config.coerce(config))]
+        self.hits.on = False
+        self.hits.invalidate()
         try:
             yield
         finally:
-            self.tuner.configs = saved
+            self.tuner.configs, self.hits.on = saved, hits_on
+            self.hits.invalidate()
 
     def rediscover(self) -> None:
         self.stale = True

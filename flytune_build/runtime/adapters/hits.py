@@ -10,7 +10,9 @@ path counts it. A miss, a search, strict mode and a failing launch take Triton's
 Invariants: a hit launches the object Triton's cache holds for that call. Adoption makes the cache a
 `Cache`, a dict that empties the memo when a key it holds changes by any hand (overwritten with another
 config, deleted, cleared: a user re-tuning, `Adopted.forget`, `recording`); a key added leaves the memo
-as it is. A cache put in its place (`tuner.cache = {}`) is a miss, and watched from then on. A call is
+as it is. A cache put in its place later (`tuner.cache = {}`, another kernel's) tells nothing: from then
+on every call takes Triton's `run` (`stats()["dispatch"]` says why). While `forcing` narrows the
+configs to one (Triton then reads no cache) every call takes Triton's `run` too. A call is
 remembered with the config Triton's cache holds under the call's own Triton key, never `best_config`
 (which another thread's call may have set meanwhile), and only if no key changed since that call
 began (`Hits.generation`). A kernel whose Autotuner overrides `run`, keeps its cache in no dict (or a
@@ -19,8 +21,8 @@ dict subclass of its own) or has one config is never remembered (`refused` says 
 """
 from __future__ import annotations
 
+import itertools
 import operator
-import threading
 from collections.abc import Callable
 
 from .. import events
@@ -82,28 +84,32 @@ class Hits:
     def __init__(self, tuner):
         self.tuner = tuner
         self.memo: dict = {}
-        self.generation = 0               # how many times a key of Triton's cache changed
-        self.lock = threading.Lock()      # a change and a call remembered are never interleaved
+        self._changes = itertools.count()  # next() is one step under the GIL: no lock a fork could inherit held
+        self.generation = next(self._changes)  # changes so far to a key of Triton's cache
         self.refused = refused(tuner)     # None: hits skip Triton's `run`; else why they cannot
         self.key = key_of(tuner)
-        self.on = True                    # False while `recording`: every call takes Triton's `run`
+        self.on = True                    # False while `recording` or `forcing`: every call takes Triton's `run`
 
     def watch(self) -> None:
-        """Make the Autotuner's cache a `Cache` (the same entries) where it is Triton's plain dict; where
-        another kind was put in its place, no call is a hit from then on (`refused` says why)."""
-        cache = self.tuner.cache
-        if self.refused is None and type(cache) is dict:
-            watched = Cache(cache)
+        """At adoption: make the Autotuner's cache a `Cache` (a copy of Triton's plain dict, the same
+        entries) telling this memo of its changes."""
+        if self.refused is None and type(self.tuner.cache) is dict:
+            watched = Cache(self.tuner.cache)
             watched.hits = self
             self.tuner.cache = watched
-        elif self.refused is None and type(cache) is not Cache:
-            self.refused = refused(self.tuner)
+        self.invalidate()
+
+    def replaced(self) -> None:
+        """A cache put in the Autotuner's place by another hand (`tuner.cache = {}`, another kernel's):
+        its changes are not told here, so no call is a hit from then on (`refused` says why)."""
+        cache = self.tuner.cache
+        if self.refused is None and not (type(cache) is Cache and cache.hits is self):
+            self.refused = refused(self.tuner) or "its cache was replaced by hand after adoption"
         self.invalidate()
 
     def invalidate(self) -> None:
-        with self.lock:
-            self.generation += 1
-            self.memo.clear()
+        self.generation = next(self._changes)
+        self.memo.clear()
 
     clear = invalidate
 
@@ -117,18 +123,20 @@ class Hits:
     def remember(self, args, kwargs, obj, d, tier, generation: int) -> None:
         """Remember a call Triton served from its cache with `obj`, where this kernel's hits take that
         path, the call can be keyed, no key of the cache changed since the call began (`generation`)
-        and the memo is not full."""
+        and the memo is not full. No lock: the entry is set, then taken out again if a change came
+        meanwhile (a change after the check empties the memo itself)."""
         if obj is None or self.refused is not None or not self.on or len(self.memo) >= MAX_HITS:
             return
         try:
             if not self.key.learn(args, kwargs):
                 return
-            entry = (obj, d, obj.all_kwargs(), getattr(obj, "pre_hook", None), tier)
-            with self.lock:
-                if generation == self.generation:
-                    self.memo[self.key(args, kwargs)] = entry
+            key, entry = self.key(args, kwargs), (obj, d, obj.all_kwargs(), getattr(obj, "pre_hook", None), tier)
         except (TypeError, IndexError, AttributeError, ValueError):
             return
+        if generation == self.generation:
+            self.memo[key] = entry
+            if generation != self.generation:
+                self.memo.pop(key, None)
 
 
 def wrapped_run(adopted, original):
@@ -170,8 +178,8 @@ def wrapped_run(adopted, original):
 
     def slow(args, kwargs):
         nonlocal cache
-        if tuner.cache is not cache:   # put in its place by another hand: watched from now on
-            hits.watch()
+        if tuner.cache is not cache:   # put in its place by another hand: no hit from now on
+            hits.replaced()
             cache = tuner.cache
         generation = hits.generation
         try:
@@ -179,7 +187,7 @@ def wrapped_run(adopted, original):
         except Exception as e:
             adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
             return run(*args, **kwargs)  # decided again: the next tier serves
-        obj = hits.served(args, kwargs)
+        obj = hits.served(args, kwargs) if len(tuner.configs) > 1 else None   # one config: no cache read
         d = seeded.get(id(tuner.best_config if obj is None else obj))
         tier = None
         if d is None:
