@@ -309,8 +309,7 @@ class Adopted(Kernel):
         """A context in which every call launches `config` (verify --execute): Triton's own path for a
         kernel with one config, which launches it with its pre_hook and consults no cache."""
         saved, hits_on = self.tuner.configs, self.hits.on
-        self.tuner.configs = [triton_config(self, Config.coerce(config))]
-        self.hits.on = False
+        self.tuner.configs, self.hits.on = [triton_config(self, Config.coerce(config))], False
         self.hits.invalidate()
         try:
             yield
