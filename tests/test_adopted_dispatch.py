@@ -256,7 +256,8 @@ def test_a_cache_of_another_kind_put_in_its_place_ends_the_hits_and_says_why(bun
     k.cache = Logged({key: k.configs[1] for key in k.cache})   # changes flytune cannot watch
     assert call(k, 100) == 32 and call(k, 100) == 32
     assert not k.flytune_adopted.hits.memo
-    assert ft.stats()["hit.add"]["dispatch"] == "its cache is a Logged, a dict of its own whose changes flytune cannot watch"
+    assert ft.stats()["hit.add"]["dispatch"] == \
+        "its cache is a Logged, a dict of its own whose changes flytune cannot watch"
 
 
 def test_a_kernel_of_one_config_is_not_decided_ahead_as_triton_reads_no_cache_for_it(bundled):

@@ -20,9 +20,10 @@ dict, the same entries, which tells the hits memo of its changes), leaving Trito
 - `warmup`: Triton's, marked so its pruning is not taken for a key's first call.
 
 The object Triton's cache holds under a call's key tells which decision served the call (a hit of
-flytune's memo remembered it; a call through Triton's `run` looks it up there). `reset` forgets what flytune put into Triton's cache: the next call decides again,
-under the settings of then, and the offline tier is read again first (so is it when the settings
-changed between `adopt` at import and the first call: `core.settings.settle`). An Autotuner whose
+flytune's memo remembered it; a call through Triton's `run` looks it up there). `reset` forgets what
+flytune put into Triton's cache: the next call decides again, under the settings of then, and the
+offline tier is read again first (so is it when the settings changed between `adopt` at import and the
+first call: `core.settings.settle`). An Autotuner whose
 cache is no dict is registered but not seeded (one warning): Triton's own tuning serves it.
 """
 from __future__ import annotations

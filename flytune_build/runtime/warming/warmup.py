@@ -441,8 +441,8 @@ def _prime(unit: Unit, notes: list[str]) -> None:
             if hasattr(k, "prime_key"):
                 decided = k.prime_key(key)
             else:
-                named = binder.stand_ins(unit.spec, unit.config, key, exclude=set(k.tuned_kwargs) | _heuristic_names(k.fn))
-                decided = k.prime(**named)
+                exclude = set(k.tuned_kwargs) | _heuristic_names(k.fn)
+                decided = k.prime(**binder.stand_ins(unit.spec, unit.config, key, exclude=exclude))
             if decided is None:
                 notes.append(f"{unit.kernel} {key}: compiled, but its config is chosen at its first call, not "
                              f"now (choosing it needs the call's own tensors: the kernel prunes its configs per "
