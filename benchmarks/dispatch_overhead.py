@@ -61,6 +61,32 @@ def adopted_stub(stub, blocks, x):
     return tuner
 
 
+def first_calls(stub, blocks, args, x, kernels=200):
+    """The first call of a key a warm-up put into a fresh adopted Autotuner's cache (`Adopted.prime_key`),
+    against Triton's first call of a key its fresh Autotuner's cache holds: the median over `kernels`
+    fresh kernels each (one call each: the host's first pass through the call is in it)."""
+    import statistics
+
+    dtype = str(x.dtype).removeprefix("torch.")
+    key = {"N": 8, "x": dtype, "w": dtype, "y": dtype}
+    out = {"adopted": [], "triton": []}
+    for _ in range(kernels):
+        ours = Autotuner(stub, stub.arg_names, [TritonConfig({"BLOCK": b}, num_warps=w) for b, w in blocks],
+                         key=["N"], reset_to_zero=None, restore_value=None)
+        from flytune_build.triton import adopt
+
+        adopt(ours, name="bench.adopted")
+        assert ours.flytune_adopted.prime_key(key) is not None
+        theirs = Autotuner(stub, stub.arg_names, [TritonConfig({"BLOCK": b}, num_warps=w) for b, w in blocks],
+                           key=["N"], reset_to_zero=None, restore_value=None)
+        theirs.cache[(8, str(x.dtype), str(x.dtype), str(x.dtype))] = theirs.configs[3]
+        for name, tuner in (("adopted", ours), ("triton", theirs)):
+            t = time.perf_counter()
+            tuner.run(*args, grid=(4,), warmup=False)
+            out[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e6 for k, v in out.items()}
+
+
 def main(n=100_000, rounds=9):
     stub = StubLauncher()
     blocks = [(b, w) for b in (256, 512, 1024) for w in (2, 4, 8)]
@@ -104,6 +130,9 @@ def main(n=100_000, rounds=9):
     print(f"  flytune_build hit keyed as Triton keys (x, w, y dtypes and N)  {med['keyed']:.3f} us/call: the "
           f"adopted hit is {med['adopted'] - med['keyed']:+.3f} us over it")
     print(f"  overhead ratio triton/flytune: {(med['triton'] - med['bare']) / (med['flytune'] - med['bare']):.1f}x")
+    first = first_calls(stub, blocks, args, x)
+    print(f"  first call of a key in a fresh Autotuner's cache (median of 200 fresh kernels): adopted, put "
+          f"there by a warm-up {first['adopted']:.2f} us; triton.autotune {first['triton']:.2f} us")
     print(f"  bare launcher, full config kwargs  {med['bare_full']:.3f} us/call: flytune adds "
           f"{med['flytune'] - med['bare_full']:.3f} us over launching the same config by hand")
 

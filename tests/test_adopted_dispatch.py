@@ -272,3 +272,23 @@ def test_a_kernel_of_one_config_is_not_decided_ahead_as_triton_reads_no_cache_fo
     key = {"n": 100, "x": "float32", "y": "float32", "out": "float32"}   # bundled (BLOCK 64)
     assert add.flytune_adopted.prime_key(key) is None and not add.cache
     assert call(add, 100) == 16
+
+
+def test_a_key_triton_s_cache_holds_is_served_without_triton_s_run_from_its_first_call(bundled, monkeypatch):
+    """A key put into Triton's cache ahead (a warm-up's `prime_key`) or by an earlier call is Triton's hit
+    from its first call, made without `Autotuner.run` (Triton's run here would fail the test): the
+    config's pre_hook, `best_config`, the launch, the counters."""
+    from triton.runtime.autotuner import Autotuner
+
+    import flytune_build as ft
+
+    def not_run(self, *args, **kwargs):
+        raise AssertionError("Autotuner.run was called")
+
+    monkeypatch.setattr(Autotuner, "run", not_run)
+    k = make(pre_hook=_hook)
+    adapter.adopt(k, name="hit.add")
+    HOOKED.clear()
+    assert k.flytune_adopted.prime_key({"n": 100, "x": "float32", "y": "float32", "out": "float32"}) is not None
+    assert [call(k, 100) for _ in range(3)] == [64] * 3 and HOOKED == [(100, 64)] * 3
+    assert ft.stats()["hit.add"]["calls"]["offline"] == 3 and len(k.flytune_adopted.hits.memo) == 1
