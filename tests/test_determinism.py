@@ -1,7 +1,7 @@
-"""Cold re-tunes choose the same winner: two measured searches of one plan in one process (the kernel
-reset between them, so each searches afresh), timed for real under the interpreter, where `num_warps`
-changes nothing and each BLOCK's configs are exact ties; then a re-tune against the first run's winners
-changes none (hysteresis)."""
+"""Cold re-tunes timed for real: two measured searches of one plan in one process (the kernel reset
+between them, so each searches afresh), under the interpreter, where `num_warps` changes nothing and each
+BLOCK's configs are exact ties; then a re-tune against the first run's winners (hysteresis). Asserted:
+what the selection rule guarantees in any run; printed: how often the runs agreed."""
 import statistics
 import time
 
@@ -48,35 +48,41 @@ def tune_plan() -> dict[int, dict]:
     return out
 
 
-def test_cold_searches_agree_each_winner_within_the_cap_and_a_re_tune_keeps_them(tmp_path):
+def test_cold_searches_of_real_timings_keep_the_rule_in_every_run_and_a_re_tune_replaces_only_past_its_margin(
+        tmp_path):
+    """What the rule guarantees whatever the timings read (on a shared machine they read anything): every
+    winner within the cap of its run's fastest, round for round; every finalist declared before it judged
+    apart, or at the edge past the tie; a re-tune against the first run's winners keeps each one, or
+    replaces it only with a paired gain over the margin. How often cold runs agree is a statistic, not a
+    guarantee: the seeded-noise tests of tests/test_selection.py hold it exactly, benchmarks/determinism.py
+    measures it on a GPU, and this test prints it."""
     start = time.perf_counter()
     with settings.override(autotune="search", ranking="measured", cache_dir=tmp_path, emit_dir=None):
         first, second = tune_plan(), tune_plan()
         kept = {n: r["config"] for n, r in first.items()}
         with session.opened(shipped=lambda kernel, key: selection.Shipped(kept[key["n"]], 0.03)):
             third = tune_plan()
-    agree = [n for n in SHAPES if first[n]["config"] == second[n]["config"]]
-    assert len(agree) >= 0.9 * len(SHAPES), {n: (first[n]["config"], second[n]["config"]) for n in SHAPES}
-    for run in (first, second):
+    for run in (first, second, third):
         for n, r in run.items():
             sel = r["selection"]
             won = next(f for f in sel["finalists"] if f["index"] == sel["winner"])
-            # within the cap of the run's fastest, round for round (the finalists' medians are over
-            # different rounds: the extra blocks time the edge finalists and the fastest alone)
-            assert sel["winner"] == sel["fastest"] or won["gap"] <= selection.CPU_TIME.cap, (n, sel)
-            # the tie rule, whatever the timings read: every finalist declared before the winner was judged
-            # apart from the fastest, or at the edge and past the tie, in this run
-            for f in sel["finalists"]:
-                if f["index"] < sel["winner"]:
-                    assert f["verdict"] == "apart" or (f["verdict"] == "edge" and f["gap"] > selection.EDGE_TIE
-                                                       * selection.CPU_TIME.cap), (n, sel)
+            if "shipped" not in sel and sel.get("default", {}).get("outcome") != "kept":  # else the held one
+                assert sel["winner"] == sel["fastest"] or won["gap"] <= selection.CPU_TIME.cap, (n, sel)
+                for f in sel["finalists"]:
+                    if f["index"] < sel["winner"]:
+                        assert f["verdict"] == "apart" or (f["verdict"] == "edge" and f["gap"] > selection.EDGE_TIE
+                                                           * selection.CPU_TIME.cap), (n, sel)
             assert isinstance(sel["resolved"], bool) and 0.5 <= sel["confidence"] <= 1
-    # exact ties read as ties: the earliest declared (num_warps=1) wins. A loaded machine can read an exact
-    # tie more than the cap apart in a round block (seen once in 20 runs beside three other test runs), so
-    # this is asserted as agreement is: on nine shapes in ten
-    first_declared = [n for run in (first, second) for n, r in run.items() if r["config"].num_warps == 1]
-    assert len(first_declared) >= 0.9 * 2 * len(SHAPES), {n: (first[n]["config"], second[n]["config"]) for n in SHAPES}
-    assert all(third[n]["selection"]["shipped"]["outcome"] == "kept" for n in SHAPES)   # churn 0
-    assert {n: r["config"] for n, r in third.items()} == kept
+    for n, r in third.items():
+        shipped = r["selection"]["shipped"]
+        assert shipped["outcome"] in ("kept", "replaced"), shipped
+        if shipped["outcome"] == "kept":
+            assert r["config"] == kept[n], (n, r["selection"])
+        else:   # the paired gain less its error was over the margin: the gain itself is
+            assert shipped["gain"] > 0.03 and r["config"] != kept[n], (n, r["selection"])
+    agree = sum(first[n]["config"] == second[n]["config"] for n in SHAPES)
+    declared = sum(r["config"].num_warps == 1 for run in (first, second) for r in run.values())
+    churn = sum(r["selection"]["shipped"]["outcome"] == "replaced" for r in third.values())
     resolved = statistics.mean(r["selection"]["resolved"] for run in (first, second) for r in run.values())
-    print(f"{len(agree)}/{len(SHAPES)} agree, {resolved:.0%} resolved, {time.perf_counter() - start:.1f} s")
+    print(f"{agree}/{len(SHAPES)} agree, {declared}/{2 * len(SHAPES)} exact ties to the earliest declared, "
+          f"{churn} replaced by the re-tune, {resolved:.0%} resolved, {time.perf_counter() - start:.1f} s")

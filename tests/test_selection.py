@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -343,22 +344,39 @@ def winners(out: Path) -> dict[str, Config]:
 
 
 @pytest.mark.timed
-def test_two_cold_measured_tunes_agree_and_a_re_tune_keeps_every_winner(tmp_path):
+def test_two_cold_measured_tunes_find_the_faster_block_and_a_re_tune_replaces_only_past_its_margin(tmp_path):
+    """Real timings, two processes: both find BLOCK=64 (half the programs of BLOCK=32, a quarter of
+    BLOCK=16's), each winner within the cap of its run's fastest with every earlier-declared finalist judged
+    apart or past the tie; a re-tune into the first output keeps a winner byte for byte, or replaces it only
+    with a paired gain over the margin. Which of the exact ties (num_warps) wins is a statistic under real
+    noise: the seeded tests above hold the tie rule exactly."""
     proj = project(tmp_path / "p")
     first, second = tmp_path / "first", tmp_path / "second"
     tune(proj, first, tmp_path)
     tune(proj, second, tmp_path)  # another process, another scratch cache: cold
-    assert winners(first) == winners(second) and len(winners(first)) == 2
-    for name, config in winners(first).items():
-        prov = Artifact.load(first / name).provenance
-        assert prov["ranking"] == "measured" and prov["measurement"]["timer"] == "cpu-time"
-        chosen = prov["selection"]
-        assert config == Config({"BLOCK": 64}, num_warps=1), chosen  # the exact tie, broken by declared order
-        assert chosen["winner"] == 0 and chosen["rule"]["tie"] == "declared order"
+    for out in (first, second):
+        assert len(winners(out)) == 2 and all(c.kwargs["BLOCK"] == 64 for c in winners(out).values()), winners(out)
+        for name in winners(out):
+            prov = Artifact.load(out / name).provenance
+            assert prov["ranking"] == "measured" and prov["measurement"]["timer"] == "cpu-time"
+            chosen = prov["selection"]
+            assert chosen["rule"]["tie"] == "declared order"
+            won = next(f for f in chosen["finalists"] if f["index"] == chosen["winner"])
+            if chosen.get("default", {}).get("outcome") == "kept":   # the kernel's own config, kept
+                continue                                                # unless beaten by the margin
+            assert chosen["winner"] == chosen["fastest"] or won["gap"] <= chosen["rule"]["cap"], chosen
+            for f in chosen["finalists"]:
+                if f["index"] < chosen["winner"]:
+                    assert f["verdict"] == "apart" or (f["verdict"] == "edge" and f["gap"] > chosen["rule"]["cap"])
     before = {p.name: p.read_bytes() for p in first.glob("*.json")}
     r = tune(proj, first, tmp_path, "--no-resume")
-    assert "0 new, 2 kept, 0 replaced" in r.stdout, r.stdout
-    assert {p.name: p.read_bytes() for p in first.glob("*.json")} == before  # kept: not a byte changed
+    counts = re.search(r"(\d+) new, (\d+) kept, (\d+) replaced", r.stdout)
+    assert counts and counts.group(1) == "0" and int(counts.group(2)) + int(counts.group(3)) == 2, r.stdout
+    changed = [p for p in first.glob("*.json") if p.read_bytes() != before.get(p.name)]
+    assert len(changed) == int(counts.group(3)), r.stdout   # kept: not a byte changed
+    for p in changed:
+        shipped = Artifact.load(p).provenance["selection"]["shipped"]
+        assert shipped["outcome"] == "replaced" and shipped["gain"] > shipped["margin"], shipped
 
 
 def test_repeat_reports_agreement_and_writes_the_majority(tmp_path):
