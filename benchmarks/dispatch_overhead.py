@@ -67,14 +67,14 @@ def first_calls(stub, blocks, args, x, kernels=200):
     fresh kernels each (one call each: the host's first pass through the call is in it)."""
     import statistics
 
+    from flytune_build.triton import adopt
+
     dtype = str(x.dtype).removeprefix("torch.")
     key = {"N": 8, "x": dtype, "w": dtype, "y": dtype}
     out = {"adopted": [], "triton": []}
     for _ in range(kernels):
         ours = Autotuner(stub, stub.arg_names, [TritonConfig({"BLOCK": b}, num_warps=w) for b, w in blocks],
                          key=["N"], reset_to_zero=None, restore_value=None)
-        from flytune_build.triton import adopt
-
         adopt(ours, name="bench.adopted")
         assert ours.flytune_adopted.prime_key(key) is not None
         theirs = Autotuner(stub, stub.arg_names, [TritonConfig({"BLOCK": b}, num_warps=w) for b, w in blocks],

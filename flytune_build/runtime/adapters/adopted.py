@@ -95,7 +95,7 @@ class Adopted(Kernel):
     @reseed.setter
     def reseed(self, value: bool) -> None:
         self._reseed = self.hits.on = value
-        self.hits.clear()
+        self.hits.invalidate()
 
     def counts(self) -> dict:
         """The calls counted per tier for calls Triton's cache served (`Stats.served`)."""
@@ -136,9 +136,7 @@ class Adopted(Kernel):
         def prune_configs(kwargs):
             if self.local.warming or not self.seedable:
                 return original(kwargs)
-            settings.settle()  # the process's first decision reads the environment once more
-            if self.stale:  # the settings or the device changed since it was seeded (reset_stats, settle)
-                self.seed()
+            _settled(self)
             key = artifact_key(tuner, tuner.nargs, kwargs)
             triton_key = call_key(tuner, tuple(tuner.nargs.values()), kwargs)
             mode = settings.current().autotune if self.reseed else "search"
@@ -197,9 +195,7 @@ class Adopted(Kernel):
         call's tensors) or its searches are being recorded; a strict mode's miss raises."""
         if not self.seedable or not self.reseed or self.tuner.early_config_prune or len(self.tuner.configs) <= 1:
             return None   # (one config: Triton launches it reading no cache)
-        settings.settle()
-        if self.stale:
-            self.seed()
+        _settled(self)
         triton_key, chosen = seed_key(self.tuner, key), []
         if triton_key in self.tuner.cache:  # decided already (a call, or an earlier warm-up)
             return self.seeded.get(id(self.tuner.cache[triton_key]))
@@ -293,7 +289,7 @@ class Adopted(Kernel):
             del cache[k]
         self.seeded.clear()
         self.objects.clear()
-        self.hits.clear()
+        self.hits.invalidate()
 
     def forget_pack(self, d: Decision) -> None:
         """A refused pack decision: its seed leaves the offline tier, its config Triton's cache."""
@@ -303,7 +299,7 @@ class Adopted(Kernel):
                 del self.offline[items]
         for k in [k for k, v in cache.items() if self.seeded.get(id(v)) is d]:
             del cache[k]
-        self.hits.clear()
+        self.hits.invalidate()
 
     @contextlib.contextmanager
     def forcing(self, config):
@@ -348,6 +344,14 @@ def _usable(self: Adopted, here, idx: Index):
                 self.fallback(f"artifact {fname or getattr(art, 'filename', '?')} from {origin} rejected: {e.rule}")
                 continue
             yield serving.rank(order, level), art, level, origin, pack
+
+
+def _settled(self: Adopted) -> None:
+    """Before a key is decided: the process's first decision reads the environment once more, and the
+    offline tier is read again where the settings or the device changed since it was (reset_stats, settle)."""
+    settings.settle()
+    if self.stale:
+        self.seed()
 
 
 def _pruned(self: Adopted, seed: Seed, kwargs: dict):

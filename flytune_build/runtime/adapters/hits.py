@@ -111,9 +111,7 @@ class Hits:
         self.generation = next(self._changes)
         self.memo.clear()
 
-    clear = invalidate
-
-    def served(self, args, kwargs):
+    def cached(self, args, kwargs):
         """The config Triton's cache holds under this call's Triton key (None: not keyable, or none)."""
         try:
             return self.tuner.cache.get(call_key(self.tuner, args, kwargs))
@@ -142,7 +140,7 @@ class Hits:
 def wrapped_run(adopted, original):
     """The adopted Autotuner's `run`: a hit of `adopted.hits`; else, where Triton's cache holds the call's
     key (a warm-up put it there, or an earlier call), Triton's hit made here without `Autotuner.run`
-    (`_launched`: 24 -> 17 us for the first call after a warm-up on the stub of dispatch_overhead.py);
+    (`_launched`: 24 -> 17 us of host time for the first call after a warm-up, dispatch_overhead.py);
     else Triton's `original` run, which decides, searches or serves as Triton does. Either way the call
     is remembered where it can be."""
     tuner, local, hits = adopted.tuner, adopted.local, adopted.hits
@@ -153,7 +151,7 @@ def wrapped_run(adopted, original):
     def run(*args, grid, warmup=ABSENT, **kwargs):
         # `grid` and `warmup` apart: what Triton's launch (`kernel[grid](...)`) passes on every call, so the
         # parameter check is skipped where no other keyword came (a call without `grid` is Python's
-        # TypeError, as Triton's launch raises it). Each test here costs 10-40 ns of a 1.3 us hit
+        # TypeError, as Triton's launch raises it). Each test here costs 10-40 ns of a 1.4 us hit
         # (benchmarks/dispatch_overhead.py): the cache tells of its changes (`Cache`), only a cache put in
         # its place is looked for, and only `warmup=False`, a launch, is served here
         try:  # `key`, inlined: the hot path
@@ -185,8 +183,9 @@ def wrapped_run(adopted, original):
             hits.replaced()
             cache = tuner.cache
         generation = hits.generation
-        fast = hits.refused is None and hits.on and kwargs.get("warmup") is False and len(tuner.configs) > 1
-        obj = hits.served(args, kwargs) if fast else None
+        keyed = len(tuner.configs) > 1   # else Triton launches its one config, reading no cache
+        fast = keyed and hits.refused is None and hits.on and kwargs.get("warmup") is False
+        obj = hits.cached(args, kwargs) if fast else None
         if obj is not None:  # Triton's cache holds the call's key (a warm-up's, an earlier call's): its hit,
             ret = _launched(tuner, launch, obj, args, kwargs)  # made here as a memo hit is, without its `run`
             if ret is not MISSED:
@@ -196,8 +195,7 @@ def wrapped_run(adopted, original):
         except Exception as e:
             adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
             return run(*args, **kwargs)  # decided again: the next tier serves
-        return _served(adopted, args, kwargs, hits.served(args, kwargs) if len(tuner.configs) > 1 else None, ret,
-                       generation)
+        return _served(adopted, args, kwargs, hits.cached(args, kwargs) if keyed else None, ret, generation)
     return run
 
 
