@@ -9,6 +9,7 @@
 #             background,bg_prealloc), REPS processes each
 #   dispatch  benchmarks/dispatch_overhead.py on this host
 #   bash benchmarks/first_calls_warm.sh            (repo root, on the GPU machine; .whl/ holds platformdirs)
+#   PARTS="features dispatch" bash benchmarks/first_calls_warm.sh     (some of them; all three by default)
 # Results in $OUT: env.txt, features.txt, sample.txt, sample.json, dispatch.txt.
 set -u
 export PYTHONUNBUFFERED=1
@@ -32,7 +33,8 @@ build() {    # project dir -> its wheel installed into /tmp/site
   (cd "$1" && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WORK/wheels" .) || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WORK"/wheels/"$2"-*.whl
 }
-{
+PARTS=" ${PARTS:-features sample dispatch} "
+[[ $PARTS == *" features "* ]] && {
   echo "== triton_features: tune on $NAME ($UNITS units)"
   P=$WORK/features && cp -r examples/triton_features "$P" && rm -rf "$P/artifacts/sm_90" "$P/build" "$P"/*.egg-info
   target "$P/pyproject.toml"
@@ -45,9 +47,11 @@ build() {    # project dir -> its wheel installed into /tmp/site
   FLYTUNE_CACHE_DIR=$WORK/scratch-serve python3 "$REPO/benchmarks/h200_features.py" serve "$P/tune/h200.toml" 2>&1 | tail -4
   echo "== first calls after a background warm-up"
   python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" 2>&1
+  echo "== the same, each output size allocated once before the first calls (untimed)"
+  python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" --prealloc 2>&1
   cd "$REPO"
 } > "$OUT/features.txt" 2>&1
-{
+[[ $PARTS == *" sample "* ]] && {
   echo "== sample wheel (committed sm_90 artifacts)"
   S=$WORK/sample && cp -r sample_pkg "$S" && rm -rf "$S/build" "$S"/*.egg-info   # its H200 target kept: an H100 is served at arch_units
   build "$S" sample_pkg || echo "BUILD FAILED"
@@ -57,5 +61,5 @@ build() {    # project dir -> its wheel installed into /tmp/site
   mv "$OUT/warmup_inprocess.json" "$OUT/sample.json"
   cd "$REPO"
 } > "$OUT/sample.txt" 2>&1
-python3 benchmarks/dispatch_overhead.py > "$OUT/dispatch.txt" 2>&1
-cat "$OUT/features.txt" | tail -20; tail -12 "$OUT/sample.txt"; tail -8 "$OUT/dispatch.txt"
+[[ $PARTS == *" dispatch "* ]] && python3 benchmarks/dispatch_overhead.py > "$OUT/dispatch.txt" 2>&1
+for f in features sample dispatch; do [ -f "$OUT/$f.txt" ] && grep -v '^{' "$OUT/$f.txt" | tail -24; done

@@ -13,8 +13,10 @@ same kernels as plain `@triton.autotune` (TRITON_FEATURES_STOCK=1), which benchm
 "triton-features", background=True)` right after the import, builds every planned shape's inputs meanwhile,
 awaits the warm-up, then times each shape's first call (call + device sync) and its steady state (the
 median of 5 such calls): the goal is first <= 2x steady for every shape, the adopted kernels' included
-(their keys decided ahead: `primed`). `--prealloc` also allocates each output once before the first
-calls (untimed): what the caching allocator's first meeting with a size costs.
+(their keys decided ahead: `primed`); per first call it also records the host's part (the call returned,
+before the sync) and how many kernels it added to the JIT's in-process cache (`jit+`, 0: the warm-up
+readied it). `--prealloc` also allocates each output size once before the first calls (untimed): what the
+caching allocator's first meeting with a size costs.
 Run all three from outside the source tree, so the installed package is the one imported.
 """
 import argparse
@@ -44,23 +46,37 @@ WARM = r"""
 import json, sys, time
 import torch
 import flytune_build as ft
-entries = json.loads(sys.argv[1])
+entries, prealloc = json.loads(sys.argv[1]), sys.argv[2] == "1"
 bg = ft.warmup("triton-features", background=True)
-from triton_features import tuning
+from triton_features import kernels, tuning
 calls = [(e["kernel"], s, getattr(tuning, e["setup"].rsplit(":", 1)[1])(**s)) for e in entries for s in e["shapes"]]
 sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)   # the interpreter: plumbing only
 sync()
 t = time.perf_counter(); report = bg.result(600); waited = time.perf_counter() - t
+def jit_of(k):
+    while not hasattr(k, "device_caches"):
+        k = k.fn
+    return k
+jits = [jit_of(k) for k in (kernels.scale_rows_kernel, kernels.add_bias_kernel, kernels.matmul_kernel)]
+def jit_entries():
+    return sum(len(c[0]) for j in jits for c in j.device_caches.values())
+def out_bytes(kernel, s):   # what each wrapper allocates: y like x (fp16), out like x (fp32), c (M, N) fp16
+    return {"triton_features.add_bias": lambda: 4 * s["n"]}.get(kernel, lambda: 2 * s["M"] * s["N"])()
+if prealloc:   # each output's size met once by the caching allocator (allocated and freed), untimed
+    for kernel, s, _ in calls:
+        torch.empty(out_bytes(kernel, s), dtype=torch.uint8, device="cuda")
+    sync()
 rows = []
 for kernel, shape, call in calls:
-    t = time.perf_counter(); y = call(); sync(); first = time.perf_counter() - t
-    rows.append({"kernel": kernel, "shape": shape, "first_s": first})
+    e0 = jit_entries()
+    t = time.perf_counter(); y = call(); host = time.perf_counter() - t; sync(); first = time.perf_counter() - t
+    rows.append({"kernel": kernel, "shape": shape, "first_s": first, "host_s": host, "jit_added": jit_entries() - e0})
     del y
 for row, (_, _, call) in zip(rows, calls):
-    times = []
+    times, hosts = [], []
     for _ in range(5):
-        t = time.perf_counter(); call(); sync(); times.append(time.perf_counter() - t)
-    row["steady_s"] = sorted(times)[2]
+        t = time.perf_counter(); call(); hosts.append(time.perf_counter() - t); sync(); times.append(time.perf_counter() - t)
+    row["steady_s"], row["steady_host_s"] = sorted(times)[2], sorted(hosts)[2]
     row["ratio"] = round(row["first_s"] / row["steady_s"], 2)
 print(json.dumps({"waited_s": round(waited, 3), "primed": report.to_json()["primed"],
                   "counts": report.to_json()["counts"], "notes": report.notes, "rows": rows,
@@ -141,7 +157,7 @@ def first_call(plan, reps):
     return 0 if all(len(v) == reps for v in rows.values()) and len(rows) % 2 == 0 else 1
 
 
-def warm(plan, reps):
+def warm(plan, reps, prealloc=False):
     script = os.path.join(tempfile.mkdtemp(), "warm.py")
     with open(script, "w") as f:
         f.write(WARM)
@@ -149,8 +165,8 @@ def warm(plan, reps):
     for rep in range(reps):
         env = dict(os.environ, TRITON_CACHE_DIR=tempfile.mkdtemp(), FLYTUNE_CACHE_DIR=tempfile.mkdtemp(),
                    FLYTUNE_AUTOTUNE="0")
-        p = subprocess.run([sys.executable, script, json.dumps(plan_entries(plan))], env=env, capture_output=True,
-                           text=True)
+        p = subprocess.run([sys.executable, script, json.dumps(plan_entries(plan)), "1" if prealloc else "0"], env=env,
+                           capture_output=True, text=True)
         if p.returncode:
             print(json.dumps({"rep": rep, "error": p.stderr[-3000:]}), flush=True)
             return 1
@@ -159,15 +175,17 @@ def warm(plan, reps):
         runs.append(run)
     print(f"\nfirst call after a background warm-up / steady state, {reps} processes (primed keys: "
           f"{[r['primed'] for r in runs]}, warm-up awaited {[r['waited_s'] for r in runs]} s)")
-    print(f"{'kernel':28} {'shape':34} {'first (ms)':>22} {'steady (ms)':>22} {'ratio':>16}")
+    print(f"{'kernel':28} {'shape':34} {'first (ms)':>22} {'of it host':>22} {'steady (ms)':>22} {'ratio':>16} jit+")
     worst = 0.0
     for i, row in enumerate(runs[0]["rows"]):
         cells = [r["rows"][i] for r in runs]
         worst = max(worst, *(c["ratio"] for c in cells))
         first = ", ".join(f"{c['first_s'] * 1e3:.3f}" for c in cells)
         steady = ", ".join(f"{c['steady_s'] * 1e3:.3f}" for c in cells)
+        host = ", ".join(f"{c['host_s'] * 1e3:.3f}" for c in cells)
+        added = ",".join(str(c["jit_added"]) for c in cells)
         ratio = ", ".join(f"{c['ratio']:.1f}" for c in cells)
-        print(f"{row['kernel']:28} {json.dumps(row['shape']):34} {first:>22} {steady:>22} {ratio:>16}")
+        print(f"{row['kernel']:28} {json.dumps(row['shape']):34} {first:>22} {host:>22} {steady:>22} {ratio:>16} {added}")
     print(f"worst ratio {worst:.2f} (goal <= 2)")
     return 0
 
@@ -177,9 +195,10 @@ def main():
     ap.add_argument("what", choices=("serve", "first-call", "warm"))
     ap.add_argument("plan")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prealloc", action="store_true", help="warm: each output size allocated once before")
     args = ap.parse_args()
     return {"serve": lambda: serve(args.plan), "first-call": lambda: first_call(args.plan, args.reps),
-            "warm": lambda: warm(args.plan, args.reps)}[args.what]()
+            "warm": lambda: warm(args.plan, args.reps, args.prealloc)}[args.what]()
 
 
 if __name__ == "__main__":

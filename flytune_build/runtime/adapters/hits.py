@@ -128,7 +128,8 @@ class Hits:
         try:
             if not self.key.learn(args, kwargs):
                 return
-            key, entry = self.key(args, kwargs), (obj, d, obj.all_kwargs(), getattr(obj, "pre_hook", None), tier)
+            key, entry = self.key(args, kwargs), (obj, d, {"warmup": False, **obj.all_kwargs()},
+                                                  getattr(obj, "pre_hook", None), tier)
         except (TypeError, IndexError, AttributeError, ValueError):
             return
         if generation == self.generation:
@@ -163,12 +164,12 @@ def wrapped_run(adopted, original):
                 raise KeyError
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):  # not decided, or not keyable
             return slow(args, _keywords(grid, warmup, kwargs))
-        tuner.best_config = obj
+        if tuner.best_config is not obj:   # as Triton's hit sets it; a read costs less than a write
+            tuner.best_config = obj
         if hook is not None:
-            hook({**dict(zip(tuner.arg_names, args)), "grid": grid, "warmup": False, **kwargs, **meta})
-        try:
-            ret = launch(*args, grid=grid, warmup=False, **kwargs, **meta) if kwargs else \
-                launch(*args, grid=grid, warmup=False, **meta)
+            hook({**dict(zip(tuner.arg_names, args)), "grid": grid, **kwargs, **meta})
+        try:  # `meta`: `warmup=False`, then the config's keywords (Triton's JIT sees them in Triton's order)
+            ret = launch(*args, grid=grid, **kwargs, **meta) if kwargs else launch(*args, grid=grid, **meta)
         except Exception:
             return slow(args, _keywords(grid, warmup, kwargs))  # Triton's path says what failed, and which tier
         if d is None:
