@@ -102,6 +102,41 @@ def test_stand_ins_that_would_specialise_otherwise_are_refused():
         binder.stand_ins({**spec, "signature": {**spec["signature"], "x": ["*fp32", "*fp32"]}}, config)
 
 
+@triton.jit
+def copy_rows_kernel(x_desc, y_desc, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    om = tl.program_id(0) * BLOCK_M
+    y_desc.store([om, 0], x_desc.load([om, 0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float8_e4m3fn])
+def test_host_tensor_descriptors_get_stand_ins_that_specialise_as_recorded(dtype):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    config = Config({"BLOCK_M": 64, "BLOCK_N": 32})
+    x = torch.zeros(256, 32).to(dtype)
+    spec = spec_of(copy_rows_kernel, (TensorDescriptor.from_tensor(x, [64, 32]),
+                                      TensorDescriptor.from_tensor(torch.empty_like(x), [64, 32]), 256), config)
+    assert spec["signature"]["x_desc"].startswith("tensordesc<")
+    jit = binder.compilable(copy_rows_kernel)
+    _, specialization, _ = _bind(jit, spec, config)
+    binder.check_specialization(spec, jit, specialization, _backend())  # raises on any difference
+    assert [s[0] for s in specialization[:2]] == [spec["signature"]["x_desc"]] * 2
+
+
+@pytest.mark.parametrize("ty", ["tensordesc<fp16[64, 32],#shared>", "tensordesc<fp16[3, 32]>",
+                                "tensordesc<cx64[64, 32]>", "tensordesc<fp16[]>"])
+def test_descriptors_of_another_form_are_refused_by_name(ty):
+    config = Config({"BLOCK_M": 64, "BLOCK_N": 32})
+    x = torch.zeros(256, 32).half()
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    spec = spec_of(copy_rows_kernel, (TensorDescriptor.from_tensor(x, [64, 32]),
+                                      TensorDescriptor.from_tensor(x, [64, 32]), 256), config)
+    spec["signature"]["y_desc"] = ty
+    with pytest.raises(binder.Mismatch, match=r"y_desc is a tensordesc<.* descriptor"):
+        binder.stand_ins(spec, config, exclude=set(config.kwargs))
+
+
 def test_a_bucketed_axis_tuned_aligned_gets_its_unaligned_variant_and_an_exact_one_none():
     k = ft.autotune([Config({"BLOCK": 32})], ["x", pow2("n")], name="t.variants")(scale2_kernel)
     config = Config({"BLOCK": 32})

@@ -10,6 +10,8 @@ stand in for the backend's (they are the same for CUDA).
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 import sys
 import weakref
 from typing import Any
@@ -288,10 +290,37 @@ class Pointer:
         return 0
 
 
+DESCRIPTOR = re.compile(r"tensordesc<([a-z0-9]+)\[([0-9]+(?:, [0-9]+)*)\]>")
+
+
+def descriptor(name: str, ty: str):
+    """A host-side tensor descriptor's stand-in: what Triton specialises it on (`tensordesc<fp16[32, 64]>`:
+    the base's dtype and the block shape; Triton 3.x) over a `Pointer`; its shape is the block's and its
+    strides any 16-byte-aligned ones (neither enters the specialization). Mismatch for any other form (a
+    layout, an im2col descriptor) or where this Triton has no host-side descriptor."""
+    import torch
+
+    m = DESCRIPTOR.fullmatch(ty)
+    dtype = getattr(torch, TORCH_DTYPES.get(m[1], ""), None) if m else None
+    if dtype is None:
+        raise Mismatch(f"{name} is a {ty} descriptor: no stand-in")
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError as e:
+        raise Mismatch(f"{name} is a {ty} descriptor: this Triton has no host-side descriptor") from e
+    block = [int(b) for b in m[2].split(", ")]
+    strides = [16 * math.prod(block[i + 1:]) for i in range(len(block) - 1)] + [1]
+    try:
+        return TensorDescriptor(Pointer(dtype, True), list(block), strides, block)
+    except (AssertionError, ValueError, TypeError) as e:   # a block shape this Triton refuses
+        raise Mismatch(f"{name} is a {ty} descriptor: {e}") from e
+
+
 def stand_ins(spec: dict, config: Config, key: dict | None = None, exclude: set = frozenset()) -> dict:
     """One value per parameter (but `exclude`) that Triton specialises as `spec` records; with `key`,
     its axes take the key's values (a tensor axis: a stand-in of that dtype). Mismatch where a recorded
-    type has no stand-in (a tuple, a tensor descriptor, a low-precision scalar)."""
+    type has no stand-in (a tuple, a descriptor of another form than `descriptor` takes, a low-precision
+    scalar)."""
     import torch
 
     key = key or {}
@@ -314,6 +343,8 @@ def stand_ins(spec: dict, config: Config, key: dict | None = None, exclude: set 
             if dtype is None:
                 raise Mismatch(f"{name} is a {ty} tensor: no torch dtype stands in for it")
             out[name] = Pointer(dtype, aligned)
+        elif ty.startswith("tensordesc<"):
+            out[name] = descriptor(name, ty)
         elif name in key:
             out[name] = key[name]
         elif ty in ("i32", "i64", "u64"):
