@@ -141,7 +141,10 @@ class Autotuned(Kernel):
         searching nothing, so that call's first launch is a hit (`runtime.warming.warmup`; stand-ins may take
         the tensors' place). None, remembering nothing, where neither tier serves the key or where the
         decision may depend on more than the key: a scratch cache for this kernel (keyed on tensor
-        layouts too), an `early_config_prune` (it sees the call's tensors)."""
+        layouts too), an `early_config_prune` (it sees the call's tensors). Either way both tiers' files
+        are read here, not at the first call."""
+        self.offline_index()
+        self._scratch.entries()  # read ahead, as the offline index: the key's first decision finds both loaded
         if "early_config_prune" in self.prune_configs_by or os.path.lexists(self._scratch.path):
             return None
         args = _positional(self.arg_names, args, kwargs)
@@ -298,7 +301,10 @@ class Autotuned(Kernel):
 
 
 def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decision | None:
-    """The scratch tier: a winner searched on this machine before, checked before it is trusted."""
+    """The scratch tier: a winner searched on this machine before, checked before it is trusted. Without
+    one for this kernel no address is computed (the kernel's source hash, once per kernel: 1-6 ms)."""
+    if not k._scratch.entries():
+        return None
     address = k.scratch_key(bound, key)
     value = None if address is None else k._scratch.get(address)
     if value is None:
