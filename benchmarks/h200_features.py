@@ -43,7 +43,7 @@ print(json.dumps({"first_call_s": round(first, 4), "second_call_s": round(second
 """
 
 WARM = r"""
-import json, sys, time
+import json, os, sys, time
 import torch
 import flytune_build as ft
 entries, prealloc = json.loads(sys.argv[1]), sys.argv[2] == "1"
@@ -66,12 +66,21 @@ if prealloc:   # each output's size met once by the caching allocator (allocated
     for kernel, s, _ in calls:
         torch.empty(out_bytes(kernel, s), dtype=torch.uint8, device="cuda")
     sync()
+profile = os.environ.get("FEATURES_PROFILE")   # a path: the first calls under cProfile (their times inflated)
+if profile:
+    import cProfile, pstats
+    prof = cProfile.Profile(); prof.enable()
 rows = []
 for kernel, shape, call in calls:
     e0 = jit_entries()
     t = time.perf_counter(); y = call(); host = time.perf_counter() - t; sync(); first = time.perf_counter() - t
     rows.append({"kernel": kernel, "shape": shape, "first_s": first, "host_s": host, "jit_added": jit_entries() - e0})
     del y
+if profile:
+    prof.disable()
+    with open(profile, "w") as f:
+        for order in ("cumulative", "tottime"):
+            pstats.Stats(prof, stream=f).sort_stats(order).print_stats(45)
 for row, (_, _, call) in zip(rows, calls):
     times, hosts = [], []
     for _ in range(5):
