@@ -53,11 +53,11 @@ calls = [(e["kernel"], s, getattr(tuning, e["setup"].rsplit(":", 1)[1])(**s)) fo
 sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)   # the interpreter: plumbing only
 sync()
 t = time.perf_counter(); report = bg.result(600); waited = time.perf_counter() - t
-def jit_of(k):
-    while not hasattr(k, "device_caches"):
-        k = k.fn
+def jit_of(k):   # the @triton.jit function under Heuristics, Autotuner or flytune's kernel (none: the interpreter)
+    while k is not None and not hasattr(k, "device_caches"):
+        k = getattr(k, "fn", None)
     return k
-jits = [jit_of(k) for k in (kernels.scale_rows_kernel, kernels.add_bias_kernel, kernels.matmul_kernel)]
+jits = [j for j in map(jit_of, (kernels.scale_rows_kernel, kernels.add_bias_kernel, kernels.matmul_kernel)) if j]
 def jit_entries():
     return sum(len(c[0]) for j in jits for c in j.device_caches.values())
 def out_bytes(kernel, s):   # what each wrapper allocates: y like x (fp16), out like x (fp32), c (M, N) fp16
