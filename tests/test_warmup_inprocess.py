@@ -68,6 +68,52 @@ def test_a_key_no_stored_tier_serves_is_left_to_its_first_call_and_no_heuristic_
     assert len(seen) == 1 and seen[0]["x"] is x
 
 
+def _pruned(name, early, tmp_path, monkeypatch):
+    """scale2 keyed on (x, n), pruned by `early`, with an artifact serving n=64 on this device."""
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.device import INTERPRETER
+
+    fresh_scratch(monkeypatch, tmp_path)
+    d = tmp_path / "artifacts"
+    Artifact(name, {"x": "float32", "n": 64}, INTERPRETER, Config({"BLOCK": 32})).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    return ft.autotune([Config({"BLOCK": 16}), Config({"BLOCK": 32})], ["x", "n"], name=name,
+                       prune_configs_by={"early_config_prune": early})(scale2_kernel)
+
+
+def _stand_ins(n=64):
+    return dict(x=binder.Pointer(torch.float32, True), out=binder.Pointer(torch.float32, True), n=n, alpha=1.5)
+
+
+def test_a_pruner_that_reads_only_the_keys_scalars_is_decided_ahead(tmp_path, monkeypatch):
+    seen = []
+    k = _pruned("t.prune_key", lambda configs, nargs, **kw: seen.append(nargs["n"]) or
+                [c for c in configs if c.kwargs["BLOCK"] <= nargs["n"]], tmp_path, monkeypatch)
+    d = k.prime(**_stand_ins())
+    assert d is not None and d.tier == "offline" and d.config.kwargs == {"BLOCK": 32} and seen[0] == 64
+    x, out = torch.randn(64), torch.empty(64)
+    k[(2,)](x, out, 64, 2.0)   # a hit on the decision made ahead: the pruner is not called again
+    torch.testing.assert_close(out, x * 2.0)
+    assert d.calls == 1 and ft.stats()["t.prune_key"]["calls"]["offline"] == 1
+
+
+@pytest.mark.parametrize("early", [
+    lambda configs, nargs, **kw: configs if nargs["alpha"] > 0 else configs[:1],       # a non-key argument
+    lambda configs, nargs, **kw: configs if nargs["x"].numel() > 0 else configs[:1],   # a tensor (a stand-in)
+    lambda configs, nargs, **kw: configs if nargs.get("out") is not None else configs,  # by get
+    lambda configs, nargs, **kw: configs if len(dict(nargs)) else configs,              # a copy of them all
+    lambda configs, nargs, **kw: [c for c in configs if all(v is not None for v in nargs.values())],
+    lambda configs, nargs, **kw: configs if str(nargs) else configs,                    # printed
+], ids=["scalar", "tensor", "get", "copy", "values", "repr"])
+def test_a_pruner_that_reads_more_than_the_keys_scalars_decides_at_the_first_call(early, tmp_path, monkeypatch):
+    k = _pruned("t.prune_more", early, tmp_path, monkeypatch)
+    assert k.prime(**_stand_ins()) is None and k.decision(torch.empty(64), torch.empty(64), 64, 1.5) is None
+    x, out = torch.randn(64), torch.empty(64)
+    k[(2,)](x, out, 64, 2.0)   # decided by the call, with its own arguments
+    torch.testing.assert_close(out, x * 2.0)
+    assert ft.stats()["t.prune_more"]["calls"]["offline"] == 1
+
+
 def test_a_kernel_with_a_scratch_cache_is_not_decided_ahead(tmp_path, monkeypatch):
     fresh_scratch(monkeypatch, tmp_path)
     k = ft.autotune([Config({"BLOCK": 16})], ["n"], name="t.prime_scratch")(scale2_kernel)

@@ -149,6 +149,68 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
     return configs, sources
 
 
+class _Reads(dict):
+    """The arguments handed to an `early_config_prune`, which note each one it reads by name (`read`);
+    any walk over them all (iteration, `keys`, `items`, `values`, a copy, `**`) sets `whole`."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read: set[str] = set()
+        self.whole = False
+
+    def __getitem__(self, name):
+        self.read.add(name)
+        return dict.__getitem__(self, name)
+
+    def get(self, name, default=None):
+        self.read.add(name)
+        return dict.get(self, name, default)
+
+    def __contains__(self, name):
+        self.read.add(name)
+        return dict.__contains__(self, name)
+
+    def __iter__(self):
+        self.whole = True
+        return dict.__iter__(self)
+
+    def __eq__(self, other):
+        self.whole = True
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other):
+        self.whole = True
+        return dict.__ne__(self, other)
+
+    def __repr__(self):
+        self.whole = True
+        return dict.__repr__(self)
+
+    __hash__ = None
+
+    def __getattribute__(self, name):   # a method that walks every argument (`keys`, `items`, `copy`, ...)
+        if name in _WALKS:
+            dict.__setattr__(self, "whole", True)
+        return dict.__getattribute__(self, name)
+
+
+_WALKS = frozenset(("keys", "items", "values", "copy", "pop", "popitem", "setdefault", "update", "__reduce__",
+                    "__reduce_ex__", "__or__", "__ror__", "__ior__"))
+
+
+def prunes_by(kernel, bound: dict, kwargs: dict, names: Sequence[str]) -> bool:
+    """Whether the kernel's `early_config_prune`, called on `bound` as `prune` calls it, reads no argument
+    but `names` (and walks none of the others): what it returns then depends on those values alone, so a
+    call made of stand-ins carrying them prunes as the call would. False where it raises."""
+    nargs = _Reads({name: v for name, v in bound.items() if name not in kwargs})
+    try:
+        kernel.prune_configs_by["early_config_prune"](list(getattr(kernel, "declared", kernel.configs)), nargs,
+                                                        **kwargs)
+    except Exception:  # noqa: BLE001 - a stand-in it cannot read: the call's own arguments decide
+        return False
+    return not nargs.whole and nargs.read <= set(names)
+
+
 @contextlib.contextmanager
 def _inputs_kept(bound: dict, reset_to_zero: Sequence[str], restore_value: Sequence[str]):
     """Yields the function that resets the inputs before a candidate; on exit, restores them."""

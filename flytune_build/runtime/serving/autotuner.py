@@ -141,13 +141,19 @@ class Autotuned(Kernel):
         searching nothing, so that call's first launch is a hit (`runtime.warming.warmup`; stand-ins may take
         the tensors' place). None, remembering nothing, where neither tier serves the key or where the
         decision may depend on more than the key: a scratch cache for this kernel (keyed on tensor
-        layouts too), an `early_config_prune` (it sees the call's tensors). Either way both tiers' files
-        are read here, not at the first call."""
+        layouts too), an `early_config_prune` that reads anything but the key's scalar arguments
+        (`search.prunes_by`: it sees the call's tensors). Either way both tiers' files are read here,
+        not at the first call."""
         self.offline_index()
         self._scratch.entries()  # read ahead, as the offline index: the key's first decision finds both loaded
-        if "early_config_prune" in self.prune_configs_by or os.path.lexists(self._scratch.path):
+        if os.path.lexists(self._scratch.path):
             return None
         args = _positional(self.arg_names, args, kwargs)
+        if "early_config_prune" in self.prune_configs_by:
+            bound = {**dict(zip(self.arg_names, args)), **kwargs}
+            exact = [a for a in self.axis_names if not hasattr(bound.get(a), "dtype")]  # a tensor's: its dtype only
+            if not search.prunes_by(self, bound, kwargs, exact):
+                return None
         return self._known(args, kwargs) or self._decide(args, kwargs, None, search=False, stored_only=True)
 
     def _run_keywords(self, args, kwargs, grid, warmup):

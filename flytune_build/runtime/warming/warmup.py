@@ -445,8 +445,9 @@ def _prime(unit: Unit, notes: list[str]) -> None:
                 decided = k.prime(**binder.stand_ins(unit.spec, unit.config, key, exclude=exclude))
             if decided is None:
                 notes.append(f"{unit.kernel} {key}: compiled, but its config is chosen at its first call, not "
-                             f"now (choosing it needs the call's own tensors: the kernel prunes its configs per "
-                             f"call, or the key is served from this machine's scratch cache)")
+                             f"now (choosing it needs the call's own arguments: the kernel's early_config_prune "
+                             f"reads more than the key's scalar arguments, or the key is served from this "
+                             f"machine's scratch cache)")
                 return
             unit.primed += 1
         except (binder.Mismatch, FlytuneError) as e:
