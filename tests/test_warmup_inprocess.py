@@ -104,7 +104,8 @@ def test_a_pruner_that_reads_only_the_keys_scalars_is_decided_ahead(tmp_path, mo
     lambda configs, nargs, **kw: configs if len(dict(nargs)) else configs,              # a copy of them all
     lambda configs, nargs, **kw: [c for c in configs if all(v is not None for v in nargs.values())],
     lambda configs, nargs, **kw: configs if str(nargs) else configs,                    # printed
-], ids=["scalar", "tensor", "get", "copy", "values", "repr"])
+    lambda configs, nargs, **kw: configs if (nargs | {})["n"] else configs,             # merged
+], ids=["scalar", "tensor", "get", "copy", "values", "repr", "merged"])
 def test_a_pruner_that_reads_more_than_the_keys_scalars_decides_at_the_first_call(early, tmp_path, monkeypatch):
     k = _pruned("t.prune_more", early, tmp_path, monkeypatch)
     assert k.prime(**_stand_ins()) is None and k.decision(torch.empty(64), torch.empty(64), 64, 1.5) is None

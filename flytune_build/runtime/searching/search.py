@@ -186,6 +186,14 @@ class _Reads(dict):
         self.whole = True
         return dict.__repr__(self)
 
+    def __or__(self, other):   # operators are looked up on the type, not through __getattribute__
+        self.whole = True
+        return dict.__or__(self, other)
+
+    def __ror__(self, other):
+        self.whole = True
+        return dict.__ror__(self, other)
+
     __hash__ = None
 
     def __getattribute__(self, name):   # a method that walks every argument (`keys`, `items`, `copy`, ...)
@@ -195,7 +203,7 @@ class _Reads(dict):
 
 
 _WALKS = frozenset(("keys", "items", "values", "copy", "pop", "popitem", "setdefault", "update", "__reduce__",
-                    "__reduce_ex__", "__or__", "__ror__", "__ior__"))
+                    "__reduce_ex__"))
 
 
 def prunes_by(kernel, bound: dict, kwargs: dict, names: Sequence[str]) -> bool:
