@@ -61,6 +61,20 @@ def adopted_stub(stub, blocks, x):
     return tuner
 
 
+def adopted_floor(adopted, stub):
+    """The least an adopted hit can do: look the call up under a key as fine as Triton's (its key
+    arguments and every tensor's dtype) and launch with the keywords Triton's hit passes (`warmup` and
+    every `Config.all_kwargs()`, `num_ctas` included: the JIT keys its cache on them); no `best_config`,
+    hook, count or cache check."""
+    hits = adopted.flytune_adopted.hits
+    memo = {k: e[2] for k, e in hits.memo.items()}
+    key, launch = hits.key.positional[0], stub.run
+
+    def floor(*args, grid, warmup=None, **kwargs):
+        return launch(*args, grid=grid, **memo[key(args)])
+    return floor
+
+
 def first_calls(stub, blocks, args, x, kernels=200):
     """The first call of a key a warm-up put into a fresh adopted Autotuner's cache (`Adopted.prime_key`),
     against Triton's first call of a key its fresh Autotuner's cache holds: the median over `kernels`
@@ -109,7 +123,8 @@ def main(n=100_000, rounds=9):
     launch(*args)  # first call decides (heuristic tier); later calls are hits
     keyed[grid](*args)
     full = dict(BLOCK=512, num_warps=4, num_stages=3, num_ctas=1, warmup=False)  # what a hit passes
-    res = {"triton": [], "adopted": [], "flytune": [], "keyed": [], "bare": [], "bare_full": []}
+    floor = adopted_floor(adopted, stub)
+    res = {"triton": [], "adopted": [], "flytune": [], "keyed": [], "bare": [], "bare_full": [], "floor": []}
     for _ in range(rounds):
         # as `kernel[grid](...)` calls a triton.autotune's run (a ported kernel's launch passes the grid only)
         res["triton"].append(timed(lambda: tuner.run(*args, grid=grid, warmup=False), n))
@@ -118,6 +133,7 @@ def main(n=100_000, rounds=9):
         res["keyed"].append(timed(lambda: keyed.run(*args, grid=grid), n))
         res["bare"].append(timed(lambda: stub.run(*args, grid=grid, BLOCK=512, num_warps=4), n))
         res["bare_full"].append(timed(lambda: stub.run(*args, grid=grid, **full), n))
+        res["floor"].append(timed(lambda: floor(*args, grid=grid, warmup=False), n))
     med = {k: min(v) * 1e6 for k, v in res.items()}  # the least-disturbed round: the machine is shared
     print(f"triton {triton.__version__}, torch {torch.__version__}; best of {rounds} interleaved rounds x {n} calls")
     print(f"  bare launcher          {med['bare']:.3f} us/call")
@@ -135,6 +151,9 @@ def main(n=100_000, rounds=9):
           f"there by a warm-up {first['adopted']:.2f} us; triton.autotune {first['triton']:.2f} us")
     print(f"  bare launcher, full config kwargs  {med['bare_full']:.3f} us/call: flytune adds "
           f"{med['flytune'] - med['bare_full']:.3f} us over launching the same config by hand")
+    print(f"  an adopted hit's floor (Triton's key looked up, its launch keywords passed, nothing else) "
+          f"{med['floor']:.3f} us/call: {med['floor'] - med['flytune']:+.3f} us against the ported hit; the "
+          f"adopted hit is {med['adopted'] - med['floor']:+.3f} us over it")
 
 
 if __name__ == "__main__":
