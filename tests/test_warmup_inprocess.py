@@ -105,7 +105,9 @@ def test_a_pruner_that_reads_only_the_keys_scalars_is_decided_ahead(tmp_path, mo
     lambda configs, nargs, **kw: [c for c in configs if all(v is not None for v in nargs.values())],
     lambda configs, nargs, **kw: configs if str(nargs) else configs,                    # printed
     lambda configs, nargs, **kw: configs if (nargs | {})["n"] else configs,             # merged
-], ids=["scalar", "tensor", "get", "copy", "values", "repr", "merged"])
+    lambda configs, nargs, **kw: filter(lambda c: nargs["alpha"] > 0, configs),          # lazily, as consumed
+    lambda configs, nargs, **kw: (c for c in configs if nargs["x"].shape[0] >= 0),        # a generator
+], ids=["scalar", "tensor", "get", "copy", "values", "repr", "merged", "filter", "generator"])
 def test_a_pruner_that_reads_more_than_the_keys_scalars_decides_at_the_first_call(early, tmp_path, monkeypatch):
     k = _pruned("t.prune_more", early, tmp_path, monkeypatch)
     assert k.prime(**_stand_ins()) is None and k.decision(torch.empty(64), torch.empty(64), 64, 1.5) is None
@@ -113,6 +115,30 @@ def test_a_pruner_that_reads_more_than_the_keys_scalars_decides_at_the_first_cal
     k[(2,)](x, out, 64, 2.0)   # decided by the call, with its own arguments
     torch.testing.assert_close(out, x * 2.0)
     assert ft.stats()["t.prune_more"]["calls"]["offline"] == 1
+
+
+def test_a_perf_model_that_cannot_read_stand_ins_does_not_stop_a_key_decided_ahead(tmp_path, monkeypatch):
+    model = lambda x, n, BLOCK, **kw: x.numel() / BLOCK  # noqa: E731 - a stand-in has no numel
+    k = _pruned("t.prune_model", lambda configs, nargs, **kw: [c for c in configs if c.kwargs["BLOCK"] <= nargs["n"]],
+                tmp_path, monkeypatch)
+    k.prune_configs_by.update(perf_model=model, top_k=1)
+    d = k.prime(**_stand_ins())   # the hook is the pruner's business alone: the perf_model is not asked
+    assert d is not None and d.config.kwargs == {"BLOCK": 32}
+    x, out = torch.randn(64), torch.empty(64)
+    k[(2,)](x, out, 64, 2.0)
+    torch.testing.assert_close(out, x * 2.0)
+    assert d.calls == 1
+
+
+def test_a_key_left_to_its_first_call_reads_no_scratch_cache_ahead(tmp_path, monkeypatch):
+    """The scratch cache is read at the first decision, after the settings settle (FLYTUNE_CACHE_DIR may be
+    set between a warm-up at import and the first call), never by the warm-up."""
+    k = _pruned("t.prune_late", lambda configs, nargs, **kw: configs if nargs["alpha"] else configs, tmp_path,
+                monkeypatch)
+    assert k.prime(**_stand_ins()) is None and k._scratch._loaded == {}
+    k = _pruned("t.prune_early", lambda configs, nargs, **kw: configs if nargs["n"] else configs, tmp_path,
+                monkeypatch)
+    assert k.prime(**_stand_ins()) is not None
 
 
 def test_a_kernel_with_a_scratch_cache_is_not_decided_ahead(tmp_path, monkeypatch):
@@ -171,7 +197,7 @@ def test_host_tensor_descriptors_get_stand_ins_that_specialise_as_recorded(dtype
 
 
 @pytest.mark.parametrize("ty", ["tensordesc<fp16[64, 32],#shared>", "tensordesc<fp16[3, 32]>",
-                                "tensordesc<cx64[64, 32]>", "tensordesc<fp16[]>"])
+                                "tensordesc<cx64[64, 32]>", "tensordesc<fp16[]>", "tensordesc<fp16[064, 32]>"])
 def test_descriptors_of_another_form_are_refused_by_name(ty):
     config = Config({"BLOCK_M": 64, "BLOCK_N": 32})
     x = torch.zeros(256, 32).half()

@@ -126,16 +126,9 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
     one may carry a `pre_hook` the declared ones lack (gemlite's pruner attaches `init_to_zero` to the
     split-K configs it makes), which then launches with that config."""
     nargs = {name: v for name, v in bound.items() if name not in kwargs}
-    configs, sources = kernel.configs, {}
+    sources = made(kernel, bound, kwargs)
+    configs = list(sources) if sources else kernel.configs
     rules = kernel.prune_configs_by
-    early = rules.get("early_config_prune")
-    if early is not None:
-        made = list(early(list(getattr(kernel, "declared", configs)), nargs, **kwargs))
-        configs = [Config.coerce(c) for c in made]
-        sources = dict(zip(configs, made))
-        if not configs:
-            raise DeclarationError("early_config_prune returned no config", file=kernel.name,
-                                   field="prune_configs_by")
     model, top_k = rules.get("perf_model"), rules.get("top_k", 1.0)
     if model is not None:
         if isinstance(top_k, float) and top_k <= 1.0:  # a fraction of all the declared configs, as in Triton
@@ -147,6 +140,19 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
             configs = sorted(configs, key=lambda c: model(**nargs, **kwargs, **callbacks.all_kwargs(sources.get(c, c))))
             configs = configs[:max(top_k, 1)]
     return configs, sources
+
+
+def made(kernel, bound: dict, kwargs: dict) -> dict[Config, Any]:
+    """What the kernel's `early_config_prune` returns for this call, as `prune` calls it: each config (as
+    flytune's Config) -> the object returned (which may carry a pre_hook); empty without a pruner."""
+    early = kernel.prune_configs_by.get("early_config_prune")
+    if early is None:
+        return {}
+    nargs = {name: v for name, v in bound.items() if name not in kwargs}
+    returned = list(early(list(getattr(kernel, "declared", kernel.configs)), nargs, **kwargs))
+    if not returned:
+        raise DeclarationError("early_config_prune returned no config", file=kernel.name, field="prune_configs_by")
+    return dict(zip((Config.coerce(c) for c in returned), returned))
 
 
 class _Reads(dict):
@@ -207,13 +213,15 @@ _WALKS = frozenset(("keys", "items", "values", "copy", "pop", "popitem", "setdef
 
 
 def prunes_by(kernel, bound: dict, kwargs: dict, names: Sequence[str]) -> bool:
-    """Whether the kernel's `early_config_prune`, called on `bound` as `prune` calls it, reads no argument
-    but `names` (and walks none of the others): what it returns then depends on those values alone, so a
-    call made of stand-ins carrying them prunes as the call would. False where it raises."""
+    """Whether the kernel's `early_config_prune`, called on `bound` as `prune` calls it and its result
+    consumed, reads no argument but `names` (and walks none of the others): what it returns then depends
+    on those values alone, so a call made of stand-ins carrying them prunes as the call would. False
+    where it raises. Not seen: keyword arguments (`**kwargs` reach it as a fresh dict; a warm-up's
+    stand-ins pass every parameter by position) and reads through `dict`'s own methods called unbound."""
     nargs = _Reads({name: v for name, v in bound.items() if name not in kwargs})
-    try:
-        kernel.prune_configs_by["early_config_prune"](list(getattr(kernel, "declared", kernel.configs)), nargs,
-                                                        **kwargs)
+    try:  # consumed here: a pruner returning a generator or `filter(...)` reads as it is consumed
+        list(kernel.prune_configs_by["early_config_prune"](list(getattr(kernel, "declared", kernel.configs)),
+                                                             nargs, **kwargs))
     except Exception:  # noqa: BLE001 - a stand-in it cannot read: the call's own arguments decide
         return False
     return not nargs.whole and nargs.read <= set(names)

@@ -142,10 +142,9 @@ class Autotuned(Kernel):
         the tensors' place). None, remembering nothing, where neither tier serves the key or where the
         decision may depend on more than the key: a scratch cache for this kernel (keyed on tensor
         layouts too), an `early_config_prune` that reads anything but the key's scalar arguments
-        (`search.prunes_by`: it sees the call's tensors). Either way both tiers' files are read here,
-        not at the first call."""
-        self.offline_index()
-        self._scratch.entries()  # read ahead, as the offline index: the key's first decision finds both loaded
+        (`search.prunes_by`: it sees the call's tensors), or a callback deciding it that fails on the
+        stand-ins. Either way the offline index is loaded here, not at the first call."""
+        self.offline_index()   # loaded ahead, and the scratch cache's path found (platformdirs' import)
         if os.path.lexists(self._scratch.path):
             return None
         args = _positional(self.arg_names, args, kwargs)
@@ -154,7 +153,12 @@ class Autotuned(Kernel):
             exact = [a for a in self.axis_names if not hasattr(bound.get(a), "dtype")]  # a tensor's: its dtype only
             if not search.prunes_by(self, bound, kwargs, exact):
                 return None
-        return self._known(args, kwargs) or self._decide(args, kwargs, None, search=False, stored_only=True)
+        try:
+            return self._known(args, kwargs) or self._decide(args, kwargs, None, search=False, stored_only=True)
+        except FlytuneError:
+            raise
+        except Exception:  # noqa: BLE001 - a callback that cannot read a stand-in: the first call decides
+            return None
 
     def _run_keywords(self, args, kwargs, grid, warmup):
         if warmup:  # `kernel[grid](..., warmup=True)`: Triton's compile-only launch
@@ -320,7 +324,7 @@ def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decisio
                                   Fields(k._scratch.path, ArtifactError))
         k.check_binds(config, set(bound), "config", file=k._scratch.path)  # an artifact's rules: it is data
         if config not in k.config_set and ("early_config_prune" not in k.prune_configs_by
-                                           or config not in search.prune(k, bound, kwargs)[1]):
+                                           or config not in search.made(k, bound, kwargs)):
             raise ArtifactError("is none of the kernel's declared configs (nor of those its early_config_prune "
                                 "makes for this call), among which every search picks its winner",
                                 file=k._scratch.path, field="config")
@@ -372,7 +376,7 @@ def _served_hook(k: Autotuned, config: Config, bound: dict, kwargs: dict, file) 
     hook = k.hooks.bind(config)
     if hook is not None or "early_config_prune" not in k.prune_configs_by:
         return hook
-    _, made = search.prune(k, bound, kwargs)
+    made = search.made(k, bound, kwargs)   # the pruner alone: which configs carry hooks (no perf_model)
     if config in made:
         return k.hooks.bind(config, made[config])
     if any(getattr(obj, "pre_hook", None) is not None for obj in made.values()):

@@ -40,7 +40,9 @@ def entry_key(parts: dict) -> str:
 class ScratchCache:
     def __init__(self, kernel: str):
         self.kernel = kernel
-        self._entries: dict[str, Any] | None = None
+        # "entries" -> the winners, once read: a one-key dict, so a reader that read before a `put` wrote can
+        # only add them where none are (`setdefault`, one step under the GIL), never undo that write
+        self._loaded: dict[str, dict[str, Any]] = {}
 
     @property
     def path(self) -> Path:
@@ -66,11 +68,9 @@ class ScratchCache:
             return {}
 
     def entries(self) -> dict[str, Any]:
-        """The winners searched on this machine, read once (a call's first decision, or a warm-up ahead
-        of it: the file's path needs platformdirs, whose import is about 9 ms on the CPU of the tests)."""
-        if self._entries is None:
-            self._entries = self._read()
-        return self._entries
+        """The winners searched on this machine, read once, at this kernel's first decision."""
+        entries = self._loaded.get("entries")
+        return entries if entries is not None else self._loaded.setdefault("entries", self._read())
 
     def get(self, key: str) -> Any:
         return self.entries().get(key)
@@ -81,15 +81,13 @@ class ScratchCache:
         a lock held past LOCK_TIMEOUT, a lock path that is a symlink) is one warning, and the winner
         is kept in memory for this process; the call that searched it never fails for it."""
         try:
-            self._entries = self._write(key, value)
+            self._loaded["entries"] = self._write(key, value)
         except (OSError, FlytuneError) as e:  # filelock's Timeout is an OSError
             reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
             warning.once(("scratch-write", str(self.path.parent)),
                          f"flytune: the scratch cache {self.path.parent} cannot be written ({type(e).__name__}: "
                          f"{reason}); searched winners are kept in memory for this process only")
-            if self._entries is None:
-                self._entries = {}
-            self._entries[key] = value
+            self.entries()[key] = value
 
     def _write(self, key: str, value: Any) -> dict[str, Any]:
         from filelock import FileLock

@@ -290,7 +290,7 @@ class Pointer:
         return 0
 
 
-DESCRIPTOR = re.compile(r"tensordesc<([a-z0-9]+)\[([0-9]+(?:, [0-9]+)*)\]>")
+DESCRIPTOR = re.compile(r"tensordesc<([a-z0-9]+)\[([1-9][0-9]*(?:, [1-9][0-9]*)*)\]>")
 
 
 def descriptor(name: str, ty: str):
