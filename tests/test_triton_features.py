@@ -456,6 +456,49 @@ def test_a_pre_hook_the_pruner_attaches_runs_on_every_tier(tmp_path, monkeypatch
     assert ft.stats()["t.prunehook"]["calls"]["offline"] == 1
 
 
+def test_a_pruner_attaching_a_pre_hook_is_decided_ahead_with_it(tmp_path, monkeypatch):
+    """The pruner reads no argument: a warm-up decides the key from stand-ins, and the config it serves
+    carries the pruner's hook, which the first call (a hit) runs on its own tensors."""
+    from flytune_build.runtime.warming import binder
+
+    monkeypatch.setenv("FLYTUNE_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    arts_dir(tmp_path, monkeypatch, Artifact("t.prunehook_ahead", {"n": 100}, INTERPRETER, Config({"BLOCK": 32})))
+    k = fk.pruned_total(ft.autotune, name="t.prunehook_ahead")
+    d = k.prime(x=binder.Pointer(torch.float32, True), total=binder.Pointer(torch.float32, True), n=100)
+    assert d is not None and d.tier == "offline" and d.hook is not None
+    assert fk.dirty_total(k, 100) and d.calls == 1   # the garbage zeroed by the hook decided ahead
+
+
+def test_the_examples_pruned_matmul_is_decided_ahead_from_its_recorded_launch(tmp_path):
+    """examples/triton_features' matmul (`early_config_prune` reading M, N, K; a perf_model; top_k): the
+    warm-up's stand-ins, built from its artifact's recorded specialization, decide its key ahead."""
+    example = ROOT / "examples" / "triton_features"
+    script = (
+        "import glob, json, torch\n"
+        "from flytune_build.core.codec import Fields\n"
+        "from flytune_build.core.config import Config\n"
+        "from flytune_build.core.errors import ArtifactError\n"
+        "from flytune_build.runtime.warming import binder\n"
+        "from triton_features import kernels\n"
+        "(path,) = glob.glob('artifacts/interpreter/triton_features.matmul-*.json')\n"
+        "art = json.load(open(path))\n"
+        "config = Config.from_json(art['config'], Fields(path, ArtifactError))\n"
+        "k = kernels.matmul_kernel\n"
+        "named = binder.stand_ins(art['provenance']['specialization'], config, art['key'], exclude=set(k.tuned_kwargs))\n"
+        "d = k.prime(**named)\n"
+        "assert d is not None and d.tier == 'offline' and d.config == config, d\n"
+        "a, b = torch.randn(128, 128), torch.randn(128, 128)\n"
+        "c = kernels.matmul(a, b)\n"
+        "assert d.calls == 1, d.calls\n"
+        "torch.testing.assert_close(c, torch.nn.functional.leaky_relu(a @ b, 0.01), atol=1e-2, rtol=1e-2)\n"
+        "print('decided ahead')\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=example,
+                       env=python_env(PYTHONPATH=f"{example}{os.pathsep}{ROOT}", TRITON_INTERPRET=1,
+                                      FLYTUNE_ARTIFACT_DIR=example / "artifacts" / "interpreter",
+                                      FLYTUNE_CACHE_DIR=tmp_path / "c"))
+    assert r.returncode == 0 and "decided ahead" in r.stdout, r.stdout + r.stderr
+
+
 def test_an_adopted_kernel_gets_the_pre_hook_its_pruner_attaches(tmp_path, monkeypatch):
     """An adopted kernel whose pruner attaches a pre_hook is seeded with the pruner's config for the call
     (its hook with it), and an artifact none of the pruner's hooked configs matches is refused."""

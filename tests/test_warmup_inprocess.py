@@ -194,6 +194,17 @@ def test_host_tensor_descriptors_get_stand_ins_that_specialise_as_recorded(dtype
     _, specialization, _ = _bind(jit, spec, config)
     binder.check_specialization(spec, jit, specialization, _backend())  # raises on any difference
     assert [s[0] for s in specialization[:2]] == [spec["signature"]["x_desc"]] * 2
+    # and through the binder a GPU's JIT builds (NVIDIA's backend), against real descriptors over real tensors
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import create_function_from_signature
+
+    bind = create_function_from_signature(jit.signature, jit.params, CUDABackend)
+    options = dict(**config.launch_kwargs(), debug=False, instrumentation_mode="")
+    _, ours, _ = bind(**binder.stand_ins(spec, config, exclude=set(config.kwargs)), **options)
+    _, real, _ = bind(TensorDescriptor.from_tensor(x, [64, 32]), TensorDescriptor.from_tensor(x, [64, 32]), 256,
+                      **options)
+    assert ours == real
+    binder.check_specialization(spec, jit, ours, CUDABackend)
 
 
 @pytest.mark.parametrize("ty", ["tensordesc<fp16[64, 32],#shared>", "tensordesc<fp16[3, 32]>",
