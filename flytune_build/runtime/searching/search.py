@@ -126,8 +126,9 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
     one may carry a `pre_hook` the declared ones lack (gemlite's pruner attaches `init_to_zero` to the
     split-K configs it makes), which then launches with that config."""
     nargs = {name: v for name, v in bound.items() if name not in kwargs}
-    sources = made(kernel, bound, kwargs)
-    configs = list(sources) if sources else kernel.configs
+    returned = _early(kernel, nargs, kwargs)
+    configs = [c for c, _ in returned] if returned else kernel.configs
+    sources = dict(returned)
     rules = kernel.prune_configs_by
     model, top_k = rules.get("perf_model"), rules.get("top_k", 1.0)
     if model is not None:
@@ -145,14 +146,19 @@ def prune(kernel, bound: dict, kwargs: dict) -> tuple[list[Config], dict[Config,
 def made(kernel, bound: dict, kwargs: dict) -> dict[Config, Any]:
     """What the kernel's `early_config_prune` returns for this call, as `prune` calls it: each config (as
     flytune's Config) -> the object returned (which may carry a pre_hook); empty without a pruner."""
+    return dict(_early(kernel, {name: v for name, v in bound.items() if name not in kwargs}, kwargs))
+
+
+def _early(kernel, nargs: dict, kwargs: dict) -> list[tuple[Config, Any]]:
+    """(flytune's Config, the object returned) for each config `early_config_prune(declared configs, nargs,
+    **kwargs)` returns, consumed, in its order (duplicates kept, as Triton keeps them); [] without one."""
     early = kernel.prune_configs_by.get("early_config_prune")
     if early is None:
-        return {}
-    nargs = {name: v for name, v in bound.items() if name not in kwargs}
+        return []
     returned = list(early(list(getattr(kernel, "declared", kernel.configs)), nargs, **kwargs))
     if not returned:
         raise DeclarationError("early_config_prune returned no config", file=kernel.name, field="prune_configs_by")
-    return dict(zip((Config.coerce(c) for c in returned), returned))
+    return [(Config.coerce(c), c) for c in returned]
 
 
 class _Reads(dict):
@@ -219,9 +225,8 @@ def prunes_by(kernel, bound: dict, kwargs: dict, names: Sequence[str]) -> bool:
     where it raises. Not seen: keyword arguments (`**kwargs` reach it as a fresh dict; a warm-up's
     stand-ins pass every parameter by position) and reads through `dict`'s own methods called unbound."""
     nargs = _Reads({name: v for name, v in bound.items() if name not in kwargs})
-    try:  # consumed here: a pruner returning a generator or `filter(...)` reads as it is consumed
-        list(kernel.prune_configs_by["early_config_prune"](list(getattr(kernel, "declared", kernel.configs)),
-                                                             nargs, **kwargs))
+    try:  # consumed (`_early`): a pruner returning a generator or `filter(...)` reads as it is consumed
+        _early(kernel, nargs, kwargs)
     except Exception:  # noqa: BLE001 - a stand-in it cannot read: the call's own arguments decide
         return False
     return not nargs.whole and nargs.read <= set(names)
