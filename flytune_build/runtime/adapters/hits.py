@@ -166,8 +166,8 @@ def wrapped_run(adopted, original):
             return slow(args, _keywords(grid, warmup, kwargs))
         if tuner.best_config is not obj:   # as Triton's hit sets it; a read costs less than a write
             tuner.best_config = obj
-        if hook is not None:
-            hook({**dict(zip(tuner.arg_names, args)), "grid": grid, "warmup": False, **kwargs, **meta})  # Triton's order
+        if hook is not None:   # its arguments in Triton's order (`meta` repeats `warmup`, which keeps its place)
+            hook({**dict(zip(tuner.arg_names, args)), "grid": grid, "warmup": False, **kwargs, **meta})
         try:  # `meta`: `warmup=False`, then the config's keywords (Triton's JIT sees them in Triton's order)
             ret = launch(*args, grid=grid, **kwargs, **meta) if kwargs else launch(*args, grid=grid, **meta)
         except Exception:
