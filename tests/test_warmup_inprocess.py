@@ -97,8 +97,25 @@ def test_a_pruner_that_reads_only_the_keys_scalars_is_decided_ahead(tmp_path, mo
     assert d.calls == 1 and ft.stats()["t.prune_key"]["calls"]["offline"] == 1
 
 
+def test_a_pruner_that_reads_a_key_tensors_dtype_and_element_size_is_decided_ahead(tmp_path, monkeypatch):
+    """As Triton's own matmul pruner reads its operand (`named_args["A"].element_size()`, `.dtype`): the
+    key holds that tensor's dtype, so a stand-in carrying it prunes as the call."""
+    seen = []
+    k = _pruned("t.prune_dtype", lambda configs, nargs, **kw: seen.append((nargs["x"].dtype, nargs["x"].element_size()))
+                or [c for c in configs if c.kwargs["BLOCK"] * nargs["x"].element_size() <= 4 * nargs["n"]],
+                tmp_path, monkeypatch)
+    d = k.prime(**_stand_ins())
+    assert d is not None and d.config.kwargs == {"BLOCK": 32} and seen[0] == (torch.float32, 4)
+    x, out = torch.randn(64), torch.empty(64)
+    k[(2,)](x, out, 64, 2.0)
+    torch.testing.assert_close(out, x * 2.0)
+    assert d.calls == 1
+
+
 @pytest.mark.parametrize("early", [
     lambda configs, nargs, **kw: configs if nargs["alpha"] > 0 else configs[:1],       # a non-key argument
+    lambda configs, nargs, **kw: configs if nargs["x"].data_ptr() % 16 == 0 else configs,  # a key tensor's address
+    lambda configs, nargs, **kw: configs if nargs["out"].dtype else configs,             # a tensor not in the key
     lambda configs, nargs, **kw: configs if nargs["x"].numel() > 0 else configs[:1],   # a tensor (a stand-in)
     lambda configs, nargs, **kw: configs if nargs.get("out") is not None else configs,  # by get
     lambda configs, nargs, **kw: configs if len(dict(nargs)) else configs,              # a copy of them all
@@ -107,7 +124,8 @@ def test_a_pruner_that_reads_only_the_keys_scalars_is_decided_ahead(tmp_path, mo
     lambda configs, nargs, **kw: configs if (nargs | {})["n"] else configs,             # merged
     lambda configs, nargs, **kw: filter(lambda c: nargs["alpha"] > 0, configs),          # lazily, as consumed
     lambda configs, nargs, **kw: (c for c in configs if nargs["x"].shape[0] >= 0),        # a generator
-], ids=["scalar", "tensor", "get", "copy", "values", "repr", "merged", "filter", "generator"])
+], ids=["scalar", "address", "other-dtype", "tensor", "get", "copy", "values", "repr", "merged", "filter",
+        "generator"])
 def test_a_pruner_that_reads_more_than_the_keys_scalars_decides_at_the_first_call(early, tmp_path, monkeypatch):
     k = _pruned("t.prune_more", early, tmp_path, monkeypatch)
     assert k.prime(**_stand_ins()) is None and k.decision(torch.empty(64), torch.empty(64), 64, 1.5) is None

@@ -218,18 +218,41 @@ _WALKS = frozenset(("keys", "items", "values", "copy", "pop", "popitem", "setdef
                     "__reduce_ex__"))
 
 
-def prunes_by(kernel, bound: dict, kwargs: dict, names: Sequence[str]) -> bool:
+def prunes_by(kernel, bound: dict, kwargs: dict, names: Sequence[str], dtypes: Sequence[str] = ()) -> bool:
     """Whether the kernel's `early_config_prune`, called on `bound` as `prune` calls it and its result
-    consumed, reads no argument but `names` (and walks none of the others): what it returns then depends
-    on those values alone, so a call made of stand-ins carrying them prunes as the call would. False
-    where it raises. Not seen: keyword arguments (`**kwargs` reach it as a fresh dict; a warm-up's
-    stand-ins pass every parameter by position) and reads through `dict`'s own methods called unbound."""
-    nargs = _Reads({name: v for name, v in bound.items() if name not in kwargs})
+    consumed, reads no argument but `names` and, of the arguments `dtypes`, only their `dtype` and
+    `element_size()` (and walks none of the others): what it returns then depends on values the key
+    holds, so a call made of stand-ins carrying them prunes as the call would. False where it raises.
+    Not seen: keyword arguments (`**kwargs` reach it as a fresh dict; a warm-up's stand-ins pass every
+    parameter by position) and reads through `dict`'s own methods called unbound."""
+    typed = {name: _DtypeOnly(bound[name]) for name in dtypes if name in bound and name not in kwargs}
+    nargs = _Reads({name: typed.get(name, v) for name, v in bound.items() if name not in kwargs})
     try:  # consumed (`_early`): a pruner returning a generator or `filter(...)` reads as it is consumed
         _early(kernel, nargs, kwargs)
     except Exception:  # noqa: BLE001 - a stand-in it cannot read: the call's own arguments decide
         return False
-    return not nargs.whole and nargs.read <= set(names)
+    return (not nargs.whole and nargs.read <= set(names) | set(typed)
+            and not any(t.other for t in typed.values()))
+
+
+class _DtypeOnly:
+    """A tensor stand-in handed to a pruner: its `dtype` and `element_size()` read freely (the key holds
+    the dtype), anything else noted (`other`)."""
+    __slots__ = ("value", "other")
+
+    def __init__(self, value):
+        self.value, self.other = value, False
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    def element_size(self) -> int:
+        return self.value.dtype.itemsize
+
+    def __getattr__(self, name):
+        self.other = True
+        return getattr(self.value, name)
 
 
 @contextlib.contextmanager

@@ -141,8 +141,8 @@ class Autotuned(Kernel):
         searching nothing, so that call's first launch is a hit (`runtime.warming.warmup`; stand-ins may take
         the tensors' place). None, remembering nothing, where neither tier serves the key or where the
         decision may depend on more than the key: a scratch cache for this kernel (keyed on tensor
-        layouts too), an `early_config_prune` that reads anything but the key's scalar arguments
-        (`search.prunes_by`: it sees the call's tensors), or a callback deciding it that fails on the
+        layouts too), an `early_config_prune` that reads anything but the key's scalar arguments and
+        its tensors' dtypes (`search.prunes_by`: it sees the call's tensors), or a callback deciding it that fails on the
         stand-ins. Either way the offline index is loaded here, not at the first call."""
         self.offline_index()   # loaded ahead, and the scratch cache's path found (platformdirs' import)
         if os.path.lexists(self._scratch.path):
@@ -150,8 +150,8 @@ class Autotuned(Kernel):
         args = _positional(self.arg_names, args, kwargs)
         if "early_config_prune" in self.prune_configs_by:
             bound = {**dict(zip(self.arg_names, args)), **kwargs}
-            exact = [a for a in self.axis_names if not hasattr(bound.get(a), "dtype")]  # a tensor's: its dtype only
-            if not search.prunes_by(self, bound, kwargs, exact):
+            tensors = [a for a in self.axis_names if hasattr(bound.get(a), "dtype")]   # keyed on their dtype
+            if not search.prunes_by(self, bound, kwargs, [a for a in self.axis_names if a not in tensors], tensors):
                 return None
         try:
             return self._known(args, kwargs) or self._decide(args, kwargs, None, search=False, stored_only=True)

@@ -289,6 +289,9 @@ class Pointer:
     def ptr_range() -> int:
         return 0
 
+    def element_size(self) -> int:   # what a pruner may read of a tensor besides its dtype (search.prunes_by)
+        return self.dtype.itemsize
+
 
 DESCRIPTOR = re.compile(r"tensordesc<([a-z0-9]+)\[([1-9][0-9]*(?:, [1-9][0-9]*)*)\]>")
 
