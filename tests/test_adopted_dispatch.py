@@ -292,3 +292,92 @@ def test_a_key_triton_s_cache_holds_is_served_without_triton_s_run_from_its_firs
     assert k.flytune_adopted.prime_key({"n": 100, "x": "float32", "y": "float32", "out": "float32"}) is not None
     assert [call(k, 100) for _ in range(3)] == [64] * 3 and HOOKED == [(100, 64)] * 3
     assert ft.stats()["hit.add"]["calls"]["offline"] == 3 and len(k.flytune_adopted.hits.memo) == 1
+
+
+# -- calls passing keywords: a hit too, keyed on what Triton keys -----------------------------------------------
+def test_a_call_passing_its_arguments_by_keyword_is_a_hit_keyed_on_what_triton_keys(bundled, monkeypatch):
+    """Real libraries (fla, flash-attn's layer norm, Triton's fused attention) pass every argument by
+    keyword: such a call is remembered under its layout (how many positional, which keywords in which
+    order) and its next calls skip Triton's `run`; another dtype, another layout or another order is a
+    key of its own."""
+    from triton.runtime.autotuner import Autotuner
+
+    import flytune_build as ft
+
+    k = make(pre_hook=_hook)
+    adapter.adopt(k, name="hit.add")
+
+    def by_name(n, dtype=torch.float32, order=("x", "y", "out", "n")):
+        x, y, out = torch.randn(n).to(dtype), torch.randn(n).to(dtype), torch.empty(n, dtype=dtype)
+        args = {"x": x, "y": y, "out": out, "n": n}
+        k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](**{a: args[a] for a in order})
+        assert torch.equal(out, x + y)
+        return k.best_config.kwargs["BLOCK"]
+
+    assert by_name(100) == 64 and by_name(100, torch.float16) == 32   # decided through Triton's run
+    assert by_name(100, order=("out", "n", "x", "y")) == 64 and by_name(50) == 16
+    calls = ft.stats()["hit.add"]["calls"]
+    HOOKED.clear()
+
+    def not_run(self, *args, **kwargs):
+        raise AssertionError("Autotuner.run was called")
+
+    monkeypatch.setattr(Autotuner, "run", not_run)
+    assert [by_name(100), by_name(100, torch.float16), by_name(100, order=("out", "n", "x", "y")),
+            by_name(50)] == [64, 32, 64, 16]
+    assert HOOKED == [(100, 64), (100, 32), (100, 64), (50, 16)]
+    after = ft.stats()["hit.add"]["calls"]
+    assert after["offline"] == calls["offline"] + 3 and after["heuristic"] == calls["heuristic"] + 1
+    assert len(k.flytune_adopted.hits.memo) == 4
+
+
+def test_a_call_mixing_positions_and_keywords_is_a_hit_of_its_own_layout(bundled):
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    x, y, out = torch.randn(100), torch.randn(100), torch.empty(100)
+    for _ in range(2):
+        k[(2,)](x, y, out=out, n=100)
+        assert torch.equal(out, x + y) and k.best_config.kwargs["BLOCK"] == 64
+        k[(4,)](x, y, out, 50)
+        assert k.best_config.kwargs["BLOCK"] == 16
+    assert len(k.flytune_adopted.hits.memo) == 2
+
+
+# -- a launch that fails: once, as Triton's hit fails ------------------------------------------------------------
+def _failing(nargs):
+    raise ZeroDivisionError("the grid failed")
+
+
+@pytest.mark.parametrize("remembered", [True, False], ids=["memo", "cached"])
+def test_a_launch_that_fails_raises_tritons_error_once_unchained_its_hook_called_once(remembered, monkeypatch):
+    """A launch that fails (here its grid raises, inside Triton's launch) raises that error as Triton's hit
+    does: chained to no lookup of flytune's, after one pre_hook call and no second launch, whether the call
+    was a hit of the memo or of the key Triton's cache holds."""
+    monkeypatch.delenv("FLYTUNE_ARTIFACT_DIR", raising=False)
+    k = make(pre_hook=_hook)
+    adapter.adopt(k, name="hit.fails")
+    x, y, out = torch.randn(50), torch.randn(50), torch.empty(50)
+    for _ in range(2):
+        k[(4,)](x, y, out, 50)   # decided: the first config (nothing bundled), then remembered
+    assert k.flytune_adopted.hits.memo
+    if not remembered:
+        k.flytune_adopted.hits.invalidate()   # Triton's cache still holds the key
+    HOOKED.clear()
+    with pytest.raises(ZeroDivisionError, match="the grid failed") as e:
+        k[_failing](x, y, out, 50)
+    assert e.value.__context__ is None and e.value.__cause__ is None
+    assert HOOKED == [(50, 16)]
+
+
+def test_a_launch_keyword_the_config_sets_is_tritons_type_error_unchained(monkeypatch):
+    """Python reports a repeated keyword raised while another exception is handled as a KeyError (3.11):
+    the adopted call raises it where no handler runs, a TypeError as Triton's alone, its hook called once."""
+    monkeypatch.delenv("FLYTUNE_ARTIFACT_DIR", raising=False)
+    k = make(pre_hook=_hook)
+    adapter.adopt(k, name="hit.fails")
+    x, y, out = torch.randn(50), torch.randn(50), torch.empty(50)
+    k[(4,)](x, y, out, 50)
+    HOOKED.clear()
+    with pytest.raises(TypeError, match="multiple values for keyword argument 'num_warps'") as e:
+        k[(4,)](x, y, out, 50, num_warps=4)
+    assert e.value.__context__ is None and HOOKED == [(50, 16)]

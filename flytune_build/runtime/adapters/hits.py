@@ -5,7 +5,9 @@ benchmarks/dispatch_overhead.py). Once Triton's `run` has served a call from its
 config there, or Triton searched it), the call is remembered (`Hits.remember`) under a key at least as
 fine as Triton's (`key_of`); the next such call is a lookup in that memo, `best_config` set, the
 config's pre_hook called with Triton's arguments, and the launch (`wrapped_run`), counted as Triton's
-path counts it. A miss, a search, strict mode and a failing launch take Triton's `run`, unchanged.
+path counts it; a call passing keywords is keyed under its layout (fla's and flash-attn's calls pass
+every argument by keyword). A miss, a search and strict mode take Triton's `run`, unchanged; a launch
+that fails is not launched again: its error is the kernel's launch-or-fail, as from Triton's `run`.
 
 Invariants: a hit launches the object Triton's cache holds for that call. Adoption makes the cache a
 `Cache`, a dict that empties the memo when a key it holds changes by any hand (overwritten with another
@@ -111,6 +113,13 @@ class Hits:
         self.generation = next(self._changes)
         self.memo.clear()
 
+    def servable(self, args, kwargs):
+        """The config Triton's cache holds for a launch this kernel's hits may serve (None: Triton's `run`
+        serves it: one config, hits off or refused, or `warmup` not False)."""
+        if len(self.tuner.configs) > 1 and self.refused is None and self.on and kwargs.get("warmup") is False:
+            return self.cached(args, kwargs)
+        return None
+
     def cached(self, args, kwargs):
         """The config Triton's cache holds under this call's Triton key (None: not keyable, or none)."""
         try:
@@ -118,19 +127,19 @@ class Hits:
         except TypeError:
             return None
 
-    def remember(self, args, kwargs, obj, d, tier, generation: int) -> None:
-        """Remember a call Triton served from its cache with `obj`, where this kernel's hits take that
-        path, the call can be keyed, no key of the cache changed since the call began (`generation`)
-        and the memo is not full. No lock: the entry is set, then taken out again if a change came
-        meanwhile (a change after the check empties the memo itself)."""
+    def remember(self, args, kwargs, obj, meta, d, tier, generation: int) -> None:
+        """Remember a call Triton served from its cache with `obj` (`meta`: its launch keywords, None: read
+        them here), where this kernel's hits take that path, the call can be keyed, no key of the cache
+        changed since the call began (`generation`) and the memo is not full. No lock: the entry is set,
+        then taken out again if a change came meanwhile (a change after the check empties the memo itself)."""
         if obj is None or self.refused is not None or not self.on or len(self.memo) >= MAX_HITS:
             return
         try:
             if not self.key.learn(args, kwargs):
                 return
-            key, entry = self.key(args, kwargs), (obj, d, {"warmup": False, **obj.all_kwargs()},
+            key, entry = self.key(args, kwargs), (obj, d, {"warmup": False, **(meta or obj.all_kwargs())},
                                                   getattr(obj, "pre_hook", None), tier)
-        except (TypeError, IndexError, AttributeError, ValueError):
+        except (TypeError, IndexError, KeyError, AttributeError, ValueError):
             return
         if generation == self.generation:
             self.memo[key] = entry
@@ -140,82 +149,84 @@ class Hits:
 
 def wrapped_run(adopted, original):
     """The adopted Autotuner's `run`: a hit of `adopted.hits`; else, where Triton's cache holds the call's
-    key (a warm-up put it there, or an earlier call), Triton's hit made here without `Autotuner.run`
-    (`_launched`: 24 -> 17 us of host time for the first call after a warm-up, dispatch_overhead.py);
-    else Triton's `original` run, which decides, searches or serves as Triton does. Either way the call
-    is remembered where it can be."""
+    key (a warm-up's, an earlier call's), Triton's hit made here without `Autotuner.run`; else Triton's
+    `original` run. Either way the call is remembered where it can be. A failed launch is not retried:
+    its error is launch-or-fail's (`failed`), raised where no handler runs, as Triton's alone is."""
     tuner, local, hits = adopted.tuner, adopted.local, adopted.hits
     memo, launch, key = hits.memo, tuner.fn.run, hits.key
-    positional, parameters, named = key.positional, key.parameters, key.named
+    positional, layouts = key.positional, key.layouts
     cache = tuner.cache
 
     def run(*args, grid, warmup=ABSENT, **kwargs):
-        # `grid` and `warmup` apart: what Triton's launch (`kernel[grid](...)`) passes on every call, so the
-        # parameter check is skipped where no other keyword came (a call without `grid` is Python's
-        # TypeError, as Triton's launch raises it). Each test here costs 10-40 ns of a 1.4 us hit
-        # (benchmarks/dispatch_overhead.py): the cache tells of its changes (`Cache`), only a cache put in
-        # its place is looked for, and only `warmup=False`, a launch, is served here
+        # `grid` and `warmup` apart: what Triton's launch passes on every call (without `grid`, Python's
+        # TypeError, as Triton's). Each test costs 10-40 ns of a 1.4 us hit (dispatch_overhead.py): the cache
+        # tells of its changes (`Cache`), only a cache put in its place is looked for here
         try:  # `key`, inlined: the hot path
-            if kwargs and not parameters.isdisjoint(kwargs):
-                obj, d, meta, hook, tier = memo[named(positional[0](args), kwargs)]
+            if kwargs:
+                layout = (len(args), *kwargs)
+                entry = memo[layout, layouts[layout](args, kwargs)]
             else:
-                obj, d, meta, hook, tier = memo[positional[0](args)]
+                entry = memo[positional[0](args)]
             if warmup is not False or tuner.cache is not cache:
-                raise KeyError
+                entry = None
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):  # not decided, or not keyable
+            entry = None
+        if entry is None:
             return slow(args, _keywords(grid, warmup, kwargs))
+        obj, d, meta, hook, tier = entry
         if tuner.best_config is not obj:   # as Triton's hit sets it; a read costs less than a write
             tuner.best_config = obj
         if hook is not None:   # its arguments in Triton's order (`meta` repeats `warmup`, which keeps its place)
             hook({**dict(zip(tuner.arg_names, args)), "grid": grid, "warmup": False, **kwargs, **meta})
         try:  # `meta`: `warmup=False`, then the config's keywords (Triton's JIT sees them in Triton's order)
             ret = launch(*args, grid=grid, **kwargs, **meta) if kwargs else launch(*args, grid=grid, **meta)
-        except Exception:
-            return slow(args, _keywords(grid, warmup, kwargs))  # Triton's path says what failed, and which tier
-        if d is None:
-            adopted.counts()[tier] += 1
+        except Exception as e:
+            error = e
         else:
-            d.calls += 1
-        return ret
+            if d is None:
+                adopted.counts()[tier] += 1
+            else:
+                d.calls += 1
+            return ret
+        return failed(args, _keywords(grid, warmup, kwargs), error)
 
     def slow(args, kwargs):
         nonlocal cache
         if tuner.cache is not cache:   # put in its place by another hand: no hit from now on
             hits.replaced()
             cache = tuner.cache
-        generation = hits.generation
-        keyed = len(tuner.configs) > 1   # else Triton launches its one config, reading no cache
-        fast = keyed and hits.refused is None and hits.on and kwargs.get("warmup") is False
-        obj = hits.cached(args, kwargs) if fast else None
-        if obj is not None:  # Triton's cache holds the call's key (a warm-up's, an earlier call's): its hit,
-            ret = _launched(tuner, launch, obj, args, kwargs)  # made here as a memo hit is, without its `run`
-            if ret is not MISSED:
-                return _served(adopted, args, kwargs, obj, ret, generation)
+        generation, obj = hits.generation, hits.servable(args, kwargs)
+        # Triton's cache holds the call's key (a warm-up's, an earlier call's): its hit, made here as a memo hit
+        meta = None if obj is None else _hooked(tuner, obj, args, kwargs)  # is, without its `run`
         try:
-            ret = _triton(original, local, args, kwargs)
+            ret = launch(*args, **kwargs, **meta) if obj is not None else _triton(original, local, args, kwargs)
         except Exception as e:
-            adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
-            return run(*args, **kwargs)  # decided again: the next tier serves
-        return _served(adopted, args, kwargs, hits.cached(args, kwargs) if keyed else None, ret, generation)
+            error = e
+        else:
+            if obj is None and len(tuner.configs) > 1:  # else Triton launches its one config, reading no cache
+                obj = hits.cached(args, kwargs)
+            return _served(adopted, args, kwargs, obj, meta, ret, generation)
+        return failed(args, kwargs, error)
+
+    def failed(args, kwargs, e):
+        adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
+        return run(*args, **kwargs)  # decided again: the next tier serves
     return run
 
 
-def _launched(tuner, launch, obj, args, kwargs):
-    """Triton's hit of `obj` for this call, as `Autotuner.run` makes it; MISSED where the launch failed
-    (Triton's `run` then says what failed, and which tier)."""
+def _hooked(tuner, obj, args, kwargs) -> dict:
+    """Triton's hit of `obj` for this call up to its launch, as `Autotuner.run` makes it: `best_config`
+    set, the config's pre_hook called; the config's launch keywords."""
     tuner.best_config = obj
     meta = obj.all_kwargs()
     if getattr(obj, "pre_hook", None) is not None:
         obj.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **meta})
-    try:
-        return launch(*args, **kwargs, **meta)
-    except Exception:
-        return MISSED
+    return meta
 
 
-def _served(adopted, args, kwargs, obj, ret, generation: int):
+def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
     """Count a call Triton's cache served with `obj` (one config: None, `best_config` tells), announce a
-    decision's first call, remember the call; `ret`."""
+    decision's first call, remember the call (`meta`: `obj`'s launch keywords, None: not yet read); `ret`."""
     d = adopted.seeded.get(id(adopted.tuner.best_config if obj is None else obj))
     tier = None
     if d is None:
@@ -225,7 +236,7 @@ def _served(adopted, args, kwargs, obj, ret, generation: int):
         if d.calls == 1:
             events.announce(adopted.name, d)
     if d is not None or tier is not None:
-        adopted.hits.remember(args, kwargs, obj, d, tier, generation)
+        adopted.hits.remember(args, kwargs, obj, meta, d, tier, generation)
     return ret
 
 
@@ -242,7 +253,6 @@ def _triton(original, local, args, kwargs):
 
 
 ABSENT = object()  # a keyword the call did not pass
-MISSED = object()  # a launch that failed: Triton's `run` takes the call
 
 
 def _keywords(grid, warmup, kwargs: dict) -> dict:
@@ -252,46 +262,112 @@ def _keywords(grid, warmup, kwargs: dict) -> dict:
 
 def key_of(tuner):
     """The key of a call in `Hits.memo`, at least as fine as Triton's cache key (the key arguments'
-    values and each tensor argument's dtype): the number of positional arguments, the key arguments'
-    values and the dtypes of the arguments at the kernel's tensor positions, learnt from the first call
-    remembered (`learn`; a call whose tensors lie elsewhere is never remembered, and one with no tensor
-    where the first had one raises AttributeError here), then each keyword that names a parameter with
-    its dtype or value (`grid`, `warmup` and the launch options are no parameter: Triton keys none of
-    them). A position that held None in the first call is keyed by its type too (an optional tensor).
-    IndexError where a key argument is not positional or before any call is learnt (never, for a key
-    naming no parameter), TypeError or AttributeError where a value cannot be keyed: that call takes
-    Triton's `run`.
+    values and each tensor argument's dtype, in the order the call passed them). A call's layout is
+    how many positional arguments it passed and the names of its keywords, in order (`grid`, `warmup`
+    and the launch options are no parameter: Triton keys none of them); each layout's key is learnt
+    from its first call remembered (`learn`): the key arguments' values, then the dtypes where that
+    call passed tensors, then the types where it passed None (an optional tensor). A call whose
+    tensors lie elsewhere than its layout's first call's is never remembered. The key of a call
+    passing no keyword is flat: (how many, values, dtypes, types), one layout per kernel (`positional`,
+    the hot path); a call passing keywords is keyed (layout, (values, dtypes, types)) (`layouts`).
+    IndexError or KeyError where a layout was not learnt, TypeError or AttributeError where a value
+    cannot be keyed (a call with no tensor where its layout had one): that call takes Triton's `run`.
 
     Hand-written (indexing unrolled for up to 4 tensors, a getter beyond) over a general key (every
     argument's `getattr(a, "dtype", None)`, which raises inside for each non-tensor): on the 6-argument
     stub of benchmarks/dispatch_overhead.py a general key costs 0.93 us, `map` over an itemgetter 0.45 us,
     the unrolled one 0.18 us."""
-    positions = [tuner.arg_names.index(k) for k in tuner.keys if k in tuner.arg_names]
-    keyable = len(positions) == len(tuner.keys)  # else a key names no parameter: no call is learnt
-    parameters, chosen = frozenset(tuner.arg_names), []
+    names = tuner.arg_names
+    keyable = all(k in names for k in tuner.keys)  # else a key names no parameter: no call is learnt
+    chosen: list = []       # the positional layout's key, once learnt
+    layouts: dict = {}      # (how many positional, *keyword names) -> that layout's key of (args, kwargs)
 
     def hit_key(args, kwargs):
-        key = chosen[0](args)   # IndexError: no call learnt yet
-        if parameters.isdisjoint(kwargs):
-            return key
-        return named_key(key, kwargs)
-
-    def named_key(key, kwargs):
-        return key, tuple((k, getattr(kwargs[k], "dtype", kwargs[k])) for k in sorted(parameters.intersection(kwargs)))
+        named = _named(kwargs)
+        if not named:
+            return chosen[0](args)   # IndexError: no call learnt yet
+        layout = (len(args), *named)
+        return layout, layouts[layout](args, kwargs)
 
     def learn(args, kwargs) -> bool:
-        """Whether a call's key can be remembered: its tensors (and Nones) lie where the kernel's first did."""
+        """Whether a call's key can be remembered: its tensors (and Nones) lie where its layout's first did."""
         if not keyable:
             return False
-        tensors = tuple(i for i, a in enumerate(args) if hasattr(a, "dtype"))
-        nones = tuple(i for i, a in enumerate(args) if a is None)
-        if not chosen:
-            chosen.append(_positional_key(positions, tensors, nones))
-            learn.layout = (len(args), tensors, nones)
-        return learn.layout == (len(args), tensors, nones)
+        named = _named(kwargs)
+        if not named:
+            found = _where(range(len(args)), args)
+            if not chosen:
+                chosen.append(_positional_key([names.index(k) for k in tuner.keys], *found))
+                learn.layout = (len(args), found)
+            return learn.layout == (len(args), found)
+        layout = (len(args), *named)
+        params = [k for k in named if k in names]
+        found = _where(range(len(args)), args), _where(params, kwargs)
+        key = layouts.get(layout)
+        if key is None:
+            if len(layouts) >= MAX_LAYOUTS or len(set(named)) != len(named):
+                return False
+            key = layouts[layout] = _layout_key(tuner, len(args), params, *found)
+        return key.found == found
 
-    hit_key.learn, hit_key.positional, hit_key.parameters, hit_key.named = learn, chosen, parameters, named_key
+    hit_key.learn, hit_key.positional, hit_key.layouts = learn, chosen, layouts
     return hit_key
+
+
+MAX_LAYOUTS = 64   # keyword layouts learnt per kernel
+
+
+def _named(kwargs: dict) -> tuple:
+    """A call's keywords but `grid` and `warmup` (what Triton's launch passes), in order."""
+    return tuple(k for k in kwargs if k != "grid" and k != "warmup")
+
+
+def _where(places, values) -> tuple:
+    """(the places of `values` that hold a tensor, those that hold None)."""
+    return (tuple(i for i in places if hasattr(values[i], "dtype")),
+            tuple(i for i in places if values[i] is None))
+
+
+def _layout_key(tuner, count: int, params: list, positional: tuple, named: tuple):
+    """(args, kwargs) -> (key values, dtypes, types) for calls of one keyword layout: `count`
+    positional arguments, `params` the parameters passed by keyword; `positional` and `named` are
+    (tensor places, None places) of its first call. A key argument passed neither way is left out, as
+    Triton leaves it out. The keywords' values are read into one tuple after the positional ones, and
+    that tuple keyed as positions are (`_places_key`): 0.45 us on the stub of dispatch_overhead.py, all
+    six arguments by keyword, where a getter and a `map` per part cost 1.3 us."""
+    index = {n: i for i, n in enumerate(tuner.arg_names)}
+    place = {**{i: i for i in range(count)}, **{index[p]: count + j for j, p in enumerate(params)}}
+    values = [place[index[k]] for k in tuner.keys if index[k] in place]
+    tensors = positional[0] + tuple(count + params.index(p) for p in named[0])
+    nones = positional[1] + tuple(count + params.index(p) for p in named[1])
+    inner, passed = _places_key(values, tensors, nones), _getter(params)
+
+    def key(a, k):
+        return inner((*a, *passed(k)))
+    key.found = positional, named
+    return key
+
+
+def _places_key(values: list, tensors: tuple, nones: tuple) -> Callable[[tuple], tuple]:
+    """c -> (the values at `values`, the dtypes at `tensors`, the types at `nones`), unrolled for up to
+    4 tensors and no None."""
+    v = _getter(values)
+    if nones or len(tensors) > 4:
+        tensor_getter, none_getter, dtype_of = _getter(tensors), _getter(nones), operator.attrgetter("dtype")
+        return lambda c: (v(c), *map(dtype_of, tensor_getter(c)), *map(type, none_getter(c)))
+    if not tensors:
+        return v
+    if len(tensors) == 1:
+        (i,) = tensors
+        return lambda c: (v(c), c[i].dtype)
+    if len(tensors) == 2:
+        i, j = tensors
+        return lambda c: (v(c), c[i].dtype, c[j].dtype)
+    if len(tensors) == 3:
+        i, j, k = tensors
+        return lambda c: (v(c), c[i].dtype, c[j].dtype, c[k].dtype)
+    i, j, k, m = tensors
+    return lambda c: (v(c), c[i].dtype, c[j].dtype, c[k].dtype, c[m].dtype)
 
 
 def _positional_key(positions: list, tensors: tuple, nones: tuple) -> Callable[[tuple], tuple]:
@@ -318,8 +394,8 @@ def _positional_key(positions: list, tensors: tuple, nones: tuple) -> Callable[[
 
 
 def _getter(positions) -> Callable[[tuple], tuple]:
-    """args -> a tuple of the arguments at `positions` (one position: that argument twice, so that the
-    getter stays a C itemgetter); IndexError where `args` is shorter."""
+    """args (or kwargs) -> a tuple of the values at `positions` (indexes or names; one: that value
+    twice, so that the getter stays a C itemgetter); IndexError (KeyError) where one is missing."""
     if not positions:
         return lambda args: ()
     return operator.itemgetter(*positions) if len(positions) > 1 else operator.itemgetter(positions[0], positions[0])
