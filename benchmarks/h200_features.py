@@ -50,6 +50,8 @@ entries, prealloc = json.loads(sys.argv[1]), sys.argv[2] == "1"
 bg = ft.warmup("triton-features", background=True)
 from triton_features import kernels, tuning
 calls = [(e["kernel"], s, getattr(tuning, e["setup"].rsplit(":", 1)[1])(**s)) for e in entries for s in e["shapes"]]
+if os.environ.get("FEATURES_ORDER") == "reverse":   # the process's first call another kernel's: what is whose
+    calls.reverse()
 sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)   # the interpreter: plumbing only
 sync()
 t = time.perf_counter(); report = bg.result(600); waited = time.perf_counter() - t
@@ -66,21 +68,23 @@ if prealloc:   # each output's size met once by the caching allocator (allocated
     for kernel, s, _ in calls:
         torch.empty(out_bytes(kernel, s), dtype=torch.uint8, device="cuda")
     sync()
-profile = os.environ.get("FEATURES_PROFILE")   # a path: the first calls under cProfile (their times inflated)
+profile = os.environ.get("FEATURES_PROFILE")   # a path: each first call under cProfile (its time inflated)
 if profile:
     import cProfile, pstats
-    prof = cProfile.Profile(); prof.enable()
+    out = open(profile, "w")
 rows = []
 for kernel, shape, call in calls:
     e0 = jit_entries()
+    if profile:
+        prof = cProfile.Profile(); prof.enable()
     t = time.perf_counter(); y = call(); host = time.perf_counter() - t; sync(); first = time.perf_counter() - t
     rows.append({"kernel": kernel, "shape": shape, "first_s": first, "host_s": host, "jit_added": jit_entries() - e0})
     del y
-if profile:
-    prof.disable()
-    with open(profile, "w") as f:
-        for order in ("cumulative", "tottime"):
-            pstats.Stats(prof, stream=f).sort_stats(order).print_stats(45)
+    if profile:   # in us: pstats prints seconds to 3 places, all zeros here
+        prof.disable()
+        out.write(f"== first call of {kernel} {shape}: cumulative us, own us, calls, function\n")
+        for (path, line, fn), (_, n, own, cum, _) in sorted(pstats.Stats(prof).stats.items(), key=lambda i: -i[1][3])[:40]:
+            out.write(f"{cum * 1e6:10.1f} {own * 1e6:10.1f} {n:5d}  {path.rsplit('site-packages/', 1)[-1]}:{line}({fn})\n")
 for row, (_, _, call) in zip(rows, calls):
     times, hosts = [], []
     for _ in range(5):
