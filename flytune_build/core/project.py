@@ -3,6 +3,7 @@ both the parser here and the JSON Schema validate-pyproject reads (`flytune_buil
 Errors name the dotted key."""
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import re
@@ -94,11 +95,42 @@ ENTRY = Table({
                  default=True),
     "reference": Key(Parsed(_reference, REFERENCE.schema(), description=REFERENCE.description)),
 })
+PLACEHOLDERS = ("arch", "backend", "device")  # what an output template expands (`tuning.layout.expand`)
+TEMPLATE = re.compile(r"(?:[^{}]|\{(?:%s)\})*" % "|".join(PLACEHOLDERS))
+
+
+def check_output_template(value: str, f: Fields, path: str) -> str:
+    """`value`, an output template (`tune.output`, `--output`), if each brace in it is one of a placeholder
+    `{arch}`, `{backend}`, `{device}` (which expand per device); else `f`'s error naming the one that is
+    not, with the placeholder meant where one is near. A typo never becomes a directory named `{arhc}`."""
+    if TEMPLATE.fullmatch(value):
+        return value
+    known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+    for m in re.finditer(r"\{([^{}]*)\}|[{}]", value):
+        word = m.group(1)
+        if word is None:
+            brace = m.group(0)
+            f.fail(path, f"has a `{brace}` that {'no `}` closes' if brace == '{' else 'no `{` opens'} in {value!r}: "
+                         f"the placeholders are {known}")
+        if word not in PLACEHOLDERS:
+            near = difflib.get_close_matches(word.lower(), PLACEHOLDERS, 1, 0.6)
+            meant = f"did you mean `{{{near[0]}}}`? (" if near else "write one of "
+            f.fail(path, f"has `{{{word}}}` in {value!r}, which is no placeholder: {meant}{known}, each expanded "
+                         f"per device{')' if near else ''}")
+    return value  # pragma: no cover (TEMPLATE and the loop agree)
+
+
+def _output(value: Any, f: Fields, path: str) -> str:
+    return check_output_template(PATH.check(value, path, f), f, path)
+
+
+OUTPUT = Parsed(_output, {**PATH.schema(), "pattern": f"^{TEMPLATE.pattern}$"},
+                description="Where `flytune tune` writes: {arch}, {backend} and {device} expand per device "
+                            "(no other `{` or `}`); default: the first source.")
 TUNE = Table({
     "plan": Key(replace(PATH, description="A TOML file of `[[entries]]`.")),
     "entries": Key(Array(ENTRY, description="The tuning plan, inline.")),
-    "output": Key(replace(PATH, description="Where `flytune tune` writes ({arch}, {backend} expand); "
-                                            "default: the first source.")),
+    "output": Key(OUTPUT),
     "warmup": Key(Integer(1, 10_000, description="Warm-up budget per candidate, ms."), default=WARMUP),
     "rep": Key(Integer(1, 100_000, description="Timing budget per candidate, ms."), default=REP),
 }, exactly_one=("plan", "entries"), description="How `flytune tune` runs.")
@@ -191,15 +223,18 @@ def load(root: str | Path) -> Project | None:
     if table is None:
         return None
     name = doc.get("project", {}).get("name") if isinstance(doc.get("project"), dict) else None
-    proj = parse(table, root=root, file=root / "pyproject.toml", name=name if isinstance(name, str) else None)
+    proj = parse(table, root=root, file=root / "pyproject.toml", name=name if isinstance(name, str) else None,
+                 doc=doc)
     check_owned(proj, doc)
     return proj
 
 
-def parse(table: Any, *, root: Path, file: object = None, name: str | None = None) -> Project:
+def parse(table: Any, *, root: Path, file: object = None, name: str | None = None, doc: dict | None = None) -> Project:
+    """`table` checked as `[tool.flytune]`; `doc`, the whole pyproject.toml, tells where packages sit when
+    `package` is inferred."""
     f = Fields(file, ProjectError, ROOT)
     v = TOOL_FLYTUNE.check(table, ROOT, f)
-    package = v["package"] if v["package"] is not None else infer_package(root, f)
+    package = v["package"] if v["package"] is not None else infer_package(root, f, doc)
     coverage = v["coverage"] if isinstance(v["coverage"], str) else tuple(v["coverage"])
     tune = v["tune"] or TUNE.defaults()
     entries = tuple(TuneEntry.from_checked(e, (str(file), f"{ROOT}.tune.entries[{i}]"))
@@ -216,19 +251,35 @@ def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
     return tuple(TuneEntry.from_checked(e, (str(plan_file), f"entries[{i}]")) for i, e in enumerate(doc["entries"]))
 
 
-def infer_package(root: Path, f: Fields) -> str:
-    """The single top-level package under the root (flat or src layout)."""
-    found = []
-    for base in (root, root / "src"):
+def infer_package(root: Path, f: Fields, doc: dict | None = None) -> str:
+    """The single top-level package of the project, by the name it is imported as: a directory holding an
+    `__init__.py` under the root, src/ or the directory setuptools' `package-dir` takes packages from
+    (`"" = "lib"`); a directory `package-dir` maps a package to (`mylib = "lib"`) is that package, never
+    one named after the directory."""
+    mapped = setuptools_package_dir(doc or {})
+    found = {name for name, d in mapped.items()
+             if name.isidentifier() and (root / d / "__init__.py").is_file()}  # dotted: a subpackage
+    taken = {os.path.realpath(root / d) for name, d in mapped.items() if name}
+    for base in dict.fromkeys((root, root / "src", root / mapped.get("", "."))):
         if base.is_dir():
             for d in sorted(base.iterdir()):
                 if d.is_dir() and (d / "__init__.py").is_file() and d.name.isidentifier() \
-                        and d.name not in ("tests", "test", "docs", "build", "dist"):
-                    found.append(d.name)
+                        and d.name not in ("tests", "test", "docs", "build", "dist") \
+                        and os.path.realpath(d) not in taken:
+                    found.add(d.name)
     if len(found) != 1:
         f.fail(f.path("package"), "is required: cannot infer it "
-               + ("(no package found)" if not found else f"(several packages: {', '.join(found)})"))
-    return found[0]
+               + ("(no package found)" if not found else f"(several packages: {', '.join(sorted(found))})"))
+    return found.pop()
+
+
+def setuptools_package_dir(doc: dict) -> dict[str, str]:
+    """`[tool.setuptools.package-dir]`, its string entries: package name ("" for the root of all
+    packages) -> directory relative to the project root."""
+    tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
+    setuptools_tool = tool.get("setuptools") if isinstance(tool.get("setuptools"), dict) else {}
+    table = setuptools_tool.get("package-dir")
+    return {k: v for k, v in table.items() if isinstance(v, str)} if isinstance(table, dict) else {}
 
 
 def check_owned(proj: Project, doc: dict) -> None:
@@ -268,12 +319,11 @@ def package_bases(root: Path, doc: dict, top: str) -> list[str]:
         return node
 
     dirs = [".", "src"]
-    pkg_dir = get("setuptools", "package-dir")
-    if isinstance(pkg_dir, dict):
-        if isinstance(pkg_dir.get(top), str):  # the top-level package mapped to a directory of its own
-            return [os.path.join(root, pkg_dir[top])]
-        if isinstance(pkg_dir.get(""), str):
-            dirs.append(pkg_dir[""])
+    pkg_dir = setuptools_package_dir(doc)
+    if top in pkg_dir:  # the top-level package mapped to a directory of its own
+        return [os.path.join(root, pkg_dir[top])]
+    if "" in pkg_dir:
+        dirs.append(pkg_dir[""])
     where = get("setuptools", "packages", "find", "where")
     dirs += [w for w in where if isinstance(w, str)] if isinstance(where, list) else []
     hatch = get("hatch", "build", "targets", "wheel", "packages")

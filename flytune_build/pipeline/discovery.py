@@ -1,7 +1,9 @@
 """An existing package's kernels, found by reading its source: never imported, so `flytune init` runs
 where torch and triton are not installed and runs none of the package's code. A kernel is a function
 under `@flytune_build.autotune` (however imported) or `@triton.autotune`; its name is the one its
-artifacts carry, its axes the scalar ones of its key (the keys of a plan's shape)."""
+artifacts carry (a literal, or a string constant the module binds once: never a guess), its axes the
+scalar ones of its key (the keys of a plan's shape). A module that cannot be read as Python is said,
+with why, never passed over in silence."""
 from __future__ import annotations
 
 import ast
@@ -19,7 +21,7 @@ MAX_SOURCE_BYTES = 16 << 20  # a module read to find its kernels
 class FoundKernel:
     """A kernel found in the package's source."""
 
-    name: str                # the kernel name its artifacts carry
+    name: str | None         # the kernel name its artifacts carry; None: not readable from the source
     function: str            # the decorated function
     module: str              # its dotted module
     file: Path
@@ -33,10 +35,12 @@ class FoundKernel:
         return f"{self.file.relative_to(root).as_posix()}:{self.line}"
 
 
-def find_kernels(package_dir: Path, package: str) -> list[FoundKernel]:
+def find_kernels(package_dir: Path, package: str,
+                 unread: list[tuple[Path, int | None, str]] | None = None) -> list[FoundKernel]:
     """Every `@flytune_build.autotune` and `@triton.autotune` kernel under `package_dir`, in file and line
-    order. A file that does not parse is skipped: the build or the import names its error."""
-    found = []
+    order. A module read as Python reads it (bytes: its coding cookie or BOM honoured); one that cannot
+    be is left out, and (file, line or None, why) added to `unread`."""
+    found, unread = [], ([] if unread is None else unread)
     # a contained, bounded walk of regular files (a FIFO or a link to /dev/zero named *.py is skipped),
     # each read capped: reading the source never hangs
     reached = fsutil.find(package_dir, "**", suffix=".py", error=InputError, file=package_dir, root_name="the package")
@@ -46,31 +50,71 @@ def find_kernels(package_dir: Path, package: str) -> list[FoundKernel]:
         parts = [p for p in rel.parts if p != "__init__"]
         module = ".".join([package, *parts])
         try:
-            tree = ast.parse(fsutil.read_regular(path, InputError, MAX_SOURCE_BYTES).decode("utf-8"), str(path))
-        except (SyntaxError, UnicodeDecodeError, ValueError, InputError):
+            tree = ast.parse(fsutil.read_regular(path, InputError, MAX_SOURCE_BYTES), str(path))
+        except SyntaxError as e:  # a bad coding cookie or undecodable bytes too
+            unread.append((path, e.lineno, f"is not valid Python ({e.msg})"))
+            continue
+        except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as e:
+            unread.append((path, None, f"cannot be read as Python ({type(e).__name__}: {e})"))
+            continue
+        except InputError as e:  # too large, unreadable
+            unread.append((path, None, e.rule))
             continue
         aliases = _aliases(tree)
-        adopted = _adopt_names(tree, aliases)
+        constants = _constants(tree)
+        adopted = _adopt_names(tree, aliases, constants)
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                k = _kernel(node, aliases, module, path, adopted.get(node.name))
+                k = _kernel(node, aliases, module, path, adopted, constants)
                 if k is not None:
                     found.append(k)
     return sorted(found, key=lambda k: (str(k.file), k.line))
 
 
-def _adopt_names(tree: ast.Module, aliases: dict[str, str]) -> dict[str, str]:
-    """Function -> name, for each `flytune_build.triton.adopt(function, name="...")` of the module."""
+def _adopt_names(tree: ast.Module, aliases: dict[str, str], constants: dict[str, str]) -> dict[str, str | None]:
+    """Function -> name, for each `flytune_build.triton.adopt(function, name=...)` of the module (None:
+    a name the source does not spell out)."""
     out = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _dotted(node.func, aliases) == "flytune_build.triton.adopt" and node.args \
                 and isinstance(node.args[0], ast.Name):
-            for kw in node.keywords:
-                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
-                    out[node.args[0].id] = kw.value.value
-            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
-                out[node.args[0].id] = node.args[1].value
+            named = [kw.value for kw in node.keywords if kw.arg == "name"] + node.args[1:2]
+            if named:
+                out[node.args[0].id] = _string(named[0], constants)
     return out
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """Name -> value, for each name the module binds exactly once, at its top level, to a string literal
+    (`NAME = "mylib.mul"`): a name the module binds anywhere else as well (a second assignment, an import,
+    a loop, a `def`, a function's `global`) is no constant the source alone can vouch for."""
+    bound = [n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names]
+    scope = list(tree.body)
+    while scope:  # the module's own scope: not the bodies of its functions and classes
+        node = scope.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.append(node.name)
+            continue
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.append(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound += [a.asname or a.name.split(".")[0] for a in node.names]
+        scope.extend(ast.iter_child_nodes(node))
+    out = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and bound.count(target.id) == 1 and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            out[target.id] = node.value.value
+    return out
+
+
+def _string(node: ast.AST, constants: dict[str, str]) -> str | None:
+    """A string literal's value, or that of a module constant it names (`_constants`); else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return constants.get(node.id) if isinstance(node, ast.Name) else None
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
@@ -108,18 +152,19 @@ def _decorator_kind(dec: ast.AST, aliases: dict[str, str]) -> str:
     return ""
 
 
-def _kernel(node, aliases: dict[str, str], module: str, path: Path, adopted_as: str | None) -> FoundKernel | None:
+def _kernel(node, aliases: dict[str, str], module: str, path: Path, adopted: dict[str, str | None],
+            constants: dict[str, str]) -> FoundKernel | None:
     for dec in node.decorator_list:
         kind = _decorator_kind(dec, aliases)
         if kind in ("flytune", "triton") and isinstance(dec, ast.Call):
-            # flytune's default name; an adopted kernel has none until `adopt` names it: the package's name
-            # and the function's, as a library would spell it
-            name = f"{module}.{node.name}" if kind == "flytune" else \
-                adopted_as or f"{module.split('.')[0]}.{node.name.removesuffix('_kernel') or node.name}"
+            # flytune's default name (`name=None` too); an adopted kernel has none until `adopt` names it: the
+            # package's name and the function's, as a library would spell it
+            name = f"{module}.{node.name}" if kind == "flytune" else adopted[node.name] if node.name in adopted \
+                else f"{module.split('.')[0]}.{node.name.removesuffix('_kernel') or node.name}"
             for kw in dec.keywords:
-                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
-                    name = kw.value.value
-            return FoundKernel(name, node.name, module, path, node.lineno, kind == "triton", adopted_as is not None,
+                if kw.arg == "name" and not (isinstance(kw.value, ast.Constant) and kw.value.value is None):
+                    name = _string(kw.value, constants)
+            return FoundKernel(name, node.name, module, path, node.lineno, kind == "triton", node.name in adopted,
                                _axes(dec, node))
     return None
 

@@ -5,14 +5,16 @@ Invariants: `init` is all or nothing. Every file is made in memory and read back
 as what it held plus exactly the tables appended, the plan as a plan, the setups module as Python whose
 names shadow neither its imports nor each other), every path is checked, then each file is written
 atomically, and a write that fails undoes the others: the project is as it was. An existing
-`[tool.flytune]` or plan is replaced only with `force`, the setups module never; pyproject.toml is only
-appended to, in its own line endings, so what was there stays byte for byte, but a `force`d [tool.flytune],
-which tomlkit takes out however it is written, writing back the rest as it read it.
+`[tool.flytune]` or plan is replaced only with `force`, the setups module never (in any form the package
+holds it: a `tuning/` too, which an import would load instead); pyproject.toml is only appended to, in its
+own line endings, so what was there stays byte for byte, but a `force`d [tool.flytune], which tomlkit
+takes out however it is written, writing back the rest as it read it.
 """
 from __future__ import annotations
 
 import ast
 import builtins
+import importlib.machinery
 import keyword
 import os
 import re
@@ -73,7 +75,7 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
     if package is None:
         try:
-            package = project_mod.infer_package(root, Fields(pyproject, ProjectError, project_mod.ROOT))
+            package = project_mod.infer_package(root, Fields(pyproject, ProjectError, project_mod.ROOT), doc)
         except ProjectError as e:
             found = e.rule.removeprefix("is required: cannot infer it ")
             raise InputError(f"cannot tell which package to configure {found}: pass --package NAME",
@@ -89,14 +91,18 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
         raise InputError(f"package {package!r}{field_hint} is not under the project root or src/: no "
                          f"{package.replace('.', '/')}/__init__.py", file=root)
 
-    kernels, left_out = _plannable(root, find_kernels(package_dir, package))
+    unread: list[tuple[Path, int | None, str]] = []
+    kernels, left_out = _plannable(root, find_kernels(package_dir, package, unread))
+    left_out[:0] = [f"{path.relative_to(root).as_posix()}{f':{line}' if line else ''}: {why}, so any kernel it "
+                    f"declares is not in {PLAN}: fix it, then run `flytune init --force` (or add its kernels to "
+                    f"the plan by hand)" for path, line, why in unread]
     s = Scaffold(root, package, kernels, todo=left_out, read={pyproject: text.encode("utf-8")})
     base, before = _without_tool_flytune(s, pyproject, text, doc, tool, force)
     blocks = [("tool.flytune", _tool_flytune(s, targets))] + _packaging(s, root, doc, package_dir)
     s.files[pyproject] = _appended(s, pyproject, base, before, blocks)
-    _plan_file(s, force)
+    _plan_file(s, force, unread=bool(unread))
     _setups_module(s, package_dir)
-    _next_steps(s, doc)
+    _next_steps(s, doc, targets)
     return s
 
 
@@ -210,19 +216,30 @@ PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 def _plannable(root: Path, kernels: list[FoundKernel]) -> tuple[list[FoundKernel], list[str]]:
     """(the kernels a plan can name, each with its setup's name; what to do about those it cannot): a
-    kernel of a module no import reaches by name (`my-ops.py`), or whose name is no dotted kernel name
-    (its artifacts would be refused), is left out of the plan, said in the list of what to do by hand."""
+    kernel of a module no import reaches by name (`my-ops.py`), whose name the source does not spell out
+    (`name=f(...)`), whose name is no dotted kernel name (its artifacts would be refused) or is another
+    kernel's (their artifacts would mix), is left out of the plan, said in the list of what to do by hand."""
     kept, left_out = [], []
+    first: dict[str, FoundKernel] = {}
     for k in kernels:
         where = f"{k.where(root)}: {k.function} is left out of {PLAN}"
         if not all(IDENTIFIER.fullmatch(p) and not keyword.iskeyword(p) for p in k.module.split(".")):
             left_out.append(f"{where}: its module {k.module!r} cannot be imported by that name (rename the file "
                             f"to a Python identifier, then add the kernel to the plan)")
+        elif k.name is None:
+            left_out.append(f"{where}: its name= is neither a string literal nor a string constant its module "
+                            f"binds once, so `flytune init` cannot read it without running the module (write the "
+                            f"name as a literal, or add the kernel to the plan by the name it has)")
+        elif k.name in first:
+            left_out.append(f"{where}: its name {k.name!r} is the name of {first[k.name].function} "
+                            f"({first[k.name].where(root)}) too, and two kernels never share one (their artifacts "
+                            f"would serve each other): rename one, then add it to the plan")
         elif not KERNEL_NAME.fullmatch(k.name) or len(k.name) > KERNEL_NAME_MAX:
             left_out.append(f"{where}: its name {k.name!r} is no dotted kernel name such as {k.module}.add "
                             f"(rename it, then add it to the plan)")
         else:
             kept.append(k)
+        first.setdefault(k.name, k)
     return _name_setups(kept), left_out
 
 
@@ -313,7 +330,7 @@ def _appended(s: Scaffold, pyproject: Path, base: str, before: dict, blocks: lis
     doc = project_mod.tomllib.loads(text)
     name = doc.get("project", {}).get("name") if isinstance(doc.get("project"), dict) else None
     proj = project_mod.parse(doc["tool"]["flytune"], root=s.root, file=pyproject,
-                             name=name if isinstance(name, str) else None)
+                             name=name if isinstance(name, str) else None, doc=doc)
     project_mod.check_owned(proj, doc)
     return text
 
@@ -331,6 +348,10 @@ def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path) -> list[tu
     elif backend in ("setuptools.build_meta", "setuptools.build_meta:__legacy__"):
         s.todo.append('in [build-system] of pyproject.toml: build-backend = "flytune_build.backend", and add '
                       '"flytune-build" to requires')
+    elif backend is None:  # PEP 517: no backend named builds with setuptools' legacy one
+        s.todo.append('in [build-system] of pyproject.toml: build-backend = "flytune_build.backend" (none is named: '
+                      'setuptools\' legacy backend builds it, and does not bundle), and add "flytune-build" to '
+                      'requires')
     elif backend == "hatchling.build":
         s.todo.append('add to pyproject.toml: [tool.hatch.build.hooks.flytune] (the hatchling hook), and '
                       '"flytune-build" to [build-system] requires')
@@ -341,7 +362,10 @@ def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path) -> list[tu
         s.todo.append('add "flytune-build" to [build-system] requires in pyproject.toml')
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
     setuptools_tool = tool.get("setuptools")
-    explicit = isinstance(setuptools_tool, dict) and any(k in setuptools_tool for k in ("packages", "py-modules"))
+    # packages listed, or mapped to directories (`package-dir`: setuptools ships what the mapping names, and
+    # a `packages.find` would replace that with what it finds; `"" = "lib"` alone only moves where it looks)
+    explicit = (isinstance(setuptools_tool, dict) and any(k in setuptools_tool for k in ("packages", "py-modules"))) \
+        or any(name for name in project_mod.setuptools_package_dir(doc))
     flat = package_dir.parents[len(s.package.split(".")) - 1] == root
     if backend in SETUPTOOLS_BACKENDS and flat and not explicit:
         top = s.package.split(".")[0]
@@ -353,7 +377,7 @@ def _packaging(s: Scaffold, root: Path, doc: dict, package_dir: Path) -> list[tu
     return blocks
 
 
-def _plan_file(s: Scaffold, force: bool) -> None:
+def _plan_file(s: Scaffold, force: bool, *, unread: bool) -> None:
     path = s.root / PLAN
     if path.exists() and not force:
         raise InputError("already exists; `flytune init` wrote nothing (--force replaces it)", file=path)
@@ -372,8 +396,8 @@ def _plan_file(s: Scaffold, force: bool) -> None:
         lines += ["", "# no @flytune_build.autotune or @triton.autotune kernel was found: replace the line below with",
                   "# an entry per kernel:", "#   [[entries]]", f'#   kernel = "{s.package}.add"',
                   f'#   setup = "{s.package}.{SETUPS}:add"', "#   shapes = [{ n = 1024 }]", "entries = []"]
-        s.todo.append(f"no kernel found in {s.package}: decorate one with @flytune_build.autotune and add it to "
-                      f"{PLAN}")
+        s.todo.append(f"no kernel found in {s.package}{' (in the modules it could read: see above)' if unread else ''}"
+                      f": decorate one with @flytune_build.autotune and add it to {PLAN}")
     text = "\n".join(lines) + "\n"
     try:  # read back as `flytune tune` will read it, before it is written
         project_mod.PLAN.check(project_mod.tomllib.loads(text), "", Fields(path, ProjectError))
@@ -391,12 +415,30 @@ def _python_string(text: str, quotes: str = '"') -> str:
     return repr(text)
 
 
+def _existing_module(package_dir: Path) -> Path | None:
+    """What `import <package>.tuning` loads, in the order Python's path finder looks: a package directory,
+    an extension module, `tuning.py`, `tuning.pyc`, a namespace directory; None where there is none."""
+    directory = package_dir / SETUPS
+    if any((directory / f"__init__{suffix}").is_file() for suffix in importlib.machinery.all_suffixes()):
+        return directory
+    for suffix in (*importlib.machinery.EXTENSION_SUFFIXES, *importlib.machinery.SOURCE_SUFFIXES,
+                   *importlib.machinery.BYTECODE_SUFFIXES):
+        if (package_dir / f"{SETUPS}{suffix}").is_file():
+            return package_dir / f"{SETUPS}{suffix}"
+    return directory if directory.is_dir() else None
+
+
 def _setups_module(s: Scaffold, package_dir: Path) -> None:
     path = package_dir / f"{SETUPS}.py"
     rel = path.relative_to(s.root).as_posix()
-    if path.exists():
-        s.actions.append(f"kept {rel} (it exists): give it the setups {PLAN} names")
+    existing = _existing_module(package_dir)
+    if existing is not None:  # a module of its own that `import` would load instead of one written beside it
+        named = existing.relative_to(s.root).as_posix() + ("/" if existing.is_dir() else "")
+        s.actions.append(f"kept {named} (it exists): give it the setups {PLAN} names")
         return
+    if os.path.lexists(path):  # a directory, a FIFO, a dangling link: no module, and no file to write
+        raise InputError(f"is not a regular file, and `flytune init` writes the setups module {rel} there: move "
+                         f"it aside, then run `flytune init` again; nothing was written", file=path)
     modules = sorted({k.module for k in s.kernels})
     device = _free(DEVICE_HELPER, _imported(s.kernels))
     out = [f'"""Tuning-plan setups ({PLAN}): each builds the inputs of one shape and returns the call to time."""',
@@ -435,14 +477,24 @@ def _check_module(path: Path, text: str) -> None:
         raise InputError(f"would bind {', '.join(twice)} twice; `flytune init` wrote nothing", file=path)
 
 
-def _next_steps(s: Scaffold, doc: dict) -> None:
+def _next_steps(s: Scaffold, doc: dict, targets: tuple[str, ...]) -> None:
+    """What is left to do by hand, and the commands that come next: a tune on each target's device (the CPU
+    for `interpreter`), the build, the check of the wheel."""
     for k in s.kernels:
         if k.adopted and not k.registered:
             s.todo.append(f"{k.where(s.root)}: {k.function} is a @triton.autotune kernel; to serve its tuned configs, "
                           f'call `flytune_build.triton.adopt({k.function}, name="{k.name}")` after it')
     deps = (doc.get("project") or {}).get("dependencies") if isinstance(doc.get("project"), dict) else None
-    if not any(isinstance(d, str) and d.replace("_", "-").lower().startswith("flytune-build") for d in deps or ()):
+    if not isinstance(doc.get("project"), dict):
+        s.todo.append('pyproject.toml has no [project] table: declare the package there (name, version, and '
+                      'dependencies = ["flytune-build"]), or add "flytune-build" to the dependencies its setup.cfg '
+                      'or setup.py declares: the runtime that serves the configs')
+    elif not any(isinstance(d, str) and d.replace("_", "-").lower().startswith("flytune-build") for d in deps or ()):
         s.todo.append('add "flytune-build" to [project] dependencies: the runtime that serves the configs')
-    s.commands = ["TRITON_INTERPRET=1 flytune tune --ranking synthetic   # tune on the CPU: artifacts/interpreter/",
-                  "python -m build --wheel                              # verifies and bundles the artifacts",
-                  "flytune verify dist/*.whl                            # what CI runs on the wheel"]
+    archs = list(dict.fromkeys(t.arch for t in parse_targets(list(targets), Fields(None, InputError), "--target")))
+    steps = [("TRITON_INTERPRET=1 flytune tune --ranking synthetic" if arch == "interpreter" else "flytune tune",
+              f"tune on {'the CPU' if arch == 'interpreter' else f'a {arch} GPU'}: {OUTPUT.replace('{arch}', arch)}/")
+             for arch in archs]
+    steps += [("python -m build --wheel", "verifies and bundles the artifacts"),
+              ("flytune verify dist/*.whl", "what CI runs on the wheel")]
+    s.commands = [f"{command:<53} # {why}" for command, why in steps]
