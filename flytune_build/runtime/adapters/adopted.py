@@ -31,7 +31,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 import threading
+import weakref
 from dataclasses import dataclass
 
 from ...core import serving, settings
@@ -48,12 +50,22 @@ from . import hits, triton_search
 from .triton_keys import artifact_key, call_key, optional_keys, seed_key
 
 TRITON_SEARCHES = object()  # the search tier's answer: Triton runs its own search for this call
+_ADOPTED: weakref.WeakSet = weakref.WeakSet()  # every Adopted: its `seeding` lock re-made in a forked child
+
+
+def _after_fork() -> None:
+    for adopted in list(_ADOPTED):
+        adopted.seeding = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class Calls(threading.local):
     """What a call of an adopted kernel is doing, per thread (a call on another thread, or one nested in
     a hook, is another call)."""
     retrying = None   # the Triton key a call retries after seeding it
+    call = None       # (args, kwargs) of the call going through Triton's `run`: Triton's `nargs` is shared
     pending = None    # the key of the search Triton runs for the call
     warming = False   # inside Triton's `warmup`
 
@@ -83,6 +95,8 @@ class Adopted(Kernel):
         self.hits = hits.Hits(tuner)           # the decided calls' hits, Triton's `run` skipped
         self._reseed = True
         self.stale = False                     # the offline tier is read again before the next decision
+        self.seeding = threading.Lock()        # held while it is (re-made in a forked child: `_after_fork`)
+        _ADOPTED.add(self)
         # a cache that is no dict (FlagGems' LibTuner keeps it in sqlite) cannot be seeded: Triton's own
         # tuning serves such a kernel, which is still registered and reported
         self.seedable = isinstance(tuner.cache, dict)
@@ -137,13 +151,14 @@ class Adopted(Kernel):
             if self.local.warming or not self.seedable:
                 return original(kwargs)
             _settled(self)
-            key = artifact_key(tuner, tuner.nargs, kwargs)
-            triton_key = call_key(tuner, tuple(tuner.nargs.values()), kwargs)
+            args = self.local.call[0] if self.local.call is not None else tuple(tuner.nargs.values())
+            nargs = dict(zip(tuner.arg_names, args))   # this thread's call (another's may be in `tuner.nargs`)
+            key, triton_key = artifact_key(tuner, nargs, kwargs), call_key(tuner, args, kwargs)
             mode = settings.current().autotune if self.reseed else "search"
             chosen: list = []
             tiers = {"search": lambda: self.search(key)}
             if self.local.retrying != triton_key:  # a retry that misses again: Triton searches
-                tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen)
+                tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen, nargs)
                 tiers["first"] = lambda: self.first_config(key, original(kwargs), chosen)
             d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
             if d is TRITON_SEARCHES:
@@ -160,13 +175,14 @@ class Adopted(Kernel):
             triton_search.timed_as_flytune(self.tuner, self.name, bench.ranking(), self.searching)
         return TRITON_SEARCHES
 
-    def from_offline(self, items: tuple, kwargs: dict, chosen: list) -> Decision | None:
-        """The offline tier: the best bundled artifact for the call's artifact key."""
+    def from_offline(self, items: tuple, kwargs: dict, chosen: list, nargs: dict | None = None) -> Decision | None:
+        """The offline tier: the best bundled artifact for the call's artifact key (`nargs`: the call's
+        positional arguments by name, which a kernel's `early_config_prune` reads)."""
         seed = self.offline.get(items)
         if seed is None:
             return None
         if seed.obj is None:
-            seed.obj = _pruned(self, seed, kwargs) if self.tuner.early_config_prune else \
+            seed.obj = _pruned(self, seed, nargs or {}, kwargs) if self.tuner.early_config_prune else \
                 triton_config(self, seed.artifact.config)
             if seed.obj is None:
                 del self.offline[items]
@@ -219,9 +235,9 @@ class Adopted(Kernel):
                 self.local.warming = was
         return warmup
 
-    def served(self, args: tuple, kwargs: dict) -> str | None:
-        """A call Triton served itself: from its cache (the tier it is counted for, returned), or with the
-        search it just ran for a new key (None)."""
+    def served(self, args: tuple, kwargs: dict, obj=None) -> str | None:
+        """A call Triton served itself: from its cache (its tier, returned), or with the search it just ran
+        (None): `obj`, the config Triton's cache holds under its key (None: `best_config`, one config)."""
         key, self.local.pending = self.local.pending, None
         if key is None:
             tier = "scratch" if len(self.tuner.configs) > 1 else "heuristic"
@@ -229,7 +245,7 @@ class Adopted(Kernel):
             return tier
         self.searching.restore()
         seconds = getattr(self.tuner, "bench_time", None)
-        config = Config.coerce(self.tuner.best_config)
+        config = Config.coerce(winner := self.tuner.best_config if obj is None else obj)
         if seconds is None:  # Triton's disk cache (cache_results) answered: a winner searched here before
             d = Decision(config, "scratch", key, calls=1)
         else:
@@ -238,7 +254,7 @@ class Adopted(Kernel):
             s = settings.current()
             if s.autotune == "search" and s.emit_dir and self.reseed:  # FLYTUNE_AUTOTUNE=1: as a ported kernel
                 d.artifact = triton_search.winner_artifact(self.tuner, self.name, bench.ranking(), key, args, kwargs,
-                                                           self.tuner.best_config)
+                                                           winner)
                 d.artifact.save(s.emit_dir)
         self._stats.decisions.append(d)
         events.announce(self.name, d)
@@ -259,14 +275,12 @@ class Adopted(Kernel):
     def seed(self) -> int:
         """Read the best artifact per Triton key for this device (the earliest source, then the best
         match level) into the offline tier; returns how many it holds."""
-        self.stale = False
         if not self.seedable:
+            self.stale = False
             self.fallback(f"its Autotuner keeps its cache in a {type(self.tuner.cache).__name__}, not a dict: "
                           f"flytune cannot seed it, and Triton's own tuning serves every call")
             return 0
-        self.forget()
-        self.offline.clear()
-        here, idx = device.current(), Index()
+        here, idx, offline = device.current(), Index(), {}
         best: dict[tuple, tuple] = {}
         for rank, art, level, origin, pack in _usable(self, here, idx):
             tk = seed_key(self.tuner, art.key)
@@ -274,18 +288,20 @@ class Adopted(Kernel):
                 best[tk] = (rank, art, level, origin, pack)
         for problem in idx.problems:
             self.fallback(f"artifact ignored: {problem}")
+        self.forget()
         for tk, (_, art, level, origin, pack) in best.items():
             if tk not in self.tuner.cache:  # else Triton already decided this key in this process
-                self.offline[_items(art.key)] = Seed(art, level, origin, pack=pack)
+                offline[_items(art.key)] = Seed(art, level, origin, pack=pack)
+        self.offline, self.stale = offline, False   # whole: a thread deciding meanwhile read the old one
         if not best and idx.other_devices:
             self.fallback(f"no artifact matches this device ({here}); bundled for: "
                           f"{', '.join(sorted(idx.other_devices))}")
-        return len(self.offline)
+        return len(offline)
 
     def forget(self) -> None:
         """Take what flytune put into Triton's cache out of it: those keys are decided again."""
         cache = self.tuner.cache
-        for k in [k for k, v in cache.items() if id(v) in self.seeded] if self.seeded else ():
+        for k in [k for k, v in list(cache.items()) if id(v) in self.seeded] if self.seeded else ():
             del cache[k]
         self.seeded.clear()
         self.objects.clear()
@@ -297,7 +313,7 @@ class Adopted(Kernel):
         for items, seed in list(self.offline.items()):
             if seed.obj is not None and self.seeded.get(id(seed.obj)) is d:
                 del self.offline[items]
-        for k in [k for k, v in cache.items() if self.seeded.get(id(v)) is d]:
+        for k in [k for k, v in list(cache.items()) if self.seeded.get(id(v)) is d]:
             del cache[k]
         self.hits.invalidate()
 
@@ -351,16 +367,18 @@ def _settled(self: Adopted) -> None:
     offline tier is read again where the settings or the device changed since it was (reset_stats, settle)."""
     settings.settle()
     if self.stale:
-        self.seed()
+        with self.seeding:   # one thread reads the tier again; the others wait for it, then decide from it
+            if self.stale:
+                self.seed()
 
 
-def _pruned(self: Adopted, seed: Seed, kwargs: dict):
+def _pruned(self: Adopted, seed: Seed, nargs: dict, kwargs: dict):
     """The object serving an artifact of a kernel whose `early_config_prune` may attach pre_hooks: a
     copy of the pruner's config with its data for this call, its pre_hook with it; a fresh one when
     the pruner's configs carry no hook; None (with one warning) when they do and none is the
     artifact's."""
     tuner, config = self.tuner, seed.artifact.config
-    made = list(tuner.early_config_prune(tuner.configs, tuner.nargs, **kwargs))
+    made = list(tuner.early_config_prune(tuner.configs, nargs, **kwargs))
     match = next((c for c in made if Config.coerce(c) == config), None)
     if match is None and any(getattr(c, "pre_hook", None) is not None for c in made):
         self.fallback(f"artifact {seed.artifact.filename} ({seed.origin}) rejected: its config is none of the "

@@ -230,7 +230,7 @@ def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
     d = adopted.seeded.get(id(adopted.tuner.best_config if obj is None else obj))
     tier = None
     if d is None:
-        tier = adopted.served(args, kwargs)
+        tier = adopted.served(args, kwargs, obj)
     else:
         d.calls += 1
         if d.calls == 1:
@@ -241,15 +241,21 @@ def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
 
 
 def _triton(original, local, args, kwargs):
-    """Triton's `run` of a call, once more where `prune_configs` seeded its key (a hit then)."""
+    """Triton's `run` of a call, once more where `prune_configs` seeded its key (a hit then). The call's
+    arguments are this thread's `local.call` meanwhile: `prune_configs` keys the call by them, never by
+    the Autotuner's `nargs`, which Triton's `run` on another thread sets too."""
+    was_call, local.call = local.call, (args, kwargs)   # a call nested in a hook is another call
     try:
-        return original(*args, **kwargs)
-    except Seeded as retry:
-        was, local.retrying = local.retrying, retry.key   # a call nested in a hook is another call
         try:
             return original(*args, **kwargs)
-        finally:
-            local.retrying = was
+        except Seeded as retry:
+            was, local.retrying = local.retrying, retry.key
+            try:
+                return original(*args, **kwargs)
+            finally:
+                local.retrying = was
+    finally:
+        local.call = was_call
 
 
 ABSENT = object()  # a keyword the call did not pass

@@ -1,0 +1,133 @@
+"""An adopted `@triton.autotune` kernel under threads: a call is decided by its own arguments (Triton's
+Autotuner keeps the arguments of the call its `run` serves in one attribute, `nargs`, which another
+thread's call sets too), a call made while another thread reads the offline tier again waits for that
+read, and a searched winner is recorded as the config Triton's cache holds for its own key."""
+import threading
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import interpreter
+
+import flytune_build as ft
+from flytune_build import triton as adapter
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER
+from flytune_build.runtime.adapters import adopted as adopted_module
+
+
+@pytest.fixture(autouse=True)
+def _serialised_launches(monkeypatch):
+    """Triton's interpreter keeps a launch's grid in process globals: launches on two threads are
+    serialised here (a GPU needs no such lock; flytune's own state is what these tests are about)."""
+    lock, call = threading.RLock(), interpreter.GridExecutor.__call__
+
+    def serialised(self, *args, **kwargs):
+        with lock:
+            return call(self, *args, **kwargs)
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialised)
+
+
+def make(pre_hook=None):
+    configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=pre_hook) for b in (16, 32, 64)]
+
+    @triton.autotune(configs=configs, key=["n"])
+    @triton.jit
+    def add(x, y, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+    return add
+
+
+def args_of(n):
+    return torch.randn(n), torch.randn(n), torch.empty(n), n
+
+
+def call(k, n):
+    x, y, out, _ = a = args_of(n)
+    k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](*a)
+    assert torch.equal(out, x + y)
+    return k.best_config.kwargs["BLOCK"]
+
+
+def bundle(tmp_path, monkeypatch, blocks: dict):
+    d = tmp_path / "arts"
+    for n, block in blocks.items():
+        Artifact("st.add", {"n": n, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+                 Config({"BLOCK": block}, num_warps=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+
+
+def test_a_decision_keys_the_call_by_its_own_arguments_not_by_the_autotuners_shared_nargs(tmp_path, monkeypatch):
+    """Another thread's `run` sets `nargs` to its own call's arguments while this call decides (made
+    here at the moment Triton asks flytune to decide): the call is decided, served and cached by its
+    own key, and nothing leaks (before: the other call's key was seeded, and the retry raised flytune's
+    internal `Seeded`, reported as the artifact's failure)."""
+    bundle(tmp_path, monkeypatch, {100: 64})
+    k = make()
+    adapter.adopt(k, name="st.add")
+    decide = k.prune_configs
+
+    def meddled(kwargs):
+        k.nargs = dict(zip(k.arg_names, args_of(50)))   # what another thread's call sets meanwhile
+        return decide(kwargs)
+    monkeypatch.setattr(k, "prune_configs", meddled)
+    assert call(k, 100) == 64 and call(k, 50) == 16
+    assert {key[0]: c.kwargs["BLOCK"] for key, c in k.cache.items()} == {100: 64, 50: 16}
+    assert ft.stats()["st.add"]["calls"]["offline"] == 1
+
+
+def test_a_call_made_while_another_thread_reads_the_offline_tier_again_waits_and_is_served_its_artifact(
+        tmp_path, monkeypatch):
+    """reset_stats (or settings that changed before the first decision) makes the next decision read the
+    offline tier again. A call of another thread meanwhile waits for that read and is served its bundled
+    config (before: it found the tier cleared, and its key was cached for good with the first config)."""
+    bundle(tmp_path, monkeypatch, {200: 64, 1500: 32})
+    k = make()
+    adapter.adopt(k, name="st.add")
+    assert call(k, 200) == 64
+    ft.reset_stats()
+    reading, release, usable = threading.Event(), threading.Event(), adopted_module._usable
+
+    def slow_read(*a):
+        if threading.current_thread() is not threading.main_thread():
+            reading.set()
+            assert release.wait(60)
+        yield from usable(*a)
+    monkeypatch.setattr(adopted_module, "_usable", slow_read)
+    first = threading.Thread(target=call, args=(k, 1500))
+    first.start()
+    assert reading.wait(60)   # the first thread is reading the tier again now
+    second = threading.Thread(target=call, args=(k, 200))
+    second.start()
+    second.join(0.5)          # (it waits for the read; before, it decided meanwhile)
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert {key[0]: c.kwargs["BLOCK"] for key, c in k.cache.items()} == {1500: 32, 200: 64}
+    assert call(k, 200) == 64 and ft.stats()["st.add"]["calls"] == {**ft.stats()["st.add"]["calls"], "offline": 3,
+                                                                   "heuristic": 0}
+
+
+def test_a_searched_winner_is_recorded_as_its_own_keys_config_whatever_best_config_another_call_set(
+        tmp_path, monkeypatch):
+    """FLYTUNE_AUTOTUNE=1: while a key is searched and launched, another thread's hit sets `best_config`
+    (made here by the config's pre_hook, which Triton calls just before the launch): the decision
+    announced, counted and emitted as an artifact is the winner Triton's cache holds for the key."""
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    monkeypatch.setenv("FLYTUNE_EMIT_DIR", str(tmp_path / "emit"))
+    other = triton.Config({"BLOCK": 999}, num_warps=1)
+    k = make(pre_hook=lambda nargs: setattr(k, "best_config", other))
+    adapter.adopt(k, name="st.add")
+    seen = []
+    with ft.on_decision(lambda e: seen.append(e["config"])):
+        k[lambda m: (triton.cdiv(777, m["BLOCK"]),)](*args_of(777))
+    (winner,) = k.cache.values()
+    assert Config.coerce(winner).kwargs["BLOCK"] != 999
+    assert [c.kwargs["BLOCK"] for c in seen] == [winner.kwargs["BLOCK"]]
+    (art,) = [Artifact.load(p) for p in (tmp_path / "emit").glob("*.json")]
+    assert art.config.kwargs["BLOCK"] == winner.kwargs["BLOCK"]
