@@ -1,6 +1,7 @@
 """PEP 517 / PEP 660 build backend: setuptools' `build_meta`, plus the tuned-config bundle.
 
-`build-backend = "flytune_build.backend"`. Without `[tool.flytune]` every hook is setuptools' own.
+`build-backend = "flytune_build.backend"`. Without `[tool.flytune]` every hook is setuptools' own, unless
+a table is `[tool.flytune]` misnamed (`[tool.flytun]`): that is refused, naming it (`pipeline.load`).
 With it, the wheel hooks collect -> verify -> assemble the bundle beside setuptools' build, add it
 and its entry point, and make the wheel reproducible (`flytune_build.pipeline.pep517`).
 """

@@ -32,14 +32,15 @@ class FlytuneBuildHook(BuildHookInterface):
     entry_point: tuple[str, str, str] | None = None   # (group, name, value) the wheel must declare
 
     def initialize(self, version: str, build_data: dict) -> None:
+        from . import pipeline
         from .core import bundle
-        from .core import project as project_mod
-        from .pipeline import assemble, pep517, run
+        from .pipeline import assemble, load, pep517, run
 
-        proj = pep517.or_exit(project_mod.load, self.root)
+        pep517.or_exit(self.refuse_options)
+        proj = pep517.or_exit(load, self.root)
         if proj is None:
-            self.app.display_warning("flytune: [tool.hatch.build.hooks.flytune] is enabled but pyproject.toml "
-                                     "has no [tool.flytune] table: nothing to bundle")
+            self.app.display_warning(f"flytune: [tool.hatch.build.hooks.flytune] is enabled but "
+                                     f"{pipeline.missing(self.root)}; nothing is bundled")
             return
         state = pep517.or_exit(lambda: run(proj.root, project=proj))
         if self.target_name == "sdist":
@@ -76,6 +77,20 @@ class FlytuneBuildHook(BuildHookInterface):
             from .pipeline import pep517
 
             pep517.or_exit(self.missing_entry_point, group, name, value)
+
+    # hatchling's own options of every build hook: the rest of the hook's table would be ignored
+    HATCHLING_OPTIONS = ("dependencies", "enable-by-default", "require-runtime-dependencies",
+                         "require-runtime-features")
+
+    def refuse_options(self) -> None:
+        """A ProjectError where the hook's table holds options: the hook has none, [tool.flytune] has them."""
+        from .core.errors import ProjectError
+
+        ours = [k for k in self.config if k not in self.HATCHLING_OPTIONS]
+        if ours:
+            raise ProjectError(f"takes no options: move {', '.join(ours)} to [tool.flytune] (the hook's table "
+                               f"only enables it; hatchling's own {', '.join(self.HATCHLING_OPTIONS)} aside)",
+                               file=os.path.join(self.root, "pyproject.toml"), field="tool.hatch.build.hooks.flytune")
 
     @staticmethod
     def missing_entry_point(group: str, name: str, value: str) -> None:

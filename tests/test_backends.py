@@ -161,8 +161,11 @@ def test_bundle_command_replaces_its_own_directory_but_no_other(tmp_path):
     r = flytune("bundle", "--output", other, "--project", proj)
     assert r.returncode == 1 and "is not a flytune bundle" in r.stderr
     assert (other / "_flytune" / "mine.txt").read_text() == "not a bundle"
+    (tmp_path / "elsewhere").mkdir()   # an existing folder named otherwise: bundled there, with a warning
     r = flytune("bundle", "--output", tmp_path / "elsewhere", "--project", proj)
     assert r.returncode == 0 and "is not the directory of package fixpkg" in r.stderr
+    r = flytune("bundle", "--output", tmp_path / "fixpkh", "--project", proj)   # a typo: nothing made
+    assert r.returncode == 2 and not (tmp_path / "fixpkh").exists()
 
 
 BLOCK_SETUPTOOLS = """

@@ -164,3 +164,24 @@ def test_configs_differing_only_as_true_and_one_conflict(tmp_path):
     with pytest.raises(BuildFailure) as e:
         pipeline.run(proj, out=io.StringIO())
     assert "different config" in str(e.value)
+
+
+BAD_PLAN = '[[entries]]\nkernel = "fixpkg.add"\nsetup = "fixpkg.tuning:add"\nshape = [{ n = 100 }]\n'
+
+
+@pytest.mark.parametrize("strict", ["true", "false"])
+def test_a_bad_tuning_plan_is_a_declaration_problem_that_strict_false_never_drops(tmp_path, strict):
+    """A plan file's error is the plan's, not an artifact's: the refusal says where, never advises
+    `strict = false` (which would drop the plan and with it the coverage of its kernels), and fails that
+    build too."""
+    proj = make_project(tmp_path / "p", extra=f'strict = {strict}\n[tool.flytune.tune]\nplan = "tune/plan.toml"\n')
+    (proj / "tune").mkdir()
+    (proj / "tune" / "plan.toml").write_text(BAD_PLAN)
+    out = io.StringIO()
+    with pytest.raises(pipeline.BuildFailure) as e:
+        pipeline.run(proj, out=out)
+    head, *lines = str(e.value).splitlines()
+    assert head.endswith("1 problem(s) in the tuning plan tune/plan.toml; no wheel was written:"), head
+    assert "artifacts" not in head and "strict" not in head
+    assert len(lines) == 1 and "plan.toml: Field `entries[0].shape` is not a known field" in lines[0], lines
+    assert "dropped" not in out.getvalue()

@@ -470,3 +470,36 @@ def test_deep_refuses_a_hand_edited_config_unless_its_provenance_says_it_was_cho
     assert r.returncode == 0, r.stdout
     assert (f"{path.name}: config Config(BLOCK=8192, num_warps=8, num_stages=3, num_ctas=1) chosen by hand: "
             f"BLOCK=8192 covers N=8192 in one program") in r.stdout + r.stderr
+
+
+def test_tune_names_the_flag_the_path_and_the_fix_for_each_argument_it_cannot_use(tmp_path):
+    """`--output` a device, `--project` its pyproject.toml, `--min-improvement` below 0, `--plan` with no
+    entries: each is one error naming the flag or the file and what to pass; nothing runs."""
+    proj = make_project(tmp_path / "p", extra='[tool.flytune.tune]\nentries = [{ kernel = "fixpkg.add", '
+                                              'setup = "fixpkg:setup", shapes = [{ n = 8 }] }]\n')
+    (tmp_path / "empty.toml").write_text("entries = []\n")
+    said = {("--output", os.devnull): f"{os.devnull}: cannot be an output directory: it is a character device, "
+                                      f"not a directory",
+            ("--project", proj / "pyproject.toml"): f"{proj / 'pyproject.toml'}: is not a directory: pass the "
+                                                   f"project's directory",
+            ("--min-improvement", "-5"): "argument --min-improvement: must be a percentage from 0 to below 1000",
+            ("--plan", tmp_path / "empty.toml"): f"{tmp_path / 'empty.toml'}: Field `entries` is empty: the tuning "
+                                                 f"plan names nothing to tune",
+            ("--output", str(tmp_path / "a" / "{arhc}")): "Field `output` has `{arhc}`",   # a placeholder's typo
+            ("--output", str(tmp_path / "a" / "{arch")): "that no `}` closes"}
+    for (flag, value), message in said.items():
+        args = ("--project", proj) if flag != "--project" else ()
+        r = flytune("tune", *args, flag, value, "--ranking", "synthetic", "--allow-ci", "--no-progress")
+        assert r.returncode in (1, 2) and r.stderr.count("flytune: error:") == 1, r.stderr
+        assert message in r.stderr and "min_improvement" not in r.stderr and "File exists" not in r.stderr, r.stderr
+        assert "pyproject.toml/pyproject.toml" not in r.stderr
+    assert not (tmp_path / "a").exists()   # no directory named after a typo
+
+
+def test_bundle_into_a_misspelled_package_directory_is_refused_and_makes_nothing(tmp_path):
+    proj = make_project(tmp_path / "p")
+    r = flytune("bundle", "--output", "fixpkh", cwd=proj)
+    assert r.returncode == 2 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
+    assert "--output fixpkh does not exist" in r.stderr and "--output fixpkg" in r.stderr
+    assert not (proj / "fixpkh").exists()
+    assert flytune("bundle", "--output", "fixpkg", cwd=proj).returncode == 0

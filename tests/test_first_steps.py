@@ -87,3 +87,28 @@ def test_the_first_tune_of_setups_not_filled_in_says_each_setups_error_once(tmp_
     assert r.stdout.count(said) == 1 and r.stderr.count(said) == 1, r.stdout + r.stderr  # the table, the error
     assert r.stderr.count("the same error as mylib.double_kernel n=64") == 2
     assert "0 tuned, 0 resumed, 3 failed" in r.stdout
+
+
+def test_the_first_tune_of_a_src_layout_imports_the_package_in_process_and_in_workers(tmp_path):
+    """`flytune init` writes src/mylib/tuning.py and `setup = "mylib.tuning:add"`: the tuning session puts
+    src/ (the project's package base) on sys.path beside the root, in this process and in a worker."""
+    root = tmp_path / "p"
+    (root / "src").mkdir(parents=True)
+    new_package(root / "src")
+    (root / "src" / "pyproject.toml").rename(root / "pyproject.toml")
+    assert flytune("init", "--project", root).returncode == 0
+    setups = root / "src" / "mylib" / "tuning.py"
+    text = setups.read_text()
+    body = text[text.index("def double(n):"):]
+    setups.write_text(text.replace(body, "def double(n):\n    x = torch.randn(n)\n    out = torch.empty_like(x)\n"
+                                         "    return lambda: mylib.double_kernel[(1,)](x, out, n)\n"))
+    for i, executor in enumerate((["--executor", "inprocess"], ["--executor", "local", "--workers", "1"])):
+        r = flytune("tune", "--project", root, "--ranking", "synthetic", "--allow-ci", "--no-progress", *executor,
+                    "--output", tmp_path / f"out{i}", "--no-resume", FLYTUNE_CACHE_DIR=tmp_path / "c")
+        assert r.returncode == 0 and "1 tuned" in r.stdout, r.stdout + r.stderr
+    plan = root / "tune" / "plan.toml"
+    plan.write_text(plan.read_text().replace('"mylib.tuning:', '"mylib.tunning:'))
+    r = flytune("tune", "--project", root, "--ranking", "synthetic", "--allow-ci", "--no-progress",
+                FLYTUNE_CACHE_DIR=tmp_path / "c")
+    assert r.returncode == 1 and "No module named 'mylib.tunning'" in r.stderr, r.stdout + r.stderr
+    assert "correct the module in the plan, or run `pip install -e .`" in r.stderr

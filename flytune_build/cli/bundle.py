@@ -3,6 +3,7 @@ backend (pipeline.directory).
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,23 +22,27 @@ def add_command(command) -> None:
 def command(args) -> int:
     from .. import pipeline
     from ..core import bundle
-    from ..core import project as project_mod
     from ..pipeline import directory
 
     root = Path(args.project).resolve()
-    proj = project_mod.load(root)
+    proj = pipeline.load(root)
     if proj is None:
-        print(f"flytune: error: {root / 'pyproject.toml'} has no [tool.flytune] table", file=sys.stderr)
+        print(f"flytune: error: {pipeline.missing(root)}", file=sys.stderr)
         return EXIT_USAGE
     out = Path(args.output)
     package_path = proj.package.replace(".", "/")
+    where = f"src/{package_path}" if (root / "src" / package_path).is_dir() else package_path
     if out.resolve() == root:  # the entry point names <package>._flytune: a bundle beside pyproject.toml is lost
-        where = f"src/{package_path}" if (root / "src" / package_path).is_dir() else package_path
         print(f"flytune: error: --output {printable(args.output)} is the project root; the bundle goes into the "
               f"package's own directory: --output {where}", file=sys.stderr)
         return EXIT_USAGE
+    named = out.resolve().as_posix().endswith("/" + package_path)
+    if not named and not os.path.lexists(out):  # a typo (`fixpkh`): a new directory no one imports; nothing written
+        print(f"flytune: error: --output {printable(args.output)} does not exist, and is not named as package "
+              f"{proj.package}; the bundle goes into the package's directory: --output {where}", file=sys.stderr)
+        return EXIT_USAGE
     state = pipeline.run(root, project=proj)  # the build's report on stderr; a failed verification raises
-    if not out.resolve().as_posix().endswith("/" + package_path):
+    if not named:
         print(f"flytune: warning: {out} is not the directory of package {state.project.package}, which the entry "
               f"point names", file=sys.stderr)
     written = directory.write(state, out)
@@ -47,3 +52,4 @@ def command(args) -> int:
     print(f'[project.entry-points."{bundle.ENTRY_POINT_GROUP}"]')
     print(f'{name} = "{value}"')
     return EXIT_OK
+

@@ -1,15 +1,15 @@
 """`flytune tune`: the arguments of `tuning.tune`, its progress on stderr, its report on stdout."""
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 
-from ..core import table
+from ..core import arguments, table
 from ..core.errors import UsageError, printable
 from . import flags, render
 from .progress import Progress
 from .output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, dump
-
 
 
 def add_command(command) -> None:
@@ -24,7 +24,7 @@ def add_command(command) -> None:
     t.add_argument("--ranking", choices=("measured", "synthetic"), default=None,
                    help="synthetic: deterministic ranking, never a measurement (interpreter/CI artifacts)")
     t.add_argument("--no-resume", action="store_true", help="re-tune entries finished by an earlier run")
-    t.add_argument("--min-improvement", type=float, default=None, metavar="PCT",
+    t.add_argument("--min-improvement", type=percent, default=None, metavar="PCT",
                    help="keep a winner the output already holds unless another config is faster by more than "
                         "PCT percent, measured in the same search (default: 3)")
     t.add_argument("--repeat", type=flags.count, default=1, metavar="K",
@@ -44,6 +44,14 @@ def add_command(command) -> None:
     g.add_argument("--job-timeout", type=flags.seconds, metavar="SECONDS",
                    help="a job running longer fails: its worker is replaced and the job retried once "
                         "(local and ray)")
+
+
+def percent(text: str) -> float:
+    """A percentage from 0 to below 1000 (`core.arguments.percent`): argparse names the flag that was refused."""
+    try:
+        return arguments.percent(float(text), "percent")
+    except (ValueError, UsageError):
+        raise argparse.ArgumentTypeError(f"must be a percentage from 0 to below 1000, not {text!r}") from None
 
 
 def command(args) -> int:

@@ -4,42 +4,100 @@ Nothing here imports torch or triton: pre-tuned wheels are built on machines wit
 """
 from __future__ import annotations
 
+import difflib
+import os
 import sys
 from pathlib import Path
 
 from ..core import project as project_mod
-from ..core.errors import BuildFailure
+from ..core.errors import BuildFailure, ProjectError
 from . import assemble, collect, report, verify
 from .state import BuildState
 
-__all__ = ["BuildFailure", "BuildState", "run"]
+__all__ = ["BuildFailure", "BuildState", "load", "missing", "run"]
 
 
 def run(root: str | Path = ".", *, out=sys.stderr, project: project_mod.Project | None = None) -> BuildState | None:
     """Collect, verify and assemble the project's bundle; None when it has no `[tool.flytune]`.
 
-    `project`, when given, is the already loaded `[tool.flytune]` of `root`."""
-    proj = project or project_mod.load(root)
+    `project`, when given, is the already loaded `[tool.flytune]` of `root`. A strict build fails on
+    any problem; `strict = false` drops what it may with a warning, but never a problem of the tuning
+    plan (dropping the plan would stop coverage checking its kernels)."""
+    proj = project or load(root)
     if proj is None:
         return None
     state = verify.verify(collect.collect(BuildState(proj)))
     report.print_report(state, out)
-    if state.rejected:
-        if proj.strict:
-            raise BuildFailure(failure(state), file=proj.root / "pyproject.toml")
-        for e in state.rejected:
-            print(f"flytune: warning: dropped: {e}", file=out)
+    binding = state.rejected if proj.strict else [e for e in state.rejected if in_plan(proj, e)]
+    if binding:
+        raise BuildFailure(failure(state, binding), file=proj.root / "pyproject.toml")
+    for e in state.rejected:
+        print(f"flytune: warning: dropped: {e}", file=out)
     return assemble.assemble(state)
 
 
-def failure(state: BuildState) -> str:
-    """A strict build's refusal: what is wrong where (the declaration or the artifacts), then one line
-    per problem."""
-    pyproject = str(state.project.root / "pyproject.toml")
-    declared = sum(e.file == pyproject for e in state.rejected)
-    artifacts = len(state.rejected) - declared
-    where = [f"{declared} problem(s) in [tool.flytune]"] if declared else []
-    where += [f"{artifacts} in the tuned artifacts"] if artifacts else []
-    fix = (" (set tool.flytune.strict = false to drop bad artifacts with a warning instead)" if artifacts else "")
-    lines = "\n".join(f"  - {e}" for e in state.rejected)
+def load(root: str | Path) -> project_mod.Project | None:
+    """The project's `[tool.flytune]` (core.project.load), None where it has none. A ProjectError where it
+    has none but a table within a typo of it (`[tool.flytun]`, `[tools.flytune]`): a build would ship no
+    bundle and say nothing."""
+    proj = project_mod.load(root)
+    if proj is None:
+        close = misnamed(project_mod.read_pyproject(Path(root)))
+        if close:
+            raise ProjectError("is not a table flytune reads (did you mean `tool.flytune`?), and there is no "
+                               "[tool.flytune]: the build would bundle nothing; rename it [tool.flytune], or run "
+                               "`flytune init` to write one", file=Path(root).resolve() / "pyproject.toml",
+                               field=close)
+    return proj
+
+
+def missing(root: str | Path) -> ProjectError:
+    """What a command that needs `[tool.flytune]` says where the project has none (nor one misnamed)."""
+    return ProjectError("has no [tool.flytune] table: run `flytune init` to write one (it finds the package's "
+                        "kernels and writes the table, a tuning plan and its setups)",
+                        file=Path(root).resolve() / "pyproject.toml")
+
+
+TYPO = 0.8  # difflib's ratio from which a tool table is `flytune` misspelled (`flytun`, `flytnue`)
+
+
+def misnamed(doc: dict) -> str | None:
+    """The dotted name of the table in `doc` that is `[tool.flytune]` misnamed, where `doc` has no
+    `[tool.flytune]`: a `tool` key within a typo of `flytune` or starting with it (`flytune-build`), or
+    a `flytune` table outside `tool` (`[tools.flytune]`, `[flytune]`); None where there is none."""
+    tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
+    keys = [k for k in tool if k != "flytune" and isinstance(tool[k], dict)]
+    close = difflib.get_close_matches("flytune", keys, n=1, cutoff=TYPO) or \
+        [k for k in keys if k.lower().replace("-", "_").startswith("flytune")]
+    if close:
+        return f"tool.{close[0]}"
+    if isinstance(doc.get("flytune"), dict):
+        return "flytune"
+    return next((f"{k}.flytune" for k, v in doc.items() if k != "tool" and isinstance(v, dict)
+                 and isinstance(v.get("flytune"), dict)), None)
+
+
+def in_plan(proj: project_mod.Project, e) -> bool:
+    """Whether `e` is a problem of the project's tuning plan file (`tool.flytune.tune.plan`)."""
+    return bool(proj.tune_plan) and e.file is not None and \
+        os.path.normpath(e.file) == os.path.normpath(proj.root / proj.tune_plan)
+
+
+def failure(state: BuildState, problems=None) -> str:
+    """A build's refusal of `problems` (default: everything rejected): where they are (the declaration:
+    `[tool.flytune]`, the tuning plan; or the tuned artifacts), then one line per problem. Only bad
+    artifacts may be dropped (`strict = false`): the fix says so only where some are."""
+    problems = state.rejected if problems is None else problems
+    proj = state.project
+    pyproject = os.path.normpath(proj.root / "pyproject.toml")
+    declared = sum(e.file is not None and os.path.normpath(e.file) == pyproject for e in problems)
+    plan = sum(in_plan(proj, e) for e in problems)
+    artifacts = len(problems) - declared - plan
+    where = [(declared, "[tool.flytune]"), (plan, f"the tuning plan {proj.tune_plan}"),
+             (artifacts, "the tuned artifacts")]
+    where = [f"{n} in {place}" for n, place in where if n]
+    where[0] = where[0].replace(" in ", " problem(s) in ", 1)  # the noun once: "1 problem(s) in X and 2 in Y"
+    fix = " (set tool.flytune.strict = false to drop bad artifacts with a warning instead)" \
+        if artifacts and proj.strict else ""
+    lines = "\n".join(f"  - {e}" for e in problems)
     return f"{' and '.join(where)}; no wheel was written{fix}:\n{lines}"

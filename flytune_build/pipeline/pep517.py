@@ -16,15 +16,14 @@ import tempfile
 from pathlib import Path
 
 from ..core import bundle, codec, fsutil, serving
-from ..core import project as project_mod
 from ..core.errors import ArtifactError, FlytuneError, ProjectError
 from ..dist import sdist, wheel
-from . import assemble, collect, run
+from . import assemble, collect, load, run
 from .process import BackgroundBundle
 
 
 def build_wheel(build, wheel_directory, config_settings, metadata_directory, *, editable: bool = False) -> str:
-    proj = or_exit(project_mod.load, ".")
+    proj = or_exit(load, ".")
     if proj is None:  # no [tool.flytune]: the backend's own build, untouched
         return build(wheel_directory, config_settings, metadata_directory)
     pending = or_exit(BackgroundBundle, proj, run)
@@ -139,7 +138,7 @@ def sdist_sources(proj) -> dict[str, Path]:
 
 def prepare_metadata(prepare, metadata_directory, config_settings, *, editable: bool = False) -> str:
     name = prepare(metadata_directory, config_settings)
-    proj = or_exit(project_mod.load, ".")
+    proj = or_exit(load, ".")
     if proj is not None:
         ep_name = assemble.entry_point_name(proj.name, proj.package)
         value = serving.editable_value(ep_name) if editable else serving.bundle_value(proj.package)

@@ -7,17 +7,19 @@ kept or replaced the same way wherever the jobs run.
 """
 from __future__ import annotations
 
+import difflib
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from ..core import arguments
+from ..core import arguments, codec, fsutil
 from ..core import project as project_mod
 from ..core import settings
-from ..core.errors import ProjectError, UsageError
+from ..core.errors import OutputError, PlanError, ProjectError, UsageError
 from . import fingerprint
 from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
-from .job import load_references, unknown_kernels
+from .job import load_references, shape_text, unknown_kernels
 
 __all__ = ["MIN_IMPROVEMENT_PCT", "Outcome", "Report", "Reporter", "tune"]
 
@@ -34,7 +36,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     output's shipped winners, stability with `repeat` > 1, failures with their reason). Prints nothing;
     `reporter` hears of progress as it happens. Raises UsageError when the run cannot start as asked
     (nothing is written; a PlanError for an entry's `reference` that cannot be used is one), ProjectError
-    for a project without `[tool.flytune]`; a job that fails is an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.
+    for a project without `[tool.flytune]` (a UsageError where `project` is no directory); a job that fails
+    is an outcome, never an exception. Where CI is set, a measured run is refused unless `allow_ci`.
     `misses` (a FLYTUNE_MISSES file) tunes exactly the shapes a serving process missed (core.misses).
     """
     job_timeout = arguments.seconds(job_timeout, "job_timeout")  # nan would mean none, -1 fail every job
@@ -44,6 +47,9 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     if kernels is not None and not isinstance(kernels, str):
         kernels = arguments.names(kernels, "kernels")
     plan = plan if plan is None else arguments.path(plan, "plan")
+    if output is not None:
+        _check_output(Path(arguments.path(output, "output")))
+        project_mod.check_output_template(str(output), codec.Fields(None, UsageError), "output")
     proj = project if isinstance(project, project_mod.Project) else \
         _load(Path(arguments.path(project, "project")).resolve())
     entries = _entries(proj, plan, kernels)
@@ -73,25 +79,74 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     return report
 
 
+def _check_output(path: Path) -> None:
+    """An OutputError, before anything runs, where the output is there and is no directory (`/dev/null`,
+    a file); a template (`artifacts/{arch}`) is checked as it is written."""
+    if os.path.exists(path) and not path.is_dir():
+        what = "a file" if path.is_file() else fsutil.kind(os.stat(path).st_mode)
+        raise OutputError(f"cannot be an output directory: it is {what}, not a directory: pass a directory (or a "
+                          f"path where one can be made)", file=path)
+
+
 def _load(root: Path) -> project_mod.Project:
+    """The project's `[tool.flytune]`; where it has none, a ProjectError saying what to do: rename the tool
+    table that looks like it (`[tool.flytun]`), or write one with `flytune init`. `root` is the project's
+    directory: a path to its pyproject.toml, or to nothing, is a UsageError saying so."""
+    if not root.is_dir():
+        raise UsageError(f"{'is not a directory' if os.path.lexists(root) else 'does not exist'}: pass the "
+                         f"project's directory, the one that holds its pyproject.toml (--project DIR, project=DIR)",
+                         file=root)
     proj = project_mod.load(root)
     if proj is None:
-        raise ProjectError("has no [tool.flytune] table", file=root / "pyproject.toml")
+        doc = project_mod.read_pyproject(root)
+        tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
+        close = difflib.get_close_matches("flytune", [k for k in tool if isinstance(tool[k], dict)], n=1)
+        fix = f"is that [tool.{close[0]}]? rename it [tool.flytune]; else " if close else ""
+        raise ProjectError(f"has no [tool.flytune] table ({fix}run `flytune init` to write one: it finds the "
+                           f"package's kernels and writes the table, a tuning plan and its setups)",
+                           file=root / "pyproject.toml")
     return proj
 
 
 def _entries(proj: project_mod.Project, plan, kernels) -> tuple:
     plan = Path(plan).resolve() if plan else proj.tune_plan  # a plan argument is relative to the cwd
     entries = project_mod.load_plan(proj.root, plan) if plan else proj.tune_entries
+    refuse_repeats(proj.root, entries)
     if kernels:
         kernels = [kernels] if isinstance(kernels, str) else list(kernels)
         unknown = sorted(set(kernels) - {e.kernel for e in entries})
         if unknown:
             raise unknown_kernels(unknown, {e.kernel for e in entries}, "in the tuning plan")
         entries = tuple(e for e in entries if e.kernel in kernels)
+    if not entries and plan:
+        raise UsageError("is empty: the tuning plan names nothing to tune (add [[entries]] with kernel, setup and "
+                         "shapes; `flytune init` writes a plan of the package's kernels)",
+                         file=plan if Path(plan).is_absolute() else proj.root / plan, field="entries")
     if not entries:
-        raise UsageError("the tuning plan is empty (declare [tool.flytune.tune] or pass a plan)")
+        raise UsageError("the tuning plan is empty: declare [tool.flytune.tune] entries or a plan in "
+                         "pyproject.toml, or pass a plan (`flytune init` writes one)",
+                         file=proj.root / "pyproject.toml")
     return entries
+
+
+def refuse_repeats(root: Path, entries) -> None:
+    """A PlanError where the plan names one job twice: a shape repeated in an entry, or in another entry of
+    the same kernel and setup (one search, its two rows each the other's duplicate). It names the field of
+    each repeat and the shape it repeats; nothing has run."""
+    first: dict[tuple, str] = {}
+    repeats = []
+    for n, entry in enumerate(entries):
+        file, path = entry.origin or (str(Path(root) / "pyproject.toml"), f"entries[{n}]")
+        for i, shape in enumerate(entry.shapes):
+            field = f"{path}.shapes[{i}]"
+            seen = first.setdefault((entry.kernel, entry.setup, codec.canonical(shape)), field)
+            if seen != field:
+                repeats.append((file, field, seen, shape))
+    if repeats:
+        (file, field, seen, shape), rest = repeats[0], repeats[1:]
+        more = "".join(f"; `{f}` repeats `{s}`" for _, f, s, _ in rest)
+        raise PlanError(f"repeats `{seen}` ({shape_text(shape)}): one search, two rows{more}; remove the "
+                        f"repeat{'s' if rest else ''} from the plan", file=file, field=field)
 
 
 def _run(proj, entries, options: Options, reporter, fingerprints: dict | None = None) -> Report:

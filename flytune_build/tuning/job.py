@@ -298,7 +298,8 @@ def _missing_hint(e: BaseException, module: str) -> str:
     environment lacks (install it)."""
     name = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
     if name and (module == name or module.startswith(name + ".")):  # the module named, or a package of its path
-        return " (correct the module in the plan, or make it importable: the project root is on sys.path)"
+        return (" (correct the module in the plan, or run `pip install -e .`: it is in neither the project root nor "
+                "a package directory the project declares, such as src/)")
     if not name or module.split(".")[0] == name.split(".")[0]:
         return ""
     if name.split(".")[0] == "numpy":

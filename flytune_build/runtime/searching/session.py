@@ -11,7 +11,8 @@ and the enclosing one back on exit, whatever the block raised:
 - `check`: an `outputs.Policy`, how each candidate's outputs are checked (None: unchecked);
 - `found`: the lists every search that ends inside appends its `search.Found` to: the session's own
   (`opened(collect=True)`) and every enclosing one's;
-- `root`: the project root, importable while the session that set it is open.
+- `root`: the project root, importable while the session that set it is open (with the directories the
+  project takes its packages from: `src/`, setuptools' `package-dir` and `packages.find.where`, ...).
 
 Invariants: outside every session no search is checked, kept against a winner or collected, and the
 settings are the process's own. A session that sets `root` also forces searching, emits nothing and
@@ -24,15 +25,17 @@ two threads each running `flytune_build.tune()` have a session each, and a threa
 (a serving thread) is outside every session whatever other threads tune. A thread a job starts sees
 its session when it runs in the job's context (`pool.submit(contextvars.copy_context().run, fn)`);
 a plain thread is outside it. `sys.path` is the one process-wide thing a session changes: each open
-root is on it (`importable`, counted across threads), and the path as it was before the first one
-opened comes back when the last one closes.
+root is on it, followed by its package bases (`importable`, counted across threads), and the path as it
+was before the first one opened comes back when the last one closes.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
+import os
 import sys
+import tomllib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import settings
+from ...core.project import package_bases
 
 
 @dataclass(frozen=True)
@@ -118,10 +122,31 @@ _roots = _Roots()
 
 @contextlib.contextmanager
 def importable(root: Path) -> Iterator[None]:
-    """A block in which modules under `root` import (it is on `sys.path`, first when it opened); once no
-    block of any thread is open, `sys.path` is as it was before the first opened."""
-    _roots.enter(str(root))
-    try:
+    """A block in which modules under `root` import, and the packages of its src/ (or other package-base)
+    layout: `root` is on `sys.path`, first when it opened, then each of `bases(root)`; once no block of
+    any thread is open, `sys.path` is as it was before the first opened."""
+    paths = [str(root), *bases(root)]
+    with contextlib.ExitStack() as stack:
+        for path in reversed(paths):  # each enters first: the root ends up before its bases
+            _roots.enter(path)
+            stack.callback(_roots.exit, path)
         yield
-    finally:
-        _roots.exit(str(root))
+
+
+PLACEHOLDER = "_"  # a top-level name no `package-dir` maps on its own: `package_bases` gives the base directories
+
+
+def bases(root: Path) -> list[str]:
+    """The directories other than `root` that the project at `root` takes its top-level packages from, as
+    `core.project.package_bases` reads its pyproject.toml (`src/`, setuptools' `package-dir` and
+    `packages.find.where`, hatchling's, maturin's, pdm's): those that exist. None where pyproject.toml
+    cannot be read or parsed (its own command reports that). A package mapped to a directory of its own
+    (`package-dir = {mylib = "lib"}`) is not importable from any directory: `pip install -e .` makes it so."""
+    try:
+        doc = tomllib.loads(Path(root, "pyproject.toml").read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+    top = os.path.realpath(root)
+    found = [os.path.dirname(p) for p in package_bases(Path(root), doc, PLACEHOLDER)]
+    return [d for d in dict.fromkeys(os.path.normpath(d) for d in found)
+            if os.path.realpath(d) != top and os.path.isdir(d)]
