@@ -140,7 +140,11 @@ def test_verify_directory_sdist_and_installed(wheel, tmp_path):
     r = flytune("verify", d)
     assert r.returncode == 1 and "junk.json" in r.stdout
     r = flytune("verify", "no-such-dist-anywhere")
-    assert r.returncode == 1 and "not a file, a directory or an installed distribution" in r.stdout
+    assert r.returncode == 1 and "does not exist: no file, directory or installed distribution" in r.stdout
+    r = flytune("verify", tmp_path / "gone" / "x.whl")
+    assert r.returncode == 1 and "x.whl: does not exist" in r.stdout
+    r = flytune("inspect", d / "junk.json")
+    assert r.returncode == 1 and "junk.json: is one artifact file: pass the directory that holds it" in r.stdout
 
 
 def test_deep_catches_a_renamed_kernel_parameter(wheel, tmp_path):

@@ -82,8 +82,13 @@ def open_source(path: str) -> Source:
     if not p.exists() and "/" not in path and "\\" not in path:
         return _installed(path)
     src = Source(path, "unknown")
-    src.errors.append(InputError("is not a wheel, an sdist, a directory or an installed distribution",
-                                   file=path))
+    if not p.exists():
+        why = "does not exist: pass a wheel, an sdist, a directory or an installed distribution's name"
+    elif p.is_file() and p.suffix == ".json":
+        why = "is one artifact file: pass the directory that holds it (or the project, the wheel)"
+    else:
+        why = "is not a wheel, an sdist, a directory or an installed distribution"
+    src.errors.append(InputError(why, file=path))
     return src
 
 
@@ -325,7 +330,8 @@ def _installed(name: str) -> Source:
     try:
         dist = distribution(name)
     except (PackageNotFoundError, ValueError):
-        src.errors.append(InputError("is not a file, a directory or an installed distribution", file=name))
+        src.errors.append(InputError("does not exist: no file, directory or installed distribution of that name",
+                                     file=name))
         return src
     try:
         for name_ in ("METADATA", "entry_points.txt", "RECORD"):  # regular files, capped: a FIFO is refused, not read
