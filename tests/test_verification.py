@@ -210,3 +210,15 @@ def test_verify_deep_of_a_project_not_installed_says_to_install_it(tmp_path):
                                          'targets = ["interpreter"]\ncoverage = "none"\n')
     src = verify(root, deep=True)
     assert any("install the project first" in str(e) for e in src.errors), render_verify(src)
+
+
+def test_a_kernel_misspelled_in_coverage_is_one_error_with_the_kernel_meant(tmp_path):
+    """A kernel `coverage` names that no artifact holds and no plan tunes is said once, not once per
+    target, with the kernel meant where one is near; a listed kernel with some artifacts keeps its
+    per-target gaps."""
+    proj = make_project(tmp_path / "p", artifacts=[artifact(100, 32)],
+                        extra='strict = false\ncoverage = ["fixpkg.addd"]')
+    rules = said(build_errors(proj), "tool.flytune.coverage")
+    assert rules == ["is not met: kernel fixpkg.addd has no artifact for any declared target, nor is it in the "
+                     "tuning plan (did you mean `fixpkg.add`?)"]
+    assert said(audit.verify(str(proj)).errors, "tool.flytune.coverage") == rules

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import choice, inductor, options
+from . import choice, codec, inductor, options
 from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
 from .key import is_dtype_name
 
@@ -380,9 +380,15 @@ def coverage(artifacts: list[Artifact], declared: Declaration, planned: Iterable
                                            "(set coverage = \"none\" to build without tuned configs)",
                                            file=declared.file, field=declared.coverage_field))
         return found
-    kernels = (sorted({a.kernel for a in artifacts} | planned) if declared.coverage == "all"
-               else list(declared.coverage))
+    known = {a.kernel for a in artifacts} | planned
+    kernels = sorted(known) if declared.coverage == "all" else list(declared.coverage)
     for kernel in kernels:
+        if declared.coverage != "all" and kernel not in known:   # one error, not one per target: a typo?
+            found.errors.append(declared.error(f"is not met: kernel {kernel} has no artifact for any declared "
+                                               f"target, nor is it in the tuning plan"
+                                               f"{codec.did_you_mean(kernel, known)}",
+                                               file=declared.file, field=declared.coverage_field))
+            continue
         for i, t in enumerate(declared.targets):
             if not any(a.kernel == kernel and t.covers(a.device) for a in artifacts):
                 found.errors.append(declared.error(f"is not met: kernel {kernel} has no artifact for target "
