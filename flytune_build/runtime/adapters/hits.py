@@ -329,9 +329,16 @@ def _named(kwargs: dict) -> tuple:
 
 
 def _where(places, values) -> tuple:
-    """(the places of `values` that hold a tensor, those that hold None)."""
-    return (tuple(i for i in places if hasattr(values[i], "dtype")),
-            tuple(i for i in places if values[i] is None))
+    """(the places of `values` that hold a tensor, those that hold None): one pass (a call's first
+    through Triton's path pays it, remembered)."""
+    tensors, nones = [], []
+    for i in places:
+        v = values[i]
+        if v is None:
+            nones.append(i)
+        elif hasattr(v, "dtype"):
+            tensors.append(i)
+    return tuple(tensors), tuple(nones)
 
 
 def _layout_key(tuner, count: int, params: list, positional: tuple, named: tuple):
