@@ -10,7 +10,9 @@ call take effect); `reload()` reads it again (tests, `flytune_build.reset_stats(
 State: the settings read from the environment are the process's (one value, `_process`); an override
 belongs to the context that entered it (a `ContextVar`): the thread inside `override()` sees it, and
 so does code it runs with `contextvars.copy_context()`; every other thread keeps the process's
-settings. A forked child inherits both as they were.
+settings. A forked child inherits both as they were. One thread settles, under `_lock`; a thread
+meeting it waits until the settings are read again and every `on_change` listener has run, so no
+decision is made under the provisional settings (once settled, `settle` takes no lock).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import contextvars
 import dataclasses
 import errno
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,7 +137,8 @@ def triton_env(env=None) -> dict[str, str]:
 
 
 _process: Settings | None = None
-_settled = False  # read again at the process's first decision (`settle`)
+_settled = False  # read again at the process's first decision (`settle`); True once its listeners ran
+_lock = threading.RLock()  # one thread settles (re-entrant: a listener that settles again cannot deadlock)
 _listeners: list = []
 _override: contextvars.ContextVar[Settings | None] = contextvars.ContextVar("flytune_settings", default=None)
 
@@ -157,7 +161,8 @@ def _read_process() -> Settings:
 def reload() -> Settings:
     """Read the environment again (after a test or a user changed it)."""
     global _process, _settled
-    _process, _settled = None, False
+    with _lock:
+        _process, _settled = None, False
     return current()
 
 
@@ -169,16 +174,30 @@ def settle() -> bool:
     global _process, _settled
     if _settled:
         return False
-    _settled = True
-    if _process is None:
-        return False
-    fresh = read()
-    if fresh == _process:
-        return False
-    _process = fresh
-    for listener in list(_listeners):
-        listener()
-    return True
+    with _lock:
+        if _settled:
+            return False
+        try:  # settled even where reading raises: the environment is read again once, as documented
+            if _process is None:  # never read: `current()` reads it now
+                return False
+            fresh = read()
+            if fresh == _process:
+                return False
+            _process = fresh
+            for listener in list(_listeners):
+                listener()
+            return True
+        finally:
+            _settled = True  # last: a thread that sees it sees the settings read and the listeners run
+
+
+def _forked() -> None:
+    global _lock
+    _lock = threading.RLock()  # a thread settling in the parent is not in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def on_change(listener) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -48,6 +49,15 @@ class Router:
 
 
 _router: Router | None = None
+
+
+def _forked() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread opening or closing a block in the parent is not in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ launch goes through both), however deep inside them it was raised.
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import warnings
 
@@ -30,6 +31,15 @@ def once(cause, message: str) -> bool:
 
 def reset() -> None:
     _seen.clear()
+
+
+def _forked() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread warning in the parent is not in the child: nothing holds it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _caller_level() -> int:

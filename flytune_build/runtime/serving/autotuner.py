@@ -28,7 +28,7 @@ from ..warming import binder
 from .. import callbacks, device, events, identity, warning
 from ..searching import search
 from . import registry
-from .decision import TIERS, Decision, Stats
+from .decision import TIERS, Decision, Flights, Stats
 from .kernel import Kernel, first_candidate, launch_error
 from .offline import TIER
 from .scratch import ScratchCache
@@ -92,8 +92,7 @@ class Autotuned(Kernel):
         self.search_hooks = (pre_hook, post_hook)
         self.cache_results = cache_results  # Triton's disk cache: the scratch tier keeps every winner anyway
         self._memo: dict[tuple, Decision] = {}
-        self._set_aside: list[dict] = []   # the memos open `forcing` blocks will restore
-        self._forced: Decision | None = None  # inside `forcing`: what every call launches
+        self._flights = Flights(self._memo)  # the keys being decided, the open `forcing` blocks (a miss's)
         self._index = None
         self._scratch = ScratchCache(self.name)
         self.run = self._hot_path()
@@ -186,10 +185,11 @@ class Autotuned(Kernel):
 
     def _decide(self, args, kwargs, grid, search: bool = True, stored_only: bool = False) -> Decision | None:
         """The call's decision by the mode's tier order (`kernel.order`), remembered; without `search`,
-        None where only a search could decide (nothing remembered)."""
+        None where only a search could decide (nothing remembered). One thread decides a key; a later
+        caller of it waits for that decision (`decision.Flights`: the miss path's, never a hit's)."""
         settings.settle()  # the process's first decision reads the environment once more (`kernel.rediscover`)
-        if self._forced is not None:
-            return self._forced
+        if self._flights.forced is not None:
+            return self._flights.forced
         bound = dict(zip(self.arg_names, args))
         bound.update(kwargs)
         missing = [a for a in self.axis_names if a not in bound]
@@ -197,6 +197,22 @@ class Autotuned(Kernel):
             raise DeclarationError(f"key parameter(s) {', '.join(missing)} were not passed", file=self.name,
                                    field="key")
         raw = tuple(getattr(bound[a], "dtype", bound[a]) for a in self.axis_names)
+        while True:
+            d, flight = self._flights.enter(raw)
+            if flight is None:
+                return d  # forced, or decided by another thread meanwhile
+            try:
+                d = self._choose(args, kwargs, bound, raw, grid, search, stored_only)
+            finally:
+                d, new = self._flights.leave(flight, d, self._stats.decisions)
+            if d is not None or not new:
+                break  # else forcing or a reset came while deciding: that decision is not stored, decide again
+        if d is not None and new:
+            events.announce(self.name, d)
+        return d
+
+    def _choose(self, args, kwargs, bound, raw, grid, search, stored_only) -> Decision | None:
+        """The decision of the first tier of the mode's order that serves the call (nothing stored)."""
         index = self.offline_index()
         key = {a.name: keys.bucket(keys.scalar(v), a, index.tuned(a.name, self.axis_names) if a.mode == "nearest"
                                    else None) for a, v in zip(self.axes, raw)}
@@ -211,14 +227,10 @@ class Autotuned(Kernel):
         if stored_only:  # `prime`: what was tuned or searched before, never a guess from stand-ins
             tiers = {t: tiers[t] for t in ("scratch", "offline")}
         d = self.decide(mode, key, tiers)
-        if d is None:
-            return None
-        if d.hook is None and self.hooks:
-            d.hook = self.hooks.bind(d.config)
-        d.run = _launcher(self._launch, d.hook)
-        self._memo[raw] = d
-        self._stats.decisions.append(d)
-        events.announce(self.name, d)
+        if d is not None:
+            if d.hook is None and self.hooks:
+                d.hook = self.hooks.bind(d.config)
+            d.run = _launcher(self._launch, d.hook)
         return d
 
     def offline_index(self):
@@ -248,8 +260,9 @@ class Autotuned(Kernel):
 
     def forget_pack(self, d: Decision) -> None:
         self.offline_index().refuse(tuple(d.key[a] for a in self.axis_names))
-        for raw in [raw for raw, v in self._memo.items() if v is d]:
-            del self._memo[raw]
+        with self._flights.lock:  # another thread may be storing a decision
+            for raw in [raw for raw, v in self._memo.items() if v is d]:
+                del self._memo[raw]
 
     def _from_default(self, bound, key) -> Decision | None:
         returned = self.default(bound)
@@ -282,29 +295,24 @@ class Autotuned(Kernel):
 
     @contextlib.contextmanager
     def forcing(self, config):
-        """A context in which every call launches `config`, bypassing every tier (verify --execute)."""
+        """A context in which every call launches `config`, bypassing every tier (verify --execute). It is
+        process-wide: every thread's call of this kernel launches `config` meanwhile (counted on the
+        forced decision), and no decision begun before it opened or closed is remembered."""
         data = Config.coerce(config)
         forced = Decision(data, "forced", {}, hook=self.hooks.bind(data, config))
         forced.run = _launcher(self._launch, forced.hook)
-        saved = dict(self._memo)
-        self._memo.clear()  # every call misses, and `_decide` answers `forced`
-        self._set_aside.append(saved)
-        outer, self._forced = self._forced, forced
+        self._flights.force(forced)  # the memo set aside: every call misses, and `_decide` answers `forced`
         try:
             yield forced
         finally:
-            self._forced = outer
-            self._set_aside.pop()
-            self._memo.clear()
-            self._memo.update(saved)
+            self._flights.unforce(forced)
 
     def rediscover(self) -> None:
         self._index = None  # built again, from the settings the first decision read
 
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
-        for memo in (self._memo, *self._set_aside):  # a reset inside `forcing` forgets what it set aside too
-            memo.clear()
+        self._flights.reset()  # a reset inside `forcing` forgets what it set aside too
         self._stats = Stats()
         self._index = None
         self._scratch = ScratchCache(self.name)

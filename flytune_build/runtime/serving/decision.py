@@ -9,9 +9,15 @@ counted per tier in `Stats.served`.
 `failure`, `miss` and `unbundled` are the errors a decision can end in: an accepted artifact that fails
 to launch (never retried with a default), FLYTUNE_AUTOTUNE=strict with no tuned config for a call, and
 FLYTUNE_AUTOTUNE=bundle with no installed bundle serving it.
+
+`Flights` is what makes "once per distinct key" hold when threads meet: a ported kernel's keys being
+decided, and the `forcing` blocks open on it; only a miss reads it.
 """
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -81,6 +87,109 @@ class Stats:
                     first += d.calls
         return {"calls": calls, "offline_levels": levels, "first_config": first, "searches": self.searches,
                 "search_seconds": self.search_seconds, "fallbacks": dict(self.fallbacks)}
+
+
+_deciding = threading.local()   # `depth`: the decisions this thread is making (of any kernel)
+_flights: weakref.WeakSet[Flights] = weakref.WeakSet()   # every kernel's, for a forked child
+
+
+class Flights:
+    """One kernel's keys being decided, over its memo (raw key -> Decision), so that a key is decided once.
+
+    The first thread to miss a key decides it; a later caller of that key waits, then is served the
+    decision. A thread already making a decision (of any kernel: a `default`, a pre_hook, an
+    `on_decision` callback calling a kernel) never waits, so no two threads wait on each other: it
+    decides the key itself, and the decision stored first is the key's. A decider that raises stores
+    nothing and releases its waiters, which then decide the key themselves (each meeting the error, if
+    it stands, on its own call). `forcing` blocks are process-wide: while one is open every miss is
+    served its decision, the memo set aside until the last closes. A decision begun before a block
+    opened or closed, or before a reset, is not stored (`generation`): its caller decides again."""
+
+    def __init__(self, memo: dict):
+        self.memo = memo
+        self.lock = threading.Lock()
+        self.pending: dict[tuple, threading.Event] = {}  # raw key -> what its decider sets when done
+        self.generation = 0
+        self.forced: Decision | None = None               # the innermost open block's decision
+        self.open: list[Decision] = []
+        self.saved: dict = {}                             # the memo the blocks set aside
+        _flights.add(self)
+
+    def enter(self, raw: tuple) -> tuple[Decision | None, tuple | None]:
+        """(the decision to serve, None), or (None, a flight): this thread decides `raw`, then calls `leave`."""
+        while True:
+            with self.lock:
+                d = self.memo.get(raw) if self.forced is None else self.forced
+                if d is not None:
+                    return d, None
+                event = self.pending.get(raw)
+                depth = getattr(_deciding, "depth", 0)
+                if event is None or depth:
+                    mine = None
+                    if event is None:
+                        mine = self.pending[raw] = threading.Event()
+                    _deciding.depth = depth + 1
+                    return None, (raw, self.generation, mine)
+            event.wait()
+
+    def leave(self, flight: tuple, d: Decision | None, decisions: list) -> tuple[Decision | None, bool]:
+        """The flight ended with `d` (None: none made, or it raised): waiters released. Returns (`d`, True)
+        where `d` is stored (and counted in `decisions`), (the key's decision, False) where one was stored
+        meanwhile, (None, True) where forcing or a reset came meanwhile: decide again."""
+        raw, generation, mine = flight
+        _deciding.depth -= 1
+        with self.lock:
+            if mine is not None and self.pending.get(raw) is mine:
+                del self.pending[raw]
+            if d is None:
+                out = None, False
+            elif generation != self.generation:
+                out = None, True
+            elif raw in self.memo:
+                out = self.memo[raw], False
+            else:
+                self.memo[raw] = d
+                decisions.append(d)
+                out = d, True
+        if mine is not None:
+            mine.set()
+        return out
+
+    def force(self, d: Decision) -> None:
+        """A `forcing` block opens: every miss is served `d`; the memo is set aside (by the first block)."""
+        with self.lock:
+            self.forced, self.generation = d, self.generation + 1   # forced before the memo empties
+            if not self.open:
+                self.saved = dict(self.memo)
+                self.memo.clear()
+            self.open.append(d)
+
+    def unforce(self, d: Decision) -> None:
+        """`d`'s block closes: the block open before it serves again, or, the last closed, the memo set aside."""
+        with self.lock:
+            self.open = [o for o in self.open if o is not d]
+            self.forced, self.generation = (self.open[-1] if self.open else None), self.generation + 1
+            if not self.open:
+                self.memo.clear()
+                self.memo.update(self.saved)
+                self.saved = {}
+
+    def reset(self) -> None:
+        """Forget every decision, those set aside included; one under way is not stored."""
+        with self.lock:
+            self.generation += 1
+            self.memo.clear()
+            self.saved.clear()
+
+
+def _forked() -> None:
+    """In a forked child: no other thread is deciding, and no lock is held."""
+    for f in list(_flights):
+        f.lock, f.pending = threading.Lock(), {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def failure(d: Decision, e: Exception) -> ArtifactExecutionError:
