@@ -461,3 +461,17 @@ def test_init_says_what_is_wrong_with_the_project_path(tmp_path, capsys):
         assert init(tmp_path / name) == 1
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
+
+
+def test_init_takes_the_project_root_as_its_argument_too(tmp_path, capsys, monkeypatch):
+    """`flytune init DIR` (as `git init DIR`) is `flytune init --project DIR`; two different roots are a
+    usage error that writes nothing."""
+    root = package(tmp_path / "p")
+    other = package(tmp_path / "q")
+    before = snapshot(other)
+    assert main(["init", str(other), "--project", str(root)]) == 2
+    assert "two project roots" in capsys.readouterr().err and snapshot(other) == before
+    assert main(["init", str(root)]) == 0
+    assert "[tool.flytune]" in (root / "pyproject.toml").read_text()
+    monkeypatch.chdir(other)
+    assert main(["init", "."]) == 0 and "[tool.flytune]" in (other / "pyproject.toml").read_text()

@@ -9,7 +9,8 @@ def add_command(command) -> None:
                 "declares, setups to fill in",
                 "0 written, 1 something is in the way or a write failed (nothing is written: what was "
                 "written is undone), 2 usage error")
-    i.add_argument("--project", default=".", help="project root holding pyproject.toml (default: .)")
+    i.add_argument("root", nargs="?", metavar="DIR", help="the project root, as --project")
+    i.add_argument("--project", default=None, help="project root holding pyproject.toml (default: .)")
     i.add_argument("--package", help="the package whose kernels to tune (default: the one package of the project)")
     i.add_argument("--target", dest="targets", action="append", metavar="ARCH",
                    help='a device to ship for, as [tool.flytune] targets spells it (repeatable; default: '
@@ -19,9 +20,12 @@ def add_command(command) -> None:
 
 
 def command(args) -> int:
+    from ..core.errors import UsageError
     from ..pipeline import scaffold
 
-    s = scaffold.scaffold(args.project, package=args.package, targets=tuple(args.targets or ("interpreter",)),
+    if args.root is not None and args.project is not None and args.root != args.project:
+        raise UsageError(f"two project roots: {args.root} and --project {args.project}: pass one")
+    s = scaffold.scaffold(args.root or args.project or ".", package=args.package, targets=tuple(args.targets or ("interpreter",)),
                           force=args.force)
     scaffold.write(s)
     kinds = {True: "@triton.autotune", False: "@flytune_build.autotune"}
