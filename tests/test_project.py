@@ -160,3 +160,13 @@ def test_validate_pyproject_uses_our_schema(tmp_path):
                               'targets = [{ arch = 90 }]\n')
     assert bad.returncode != 0
     assert "tool.flytune" in bad.stdout + bad.stderr
+
+
+def test_a_pyproject_saved_with_a_byte_order_mark_is_named_for_it(tmp_path):
+    from flytune_build.core import project as project_mod
+    from flytune_build.core.errors import ProjectError
+
+    (tmp_path / "pyproject.toml").write_bytes(b"\xef\xbb\xbf[project]\nname = 'x'\n")
+    with pytest.raises(ProjectError, match="byte-order mark") as e:
+        project_mod.load(tmp_path)
+    assert e.value.file == tmp_path / "pyproject.toml" or str(e.value.file).endswith("pyproject.toml")

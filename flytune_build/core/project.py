@@ -210,6 +210,9 @@ def read_toml(path: Path) -> dict:
     except UnicodeDecodeError as e:
         raise ProjectError(f"is not valid UTF-8 (byte {e.start})", file=path) from None
     except tomllib.TOMLDecodeError as e:
+        if data.startswith(b"\xef\xbb\xbf"):
+            raise ProjectError("starts with a UTF-8 byte-order mark, which TOML does not allow (pip and every build "
+                               "backend refuse it too): save it as UTF-8 without one", file=path) from None
         raise ProjectError(f"is not valid TOML: {e}", file=path) from None
     except RecursionError:
         raise ProjectError("is not valid TOML: nested too deeply", file=path) from None
