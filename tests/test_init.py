@@ -475,3 +475,13 @@ def test_init_takes_the_project_root_as_its_argument_too(tmp_path, capsys, monke
     assert "[tool.flytune]" in (root / "pyproject.toml").read_text()
     monkeypatch.chdir(other)
     assert main(["init", "."]) == 0 and "[tool.flytune]" in (other / "pyproject.toml").read_text()
+
+
+def test_init_of_a_package_named_beyond_ascii_refuses_before_writing_a_table_that_would_fail(tmp_path, capsys):
+    root = tmp_path / "p"
+    (root / "mylïb").mkdir(parents=True)
+    (root / "mylïb" / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text('[project]\nname = "mylib"\nversion = "0.1"\n')
+    before = snapshot(root)
+    assert init(root) == 1
+    assert "package 'mylïb' is named with characters" in capsys.readouterr().err and snapshot(root) == before

@@ -81,6 +81,10 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
             raise InputError(f"cannot tell which package to configure {found}: pass --package NAME",
                              file=root) from None
         field_hint = ""
+        if not PACKAGE_NAME.fullmatch(package):  # a name Python imports, but not one a bundle's table may hold
+            raise InputError(f"package {package!r} is named with characters [tool.flytune] `package` does not take "
+                             f"(ASCII letters, digits and _, dotted): rename it, or pass --package NAME",
+                             file=root)
     else:
         field_hint = " (--package)"
         if not isinstance(package, str) or not PACKAGE_NAME.fullmatch(package):
