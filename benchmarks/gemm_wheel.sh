@@ -9,7 +9,8 @@
 #   S1, S2  cold compiles served from the installed wheel
 # Every compile's output against eager; S1 against S2 (same templates and configs).
 #   bash benchmarks/gemm_wheel.sh [ENTRY ...]     (default: compiled_model:block compiled_model:mlp;
-#                                                  STEPS=A,S1,S2: fewer compile steps)
+#                                                  STEPS=A,S1,S2: fewer compile steps; PHASE=tc: torch.compile's
+#                                                  default mode instead of max-autotune-no-cudagraphs)
 # .whl/ holds the platformdirs wheel. Results: $OUT/env.txt, $OUT/<model>.tgz (its table.txt, steps.json,
 # summary.json, verify.txt, logs), $OUT/artifacts.tgz (each model's harvested artifacts).
 set -u
@@ -32,11 +33,11 @@ for ENTRY in ${@:-compiled_model:block compiled_model:mlp}; do
   M=${ENTRY#*:}
   mkdir -p "$RES/$M"
   # H: from the checkout (the entry importable from examples/), into a fresh artifact directory
-  PYTHONPATH=/tmp/site python3 benchmarks/inductor_compile.py --entry "$ENTRY" --phases ma --steps H \
+  PYTHONPATH=/tmp/site python3 benchmarks/inductor_compile.py --entry "$ENTRY" --phases "${PHASE:-ma}" --steps H \
     --timeouts H=${H_S:-200} --out "$WORK/$M-h" --mirror "$RES/$M/h" > "$RES/$M/h.log" 2>&1
   PROJ=$WORK/$M-proj
   rm -rf "$PROJ" && cp -r examples/compiled_model "$PROJ" && rm -rf "$PROJ/artifacts" "$PROJ"/build "$PROJ"/*.egg-info
-  mkdir -p "$PROJ/artifacts" && cp -r "$WORK/$M-h/work/artifacts-ma" "$PROJ/artifacts/sm_90"
+  mkdir -p "$PROJ/artifacts" && cp -r "$WORK/$M-h/work/artifacts-${PHASE:-ma}" "$PROJ/artifacts/sm_90"
   sed -i "s/^targets = .*/targets = [{ arch = \"sm_90\", name = \"$NAME\", units = $UNITS }]/" "$PROJ/pyproject.toml"
   rm -f "$WORK"/wheels/compiled_model-*.whl
   python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WORK/wheels" "$PROJ" > "$RES/$M/wheel.log" 2>&1
@@ -46,7 +47,7 @@ for ENTRY in ${@:-compiled_model:block compiled_model:mlp}; do
     "$WORK"/wheels/compiled_model-*.whl >> "$RES/$M/wheel.log" 2>&1
   # A, C, C2, S1, S2: the checkout off the path; flytune-build and compiled-model as installed
   python3 benchmarks/inductor_compile.py --installed --shipped "$PROJ/artifacts/sm_90" --entry "$ENTRY" \
-    --phases ma --steps "${STEPS:-A,C,C2,S1,S2}" --timeouts "A=${A_S:-120},C=${C_S:-90},C2=${C_S:-90},S1=${S_S:-90},S2=${S_S:-90}" \
+    --phases "${PHASE:-ma}" --steps "${STEPS:-A,C,C2,S1,S2}" --timeouts "A=${A_S:-120},C=${C_S:-90},C2=${C_S:-90},S1=${S_S:-90},S2=${S_S:-90}" \
     --out "$WORK/$M-s" --mirror "$RES/$M" > "$RES/$M/s.log" 2>&1
   cp "$WORK/$M-s/summary.json" "$RES/$M/" 2>/dev/null
   tar -C "$RES" -czf "$OUT/$M.tgz" "$M"
