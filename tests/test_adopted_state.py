@@ -131,3 +131,104 @@ def test_a_searched_winner_is_recorded_as_its_own_keys_config_whatever_best_conf
     assert [c.kwargs["BLOCK"] for c in seen] == [winner.kwargs["BLOCK"]]
     (art,) = [Artifact.load(p) for p in (tmp_path / "emit").glob("*.json")]
     assert art.config.kwargs["BLOCK"] == winner.kwargs["BLOCK"]
+
+
+def test_a_seeded_key_taken_out_before_its_retry_read_it_is_decided_again_by_every_tier(tmp_path, monkeypatch):
+    """Another thread's reset_stats (or a refused pack) takes the key flytune just seeded out of Triton's
+    cache before the call's retry reads it: the call is decided again and served its artifact (before:
+    the retry offered only a search, which FLYTUNE_AUTOTUNE=0 forbids, and the call failed)."""
+    bundle(tmp_path, monkeypatch, {100: 64})
+    k = make()
+    adapter.adopt(k, name="st.add")
+    decide, taken = k.prune_configs, []
+
+    def then_reset(kwargs):
+        try:
+            return decide(kwargs)
+        except Exception:
+            if not taken:
+                taken.append(1)
+                ft.reset_stats()   # what another thread does meanwhile
+            raise
+    monkeypatch.setattr(k, "prune_configs", then_reset)
+    assert call(k, 100) == 64 and taken
+    assert ft.stats()["st.add"]["calls"]["offline"] == 1
+
+
+def test_a_launch_failing_on_a_keys_first_call_is_tritons_error_unchained():
+    """The first call of a key goes through Triton's `run` twice (flytune seeds the key, Triton's retry is
+    its hit): a launch failing there raises Triton's error chained to nothing of flytune's; a repeated
+    launch keyword is Triton's TypeError (Python 3.11 reports one raised inside a handler as a KeyError)."""
+    k = make()
+    adapter.adopt(k, name="st.first")
+    x, y, out, n = args_of(50)
+
+    def failing(meta):
+        raise ZeroDivisionError("the grid failed")
+    with pytest.raises(ZeroDivisionError) as e:
+        k[failing](x, y, out, n)
+    assert e.value.__context__ is None
+    k2 = make()
+    adapter.adopt(k2, name="st.first2")
+    with pytest.raises(TypeError, match="multiple values for keyword argument 'num_warps'") as e:
+        k2[(4,)](x, y, out, n, num_warps=4)
+    assert e.value.__context__ is None
+
+
+def test_two_threads_learning_one_layout_at_once_share_the_key_that_won(monkeypatch):
+    """A first call (x, out, n) and another passing an optional tensor too (x, out, n, w) learn the
+    positional layout at once: the one learnt is one call's, and the other call is not remembered under
+    it (before: remembered under a key without its tensor's dtype, so a call with another dtype of `w`
+    was a hit launching another Triton key's config)."""
+    from flytune_build.runtime.adapters import hits
+
+    configs = [triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)]
+
+    @triton.autotune(configs=configs, key=["n"])
+    @triton.jit
+    def scale(x, out, n, w=None, HAS_W: tl.constexpr = False, BLOCK: tl.constexpr = 16):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(x + offs, mask=m)
+        if HAS_W:
+            v = v * tl.load(w + offs, mask=m)
+        tl.store(out + offs, v, mask=m)
+
+    adapter.adopt(scale, name="st.race")
+    x, out = torch.randn(64), torch.empty(64)
+    positional_key, remember = hits._positional_key, hits.Hits.remember
+    a_done, b_in, a_launched = threading.Event(), threading.Event(), threading.Event()
+
+    def learning(*a):
+        if threading.current_thread().name == "B":
+            b_in.set()
+            assert a_done.wait(60)   # B found no layout learnt and builds its own while A learns
+        return positional_key(*a)
+
+    def remembering(self, *a, **kw):
+        if threading.current_thread().name == "A":
+            a_launched.set()
+            assert b_in.wait(60)
+        try:
+            return remember(self, *a, **kw)
+        finally:
+            if threading.current_thread().name == "A":
+                a_done.set()
+    monkeypatch.setattr(hits, "_positional_key", learning)
+    monkeypatch.setattr(hits.Hits, "remember", remembering)
+
+    def b():
+        assert a_launched.wait(60)
+        scale[(1,)](x, out, 64, torch.randn(64), True)
+    threads = [threading.Thread(target=lambda: scale[(1,)](x, out, 64), name="A"), threading.Thread(target=b, name="B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    monkeypatch.setattr(hits, "_positional_key", positional_key)
+    monkeypatch.setattr(hits.Hits, "remember", remember)
+    assert list(scale.flytune_adopted.hits.memo) == [(3, 64, torch.float32, torch.float32)]
+    half = (64, "torch.float32", "torch.float32", "torch.float16")
+    scale.cache[half] = configs[2]   # Triton's cache holds BLOCK 64 for w in float16 (a key added: the memo stays)
+    scale[(1,)](x, out, 64, torch.randn(64).half(), True)
+    assert scale.best_config.kwargs["BLOCK"] == 64

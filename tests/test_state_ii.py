@@ -325,3 +325,34 @@ def test_a_forked_child_gets_fresh_locks_and_no_key_being_decided(which):
                        env=python_env(), timeout=WAIT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["0"], r.stdout + r.stderr[-3000:]
+
+
+def test_a_decision_racing_reset_stats_is_in_both_the_memo_and_the_counters_or_in_neither(monkeypatch):
+    """reset_stats() on one thread; another thread's first call lands right after the memo was emptied:
+    its decision is counted in the counters reset_stats made, not in the ones it threw away."""
+    from flytune_build.runtime.serving.decision import Flights
+
+    k = make_add("s2.reset", key=("n",), default=lambda bound: Config({"BLOCK": 32}, num_warps=1))
+    reset, go, back = Flights.reset, threading.Event(), threading.Event()
+
+    def paused(self, then=None):
+        reset(self, then)
+        if threading.current_thread().name == "resetting" and self is k._flights:
+            go.set()
+            assert back.wait(WAIT)
+    monkeypatch.setattr(Flights, "reset", paused)
+
+    def caller():
+        assert go.wait(WAIT)
+        add(k)
+        back.set()
+    calling = Threads(caller).start()
+    resetting = threading.Thread(target=ft.reset_stats, name="resetting")
+    resetting.start()
+    resetting.join(WAIT)
+    calling.join()
+    assert calling.errors == []
+    monkeypatch.setattr(Flights, "reset", reset)
+    add(k)
+    add(k)
+    assert decided(k).calls == 3 and ft.stats()["s2.reset"]["calls"]["heuristic"] == 3

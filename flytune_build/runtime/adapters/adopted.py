@@ -161,7 +161,7 @@ class Adopted(Kernel):
                 tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen, nargs)
                 tiers["first"] = lambda: self.first_config(key, original(kwargs), chosen)
             d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
-            if d is TRITON_SEARCHES:
+            if d is TRITON_SEARCHES or not chosen:  # (none chosen: a retry no tier answers, Triton's own)
                 return original(kwargs)
             tuner.cache[triton_key] = chosen[0]
             raise hits.Seeded(triton_key)

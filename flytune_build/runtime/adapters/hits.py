@@ -135,10 +135,10 @@ class Hits:
         if obj is None or self.refused is not None or not self.on or len(self.memo) >= MAX_HITS:
             return
         try:
-            if not self.key.learn(args, kwargs):
+            key = self.key(args, kwargs)
+            if key is None:
                 return
-            key, entry = self.key(args, kwargs), (obj, d, {"warmup": False, **(meta or obj.all_kwargs())},
-                                                  getattr(obj, "pre_hook", None), tier)
+            entry = obj, d, {"warmup": False, **(meta or obj.all_kwargs())}, getattr(obj, "pre_hook", None), tier
         except (TypeError, IndexError, KeyError, AttributeError, ValueError):
             return
         if generation == self.generation:
@@ -240,22 +240,28 @@ def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
     return ret
 
 
+RETRIES = 3  # Triton's `run` of one call: a seeded key taken out again by another thread is decided anew
+
+
 def _triton(original, local, args, kwargs):
-    """Triton's `run` of a call, once more where `prune_configs` seeded its key (a hit then). The call's
-    arguments are this thread's `local.call` meanwhile: `prune_configs` keys the call by them, never by
-    the Autotuner's `nargs`, which Triton's `run` on another thread sets too."""
-    was_call, local.call = local.call, (args, kwargs)   # a call nested in a hook is another call
+    """Triton's `run` of a call, again where `prune_configs` seeded its key (a hit then), outside the
+    handler (an error of the launch is Triton's alone, chained to nothing of flytune's). A key taken
+    out of the cache before the retry read it (another thread's `reset_stats`, a refused pack) is
+    decided again, by every tier; the last retry lets Triton search (`local.retrying`), so a cache that
+    keeps nothing cannot loop. The call's arguments are this thread's `local.call` meanwhile:
+    `prune_configs` keys the call by them, never by the Autotuner's `nargs`, which Triton's `run` on
+    another thread sets too."""
+    was_call, was, local.call = local.call, local.retrying, (args, kwargs)  # a call in a hook is another call
     try:
-        try:
-            return original(*args, **kwargs)
-        except Seeded as retry:
-            was, local.retrying = local.retrying, retry.key
+        for attempt in range(RETRIES - 1):
             try:
                 return original(*args, **kwargs)
-            finally:
-                local.retrying = was
+            except Seeded as seeded:
+                key = seeded.key
+            local.retrying = key if attempt == RETRIES - 2 else None
+        return original(*args, **kwargs)
     finally:
-        local.call = was_call
+        local.call, local.retrying = was_call, was
 
 
 ABSENT = object()  # a keyword the call did not pass
@@ -273,7 +279,10 @@ def key_of(tuner):
     and the launch options are no parameter: Triton keys none of them); each layout's key is learnt
     from its first call remembered (`learn`): the key arguments' values, then the dtypes where that
     call passed tensors, then the types where it passed None (an optional tensor). A call whose
-    tensors lie elsewhere than its layout's first call's is never remembered. The key of a call
+    tensors lie elsewhere than its layout's first call's is never remembered; but one whose scalar (a
+    float, an int) stands where its layout's first call had one, and is a tensor or a numpy scalar,
+    keys as that call does: a hit then launches the config of a key Triton tells apart by that dtype
+    (a known limit: keying every scalar's type costs a hit about a fifth more, or generated code). The key of a call
     passing no keyword is flat: (how many, values, dtypes, types), one layout per kernel (`positional`,
     the hot path); a call passing keywords is keyed (layout, (values, dtypes, types)) (`layouts`).
     IndexError or KeyError where a layout was not learnt, TypeError or AttributeError where a value
@@ -288,36 +297,33 @@ def key_of(tuner):
     chosen: list = []       # the positional layout's key, once learnt
     layouts: dict = {}      # (how many positional, *keyword names) -> that layout's key of (args, kwargs)
 
-    def hit_key(args, kwargs):
-        named = _named(kwargs)
-        if not named:
-            return chosen[0](args)   # IndexError: no call learnt yet
-        layout = (len(args), *named)
-        return layout, layouts[layout](args, kwargs)
-
-    def learn(args, kwargs) -> bool:
-        """Whether a call's key can be remembered: its tensors (and Nones) lie where its layout's first did."""
+    def learn(args, kwargs):
+        """The call's memo key where it can be remembered (its tensors and Nones lie where its layout's
+        first did), else None. A layout's key is published once (`list.append`, `dict.setdefault`: one
+        step each): threads learning one layout at once all use the one that won."""
         if not keyable:
-            return False
+            return None
         named = _named(kwargs)
         if not named:
-            found = _where(range(len(args)), args)
+            found = (len(args), _where(range(len(args)), args))
             if not chosen:
-                chosen.append(_positional_key([names.index(k) for k in tuner.keys], *found))
-                learn.layout = (len(args), found)
-            return learn.layout == (len(args), found)
+                new = _positional_key([names.index(k) for k in tuner.keys], *found[1])
+                new.found = found
+                chosen.append(new)
+            key = chosen[0]
+            return key(args) if key.found == found else None
         layout = (len(args), *named)
         params = [k for k in named if k in names]
         found = _where(range(len(args)), args), _where(params, kwargs)
         key = layouts.get(layout)
         if key is None:
             if len(layouts) >= MAX_LAYOUTS or len(set(named)) != len(named):
-                return False
-            key = layouts[layout] = _layout_key(tuner, len(args), params, *found)
-        return key.found == found
+                return None
+            key = layouts.setdefault(layout, _layout_key(tuner, len(args), params, *found))
+        return (layout, key(args, kwargs)) if key.found == found else None
 
-    hit_key.learn, hit_key.positional, hit_key.layouts = learn, chosen, layouts
-    return hit_key
+    learn.positional, learn.layouts = chosen, layouts
+    return learn
 
 
 MAX_LAYOUTS = 64   # keyword layouts learnt per kernel

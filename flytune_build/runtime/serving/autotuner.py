@@ -204,7 +204,7 @@ class Autotuned(Kernel):
             try:
                 d = self._choose(args, kwargs, bound, raw, grid, search, stored_only)
             finally:
-                d, new = self._flights.leave(flight, d, self._stats.decisions)
+                d, new = self._flights.leave(flight, d, lambda: self._stats.decisions)
             if d is not None or not new:
                 break  # else forcing or a reset came while deciding: that decision is not stored, decide again
         if d is not None and new:
@@ -310,10 +310,12 @@ class Autotuned(Kernel):
     def rediscover(self) -> None:
         self._index = None  # built again, from the settings the first decision read
 
+    def _fresh_stats(self) -> None:
+        self._stats = Stats()
+
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
-        self._flights.reset()  # a reset inside `forcing` forgets what it set aside too
-        self._stats = Stats()
+        self._flights.reset(self._fresh_stats)  # with the memo: a decision is in both or neither
         self._index = None
         self._scratch = ScratchCache(self.name)
 

@@ -98,7 +98,8 @@ class Flights:
 
     The first thread to miss a key decides it; a later caller of that key waits, then is served the
     decision. A thread already making a decision (of any kernel: a `default`, a pre_hook, an
-    `on_decision` callback calling a kernel) never waits, so no two threads wait on each other: it
+    `on_decision` callback calling a kernel) never waits, so no two threads wait on each other (but a
+    `default` that hands the same key to a thread of its own and joins it deadlocks: that thread waits): it
     decides the key itself, and the decision stored first is the key's. A decider that raises stores
     nothing and releases its waiters, which then decide the key themselves (each meeting the error, if
     it stands, on its own call). `forcing` blocks are process-wide: while one is open every miss is
@@ -132,10 +133,11 @@ class Flights:
                     return None, (raw, self.generation, mine)
             event.wait()
 
-    def leave(self, flight: tuple, d: Decision | None, decisions: list) -> tuple[Decision | None, bool]:
+    def leave(self, flight: tuple, d: Decision | None, decisions: Callable[[], list]) -> tuple[Decision | None, bool]:
         """The flight ended with `d` (None: none made, or it raised): waiters released. Returns (`d`, True)
-        where `d` is stored (and counted in `decisions`), (the key's decision, False) where one was stored
-        meanwhile, (None, True) where forcing or a reset came meanwhile: decide again."""
+        where `d` is stored (and counted in `decisions()`, read under the lock a reset takes), (the key's
+        decision, False) where one was stored meanwhile, (None, True) where forcing or a reset came
+        meanwhile: decide again."""
         raw, generation, mine = flight
         _deciding.depth -= 1
         with self.lock:
@@ -149,7 +151,7 @@ class Flights:
                 out = self.memo[raw], False
             else:
                 self.memo[raw] = d
-                decisions.append(d)
+                decisions().append(d)
                 out = d, True
         if mine is not None:
             mine.set()
@@ -174,12 +176,15 @@ class Flights:
                 self.memo.update(self.saved)
                 self.saved = {}
 
-    def reset(self) -> None:
-        """Forget every decision, those set aside included; one under way is not stored."""
+    def reset(self, then: Callable[[], object] | None = None) -> None:
+        """Forget every decision, those set aside included; one under way is not stored. `then` runs under
+        the same lock (the kernel's counters made anew: no decision lands in the old ones after it)."""
         with self.lock:
             self.generation += 1
             self.memo.clear()
             self.saved.clear()
+            if then is not None:
+                then()
 
 
 def _forked() -> None:
