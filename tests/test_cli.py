@@ -438,6 +438,9 @@ def test_tune_state_and_table_values_are_read_safely(tmp_path):
     (tmp_path / "afile").write_text("mine")
     r = flytune("tune", "--project", proj, "--allow-ci", "--output", tmp_path / "afile")
     assert r.returncode == 1 and "cannot be an output directory" in r.stderr and "Error:" not in r.stderr
+    r = flytune("tune", "--project", proj, "--allow-ci", "--ranking", "synthetic", "--no-progress",
+                "--output", tmp_path / "afile" / "sub")   # a file above it: named, not "Not a directory"
+    assert r.returncode != 0 and f"{tmp_path / 'afile'} is a file, not a directory" in r.stderr, r.stdout + r.stderr
 
 
 def test_deep_refuses_a_hand_edited_config_unless_its_provenance_says_it_was_chosen_by_hand(tmp_path):

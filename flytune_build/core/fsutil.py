@@ -121,6 +121,12 @@ def output_directory(path: str | os.PathLike) -> Path:
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):   # it, or a folder above it, is something else
+        blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), path)
+        what = "a file" if blocker.is_file() else kind(os.stat(blocker).st_mode) if blocker.exists() else \
+            "a dangling link"
+        raise OutputError(f"cannot be an output directory: {blocker} is {what}, not a directory: pass a directory "
+                          f"(or a path where one can be made)", file=path) from None
     except OSError as e:
         raise OutputError(f"cannot be an output directory: {e.strerror or e}", file=path) from None
     return path
