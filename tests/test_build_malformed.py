@@ -185,3 +185,17 @@ def test_a_bad_tuning_plan_is_a_declaration_problem_that_strict_false_never_drop
     assert "artifacts" not in head and "strict" not in head
     assert len(lines) == 1 and "plan.toml: Field `entries[0].shape` is not a known field" in lines[0], lines
     assert "dropped" not in out.getvalue()
+
+
+def test_the_build_report_counts_rejected_artifacts_apart_from_declaration_problems(tmp_path):
+    """`rejected N` counts artifacts: a kernel misspelled in `coverage` is a problem of the declaration."""
+    import io
+
+    from buildkit import artifact, make_project
+
+    from flytune_build import pipeline
+
+    proj = make_project(tmp_path / "p", artifacts=[artifact(100, 32)], extra='strict = false\ncoverage = ["fixpkg.addd"]')
+    out = io.StringIO()
+    pipeline.run(proj, out=out)
+    assert "rejected 0; 1 problem(s) in the declaration or the tuning plan" in out.getvalue(), out.getvalue()

@@ -5,7 +5,6 @@ Nothing here imports torch or triton: pre-tuned wheels are built on machines wit
 from __future__ import annotations
 
 import difflib
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ def run(root: str | Path = ".", *, out=sys.stderr, project: project_mod.Project 
         return None
     state = verify.verify(collect.collect(BuildState(proj)))
     report.print_report(state, out)
-    binding = state.rejected if proj.strict else [e for e in state.rejected if in_plan(proj, e)]
+    binding = state.rejected if proj.strict else [e for e in state.rejected if state.where(e) == "plan"]
     if binding:
         raise BuildFailure(failure(state, binding), file=proj.root / "pyproject.toml")
     for e in state.rejected:
@@ -77,22 +76,14 @@ def misnamed(doc: dict) -> str | None:
                  and isinstance(v.get("flytune"), dict)), None)
 
 
-def in_plan(proj: project_mod.Project, e) -> bool:
-    """Whether `e` is a problem of the project's tuning plan file (`tool.flytune.tune.plan`)."""
-    return bool(proj.tune_plan) and e.file is not None and \
-        os.path.normpath(e.file) == os.path.normpath(proj.root / proj.tune_plan)
-
-
 def failure(state: BuildState, problems=None) -> str:
     """A build's refusal of `problems` (default: everything rejected): where they are (the declaration:
     `[tool.flytune]`, the tuning plan; or the tuned artifacts), then one line per problem. Only bad
     artifacts may be dropped (`strict = false`): the fix says so only where some are."""
     problems = state.rejected if problems is None else problems
     proj = state.project
-    pyproject = os.path.normpath(proj.root / "pyproject.toml")
-    declared = sum(e.file is not None and os.path.normpath(e.file) == pyproject for e in problems)
-    plan = sum(in_plan(proj, e) for e in problems)
-    artifacts = len(problems) - declared - plan
+    places = [state.where(e) for e in problems]
+    declared, plan, artifacts = (places.count(p) for p in ("declaration", "plan", "artifacts"))
     where = [(declared, "[tool.flytune]"), (plan, f"the tuning plan {proj.tune_plan}"),
              (artifacts, "the tuned artifacts")]
     where = [f"{n} in {place}" for n, place in where if n]

@@ -1,6 +1,7 @@
 """`BuildState`: the one object every build stage takes and returns (hatchling's `build_data`, made a type)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,3 +24,14 @@ class BuildState:
 
     def reject(self, error: FlytuneError) -> None:
         self.rejected.append(error)
+
+    def where(self, error: FlytuneError) -> str:
+        """Where a rejected problem lies: "declaration" (pyproject.toml's `[tool.flytune]`), "plan" (the
+        tuning plan file) or "artifacts" (the tuned artifacts, the only ones `strict = false` may drop)."""
+        proj, file = self.project, error.file
+        if file is not None and os.path.normpath(file) == os.path.normpath(proj.root / "pyproject.toml"):
+            return "declaration"
+        if proj.tune_plan and file is not None and \
+                os.path.normpath(file) == os.path.normpath(proj.root / proj.tune_plan):
+            return "plan"
+        return "artifacts"
