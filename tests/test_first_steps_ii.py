@@ -95,3 +95,28 @@ def test_a_plan_repeating_a_shape_is_refused_naming_the_repeat_and_writes_nothin
     assert r.returncode == 2 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
     assert "tune/plan.toml: Field `entries[0].shapes[2]` repeats `entries[0].shapes[0]` (n=64)" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_repeating_a_shape_fails_the_build_and_verify_as_tune_refuses_it(tmp_path):
+    """One rule (`core.project.check_repeats`) for the plan file and the inline entries: `flytune verify`
+    (as the build) names the repeat as tune does; strict = false never drops a plan file's problem."""
+    from buildkit import artifact
+
+    from flytune_build.core import project as project_mod
+    from flytune_build.core.errors import PlanError
+
+    proj = make_project(tmp_path / "p", artifacts=[artifact()], extra='strict = false\n[tool.flytune.tune]\n'
+                                                                       'plan = "tune/plan.toml"\n')
+    (proj / "tune").mkdir()
+    (proj / "tune" / "plan.toml").write_text('[[entries]]\nkernel = "fixpkg.add"\nsetup = "fixpkg:setup"\n'
+                                             'shapes = [{ n = 64 }, { n = 64 }]\n')
+    r = flytune("verify", proj)
+    assert r.returncode == 1 and "Field `entries[0].shapes[1]` repeats `entries[0].shapes[0]` (n=64)" in r.stdout, \
+        r.stdout + r.stderr
+    inline = make_project(tmp_path / "q", artifacts=[artifact()], extra='[tool.flytune.tune]\nentries = [{ kernel = '
+                                                                        '"fixpkg.add", setup = "fixpkg:setup", '
+                                                                        'shapes = [{ n = 8 }, { n = 8 }] }]\n')
+    with pytest.raises(PlanError, match=r"repeats `tool.flytune.tune.entries\[0\].shapes\[0\]` \(n=8\)"):
+        project_mod.check_repeats(project_mod.load(inline).tune_entries)
+    r = flytune("verify", inline)
+    assert r.returncode == 1 and "repeats `tool.flytune.tune.entries[0].shapes[0]` (n=8)" in r.stdout, r.stdout

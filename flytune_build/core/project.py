@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
-from .codec import FUNCTION, Fields
+from .codec import FUNCTION, Fields, canonical
 from .device import ARCH, NAME, backend_of
 from .errors import PlanError, ProjectError
 from .fsutil import read_regular
@@ -248,10 +248,39 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
 
 
 def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
-    """The entries of a plan file (read only when tuning: a build never needs it)."""
+    """The entries of a plan file (the build reads it for coverage; `flytune tune` to tune)."""
     plan_file = Path(root) / plan
     doc = PLAN.check(read_toml(plan_file), "", Fields(plan_file, ProjectError))
-    return tuple(TuneEntry.from_checked(e, (str(plan_file), f"entries[{i}]")) for i, e in enumerate(doc["entries"]))
+    entries = tuple(TuneEntry.from_checked(e, (str(plan_file), f"entries[{i}]")) for i, e in enumerate(doc["entries"]))
+    check_repeats(entries)
+    return entries
+
+
+def shape_text(shape: dict) -> str:
+    """A plan's shape as reports print it: `n=64,dtype=float16`."""
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+def check_repeats(entries) -> None:
+    """A PlanError where a plan names one job twice: a shape repeated in an entry, or in another entry of
+    the same kernel and setup (one search, its two rows each the other's duplicate). It names the field of
+    each repeat and the shape it repeats. A plan file is checked as it is read (`load_plan`); the inline
+    entries where they are used (the build's coverage, `flytune tune`), the table's JSON Schema being
+    unable to say it."""
+    first: dict[tuple, str] = {}
+    repeats = []
+    for entry in entries:
+        file, path = entry.origin
+        for i, shape in enumerate(entry.shapes):
+            field_ = f"{path}.shapes[{i}]"
+            seen = first.setdefault((entry.kernel, entry.setup, canonical(shape)), field_)
+            if seen != field_:
+                repeats.append((file, field_, seen, shape))
+    if repeats:
+        (file, field_, seen, shape), rest = repeats[0], repeats[1:]
+        more = "".join(f"; `{f}` repeats `{s}`" for _, f, s, _ in rest)
+        raise PlanError(f"repeats `{seen}` ({shape_text(shape)}): one search, two rows{more}; remove the "
+                        f"repeat{'s' if rest else ''} from the plan", file=file, field=field_)
 
 
 def infer_package(root: Path, f: Fields, doc: dict | None = None) -> str:

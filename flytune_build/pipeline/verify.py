@@ -40,6 +40,10 @@ def planned(state: BuildState) -> tuple[str, ...]:
     it out) is a warning; one that is there and invalid is an error."""
     proj = state.project
     if not proj.tune_plan:
+        try:
+            project_mod.check_repeats(proj.tune_entries)
+        except FlytuneError as e:
+            state.reject(e)
         return tuple(e.kernel for e in proj.tune_entries)
     try:  # the plan must be a regular file under the root: a link to /proc/self/environ is never read
         plan = fsutil.contained(proj.root, proj.tune_plan, error=ProjectError, file=proj.root / "pyproject.toml",

@@ -19,7 +19,7 @@ from ..core import settings
 from ..core.errors import OutputError, PlanError, ProjectError, UsageError
 from . import fingerprint
 from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
-from .job import load_references, shape_text, unknown_kernels
+from .job import load_references, unknown_kernels
 
 __all__ = ["MIN_IMPROVEMENT_PCT", "Outcome", "Report", "Reporter", "tune"]
 
@@ -111,7 +111,7 @@ def _load(root: Path) -> project_mod.Project:
 def _entries(proj: project_mod.Project, plan, kernels) -> tuple:
     plan = Path(plan).resolve() if plan else proj.tune_plan  # a plan argument is relative to the cwd
     entries = project_mod.load_plan(proj.root, plan) if plan else proj.tune_entries
-    refuse_repeats(proj.root, entries)
+    project_mod.check_repeats(entries)   # (a plan file's are checked as it is read: the inline entries')
     if kernels:
         kernels = [kernels] if isinstance(kernels, str) else list(kernels)
         unknown = sorted(set(kernels) - {e.kernel for e in entries})
@@ -127,26 +127,6 @@ def _entries(proj: project_mod.Project, plan, kernels) -> tuple:
                          "pyproject.toml, or pass a plan (`flytune init` writes one)",
                          file=proj.root / "pyproject.toml")
     return entries
-
-
-def refuse_repeats(root: Path, entries) -> None:
-    """A PlanError where the plan names one job twice: a shape repeated in an entry, or in another entry of
-    the same kernel and setup (one search, its two rows each the other's duplicate). It names the field of
-    each repeat and the shape it repeats; nothing has run."""
-    first: dict[tuple, str] = {}
-    repeats = []
-    for n, entry in enumerate(entries):
-        file, path = entry.origin or (str(Path(root) / "pyproject.toml"), f"entries[{n}]")
-        for i, shape in enumerate(entry.shapes):
-            field = f"{path}.shapes[{i}]"
-            seen = first.setdefault((entry.kernel, entry.setup, codec.canonical(shape)), field)
-            if seen != field:
-                repeats.append((file, field, seen, shape))
-    if repeats:
-        (file, field, seen, shape), rest = repeats[0], repeats[1:]
-        more = "".join(f"; `{f}` repeats `{s}`" for _, f, s, _ in rest)
-        raise PlanError(f"repeats `{seen}` ({shape_text(shape)}): one search, two rows{more}; remove the "
-                        f"repeat{'s' if rest else ''} from the plan", file=file, field=field)
 
 
 def _run(proj, entries, options: Options, reporter, fingerprints: dict | None = None) -> Report:

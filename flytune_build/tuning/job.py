@@ -19,7 +19,7 @@ from ..core import codec, streams
 from ..core.artifact import Artifact
 from ..core.codec import did_you_mean
 from ..core.errors import FlytuneError, PlanError, ProjectError, UsageError, foreign_failure, one_line
-from ..core.project import TuneEntry
+from ..core.project import TuneEntry, shape_text
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,6 @@ def check_options(entry: TuneEntry) -> dict:
     fingerprint it always had)."""
     options = {"check": entry.check, "rtol": entry.rtol, "atol": entry.atol}
     return options if entry.reference is None else {**options, "reference": entry.reference}
-
-
-def shape_text(shape: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 def tuning(root: Path, ranking: str | None = None):
