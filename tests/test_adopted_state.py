@@ -16,6 +16,7 @@ from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER
 from flytune_build.runtime.adapters import adopted as adopted_module
+from test_adopted_dispatch import make  # an adopted add kernel of three configs, keyed on n
 
 
 @pytest.fixture(autouse=True)
@@ -28,18 +29,6 @@ def _serialised_launches(monkeypatch):
         with lock:
             return call(self, *args, **kwargs)
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialised)
-
-
-def make(pre_hook=None):
-    configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=pre_hook) for b in (16, 32, 64)]
-
-    @triton.autotune(configs=configs, key=["n"])
-    @triton.jit
-    def add(x, y, out, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
-    return add
 
 
 def args_of(n):
