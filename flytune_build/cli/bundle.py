@@ -52,4 +52,3 @@ def command(args) -> int:
     print(f'[project.entry-points."{bundle.ENTRY_POINT_GROUP}"]')
     print(f'{name} = "{value}"')
     return EXIT_OK
-

@@ -123,13 +123,20 @@ def output_directory(path: str | os.PathLike) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):   # it, or a folder above it, is something else
         blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), path)
-        what = "a file" if blocker.is_file() else kind(os.stat(blocker).st_mode) if blocker.exists() else \
-            "a dangling link"
-        raise OutputError(f"cannot be an output directory: {blocker} is {what}, not a directory: pass a directory "
-                          f"(or a path where one can be made)", file=path) from None
+        raise not_a_directory(path, blocker) from None
     except OSError as e:
         raise OutputError(f"cannot be an output directory: {e.strerror or e}", file=path) from None
     return path
+
+
+def not_a_directory(path: Path, blocker: Path | None = None) -> OutputError:
+    """The error of an output directory `path` that cannot be one: it (or `blocker`, a path above it) is
+    something else, named."""
+    blocker = path if blocker is None else blocker
+    what = "a file" if blocker.is_file() else kind(os.stat(blocker).st_mode) if blocker.exists() else \
+        "a dangling link"
+    return OutputError(f"cannot be an output directory: {'it' if blocker == path else blocker} is {what}, not a "
+                       f"directory: pass a directory (or a path where one can be made)", file=path)
 
 
 def kind(mode: int) -> str:

@@ -247,6 +247,25 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
                    tune["plan"], tune["output"], tune["warmup"], tune["rep"], name, packs=packs)
 
 
+TYPO = 0.8  # difflib's ratio from which a tool table is `flytune` misspelled (`flytun`, `flytnue`)
+
+
+def misnamed(doc: dict) -> str | None:
+    """The dotted name of the table in `doc` that is `[tool.flytune]` misnamed, where `doc` has no
+    `[tool.flytune]`: a `tool` key within a typo of `flytune` or starting with it (`flytune-build`), or
+    a `flytune` table outside `tool` (`[tools.flytune]`, `[flytune]`); None where there is none."""
+    tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
+    keys = [k for k in tool if k != "flytune" and isinstance(tool[k], dict)]
+    close = difflib.get_close_matches("flytune", keys, n=1, cutoff=TYPO) or \
+        [k for k in keys if k.lower().replace("-", "_").startswith("flytune")]
+    if close:
+        return f"tool.{close[0]}"
+    if isinstance(doc.get("flytune"), dict):
+        return "flytune"
+    return next((f"{k}.flytune" for k, v in doc.items() if k != "tool" and isinstance(v, dict)
+                 and isinstance(v.get("flytune"), dict)), None)
+
+
 def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
     """The entries of a plan file (the build reads it for coverage; `flytune tune` to tune)."""
     plan_file = Path(root) / plan

@@ -4,7 +4,6 @@ Nothing here imports torch or triton: pre-tuned wheels are built on machines wit
 """
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def load(root: str | Path) -> project_mod.Project | None:
     bundle and say nothing."""
     proj = project_mod.load(root)
     if proj is None:
-        close = misnamed(project_mod.read_pyproject(Path(root)))
+        close = project_mod.misnamed(project_mod.read_pyproject(Path(root)))
         if close:
             raise ProjectError("is not a table flytune reads (did you mean `tool.flytune`?), and there is no "
                                "[tool.flytune]: the build would bundle nothing; rename it [tool.flytune], or run "
@@ -55,25 +54,6 @@ def missing(root: str | Path) -> ProjectError:
     return ProjectError("has no [tool.flytune] table: run `flytune init` to write one (it finds the package's "
                         "kernels and writes the table, a tuning plan and its setups)",
                         file=Path(root).resolve() / "pyproject.toml")
-
-
-TYPO = 0.8  # difflib's ratio from which a tool table is `flytune` misspelled (`flytun`, `flytnue`)
-
-
-def misnamed(doc: dict) -> str | None:
-    """The dotted name of the table in `doc` that is `[tool.flytune]` misnamed, where `doc` has no
-    `[tool.flytune]`: a `tool` key within a typo of `flytune` or starting with it (`flytune-build`), or
-    a `flytune` table outside `tool` (`[tools.flytune]`, `[flytune]`); None where there is none."""
-    tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
-    keys = [k for k in tool if k != "flytune" and isinstance(tool[k], dict)]
-    close = difflib.get_close_matches("flytune", keys, n=1, cutoff=TYPO) or \
-        [k for k in keys if k.lower().replace("-", "_").startswith("flytune")]
-    if close:
-        return f"tool.{close[0]}"
-    if isinstance(doc.get("flytune"), dict):
-        return "flytune"
-    return next((f"{k}.flytune" for k, v in doc.items() if k != "tool" and isinstance(v, dict)
-                 and isinstance(v.get("flytune"), dict)), None)
 
 
 def failure(state: BuildState, problems=None) -> str:

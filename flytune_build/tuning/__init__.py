@@ -7,7 +7,6 @@ kept or replaced the same way wherever the jobs run.
 """
 from __future__ import annotations
 
-import difflib
 import os
 import shutil
 import tempfile
@@ -16,7 +15,7 @@ from pathlib import Path
 from ..core import arguments, codec, fsutil
 from ..core import project as project_mod
 from ..core import settings
-from ..core.errors import OutputError, PlanError, ProjectError, UsageError
+from ..core.errors import ProjectError, UsageError
 from . import fingerprint
 from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
 from .job import load_references, unknown_kernels
@@ -83,9 +82,7 @@ def _check_output(path: Path) -> None:
     """An OutputError, before anything runs, where the output is there and is no directory (`/dev/null`,
     a file); a template (`artifacts/{arch}`) is checked as it is written."""
     if os.path.exists(path) and not path.is_dir():
-        what = "a file" if path.is_file() else fsutil.kind(os.stat(path).st_mode)
-        raise OutputError(f"cannot be an output directory: it is {what}, not a directory: pass a directory (or a "
-                          f"path where one can be made)", file=path)
+        raise fsutil.not_a_directory(path)
 
 
 def _load(root: Path) -> project_mod.Project:
@@ -98,10 +95,8 @@ def _load(root: Path) -> project_mod.Project:
                          file=root)
     proj = project_mod.load(root)
     if proj is None:
-        doc = project_mod.read_pyproject(root)
-        tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
-        close = difflib.get_close_matches("flytune", [k for k in tool if isinstance(tool[k], dict)], n=1)
-        fix = f"is that [tool.{close[0]}]? rename it [tool.flytune]; else " if close else ""
+        close = project_mod.misnamed(project_mod.read_pyproject(root))   # the build's rule: it refuses that table
+        fix = f"is that [{close}]? rename it [tool.flytune]; else " if close else ""
         raise ProjectError(f"has no [tool.flytune] table ({fix}run `flytune init` to write one: it finds the "
                            f"package's kernels and writes the table, a tuning plan and its setups)",
                            file=root / "pyproject.toml")
@@ -110,8 +105,11 @@ def _load(root: Path) -> project_mod.Project:
 
 def _entries(proj: project_mod.Project, plan, kernels) -> tuple:
     plan = Path(plan).resolve() if plan else proj.tune_plan  # a plan argument is relative to the cwd
-    entries = project_mod.load_plan(proj.root, plan) if plan else proj.tune_entries
-    project_mod.check_repeats(entries)   # (a plan file's are checked as it is read: the inline entries')
+    if plan:
+        entries = project_mod.load_plan(proj.root, plan)   # its repeats refused as it is read
+    else:
+        entries = proj.tune_entries
+        project_mod.check_repeats(entries)
     if kernels:
         kernels = [kernels] if isinstance(kernels, str) else list(kernels)
         unknown = sorted(set(kernels) - {e.kernel for e in entries})

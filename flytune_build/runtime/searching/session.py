@@ -35,7 +35,6 @@ import contextvars
 import dataclasses
 import os
 import sys
-import tomllib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ...core import settings
-from ...core.project import package_bases
+from ...core.errors import ProjectError
+from ...core.project import package_bases, read_pyproject
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,8 @@ def bases(root: Path) -> list[str]:
     cannot be read or parsed (its own command reports that). A package mapped to a directory of its own
     (`package-dir = {mylib = "lib"}`) is not importable from any directory: `pip install -e .` makes it so."""
     try:
-        doc = tomllib.loads(Path(root, "pyproject.toml").read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        doc = read_pyproject(root)
+    except ProjectError:
         return []
     top = os.path.realpath(root)
     found = [os.path.dirname(p) for p in package_bases(Path(root), doc, PLACEHOLDER)]
