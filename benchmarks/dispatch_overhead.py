@@ -63,9 +63,9 @@ def adopted_stub(stub, blocks, x):
 
 def adopted_floor(adopted, stub):
     """The least an adopted hit can do: look the call up under a key as fine as Triton's (its key
-    arguments and every tensor's dtype) and launch with the keywords Triton's hit passes (`warmup` and
-    every `Config.all_kwargs()`, `num_ctas` included: the JIT keys its cache on them); no `best_config`,
-    hook, count or cache check."""
+    arguments and every tensor's dtype; a key function called, as the ported hit calls its own) and
+    launch with the keywords an adopted hit passes (`warmup`, then `hits.launch_keywords`: the config's
+    own and its compiler options but a `num_ctas` of 1); no `best_config`, hook, count or cache check."""
     hits = adopted.flytune_adopted.hits
     memo = {k: e[2] for k, e in hits.memo.items()}
     key, launch = hits.key.positional[0], stub.run

@@ -169,7 +169,7 @@ def test_two_threads_learning_one_layout_at_once_share_the_key_that_won(monkeypa
     positional layout at once: the one learnt is one call's, and the other call is not remembered under
     it (before: remembered under a key without its tensor's dtype, so a call with another dtype of `w`
     was a hit launching another Triton key's config)."""
-    from flytune_build.runtime.adapters import hits
+    from flytune_build.runtime.adapters import hit_keys, hits
 
     configs = [triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)]
 
@@ -185,7 +185,7 @@ def test_two_threads_learning_one_layout_at_once_share_the_key_that_won(monkeypa
 
     adapter.adopt(scale, name="st.race")
     x, out = torch.randn(64), torch.empty(64)
-    positional_key, remember = hits._positional_key, hits.Hits.remember
+    positional_key, remember = hit_keys._positional_key, hits.Hits.remember
     a_done, b_in, a_launched = threading.Event(), threading.Event(), threading.Event()
 
     def learning(*a):
@@ -203,7 +203,7 @@ def test_two_threads_learning_one_layout_at_once_share_the_key_that_won(monkeypa
         finally:
             if threading.current_thread().name == "A":
                 a_done.set()
-    monkeypatch.setattr(hits, "_positional_key", learning)
+    monkeypatch.setattr(hit_keys, "_positional_key", learning)
     monkeypatch.setattr(hits.Hits, "remember", remembering)
 
     def b():
@@ -214,7 +214,7 @@ def test_two_threads_learning_one_layout_at_once_share_the_key_that_won(monkeypa
         t.start()
     for t in threads:
         t.join(60)
-    monkeypatch.setattr(hits, "_positional_key", positional_key)
+    monkeypatch.setattr(hit_keys, "_positional_key", positional_key)
     monkeypatch.setattr(hits.Hits, "remember", remember)
     assert list(scale.flytune_adopted.hits.memo) == [(3, 64, torch.float32, torch.float32)]
     half = (64, "torch.float32", "torch.float32", "torch.float16")

@@ -408,3 +408,46 @@ def test_a_warmup_under_flytune_autotune_search_leaves_an_adopted_kernels_keys_t
     finally:
         monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
         settings.reload()
+
+
+@pytest.mark.parametrize("n", [64, 100])
+def test_real_stand_ins_for_a_rehearsal_bind_as_recorded_or_are_refused(n):
+    """`device_stand_ins` (a warm-up's launch over no program): real 16-byte tensors where the recorded
+    launch had aligned ones, through the binder NVIDIA's JIT builds, specialise as recorded; an unaligned
+    tensor has no real stand-in."""
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import create_function_from_signature
+
+    config = Config({"BLOCK": 32}, num_warps=2)
+    x = torch.randn(n + 1)[1:] if n == 100 else torch.randn(n)   # n=100: x's address not a multiple of 16
+    spec = spec_of(scale2_kernel, (x, torch.empty(n), n, 0.5), config)
+    if n == 100:
+        with pytest.raises(binder.Mismatch, match="x stands unaligned"):
+            binder.device_stand_ins(spec, config, torch.device("cpu"))
+        return
+    named = binder.device_stand_ins(spec, config, torch.device("cpu"))
+    assert all(isinstance(named[k], torch.Tensor) and named[k].nbytes == 16 for k in ("x", "out"))
+    bind = create_function_from_signature(binder.compilable(scale2_kernel).signature,
+                                          binder.compilable(scale2_kernel).params, CUDABackend)
+    _, real, _ = bind(**named, **config.launch_kwargs(), debug=False, instrumentation_mode="")
+    binder.check_specialization(spec, binder.compilable(scale2_kernel), real, CUDABackend)
+
+
+def test_real_descriptor_stand_ins_bind_as_recorded_and_a_block_triton_refuses_is_a_mismatch():
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import create_function_from_signature
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    config = Config({"BLOCK_M": 64, "BLOCK_N": 32})
+    x = torch.zeros(256, 32).half()
+    spec = spec_of(copy_rows_kernel, (TensorDescriptor.from_tensor(x, [64, 32]),
+                                      TensorDescriptor.from_tensor(torch.empty_like(x), [64, 32]), 256), config)
+    named = binder.device_stand_ins(spec, config, torch.device("cpu"))
+    assert isinstance(named["x_desc"].base, torch.Tensor) and list(named["x_desc"].base.shape) == [64, 32]
+    jit = binder.compilable(copy_rows_kernel)
+    bind = create_function_from_signature(jit.signature, jit.params, CUDABackend)
+    _, real, _ = bind(**named, **config.launch_kwargs(), debug=False, instrumentation_mode="")
+    binder.check_specialization(spec, jit, real, CUDABackend)
+    spec["signature"]["y_desc"] = "tensordesc<fp16[64, 4]>"   # rows of 8 bytes: no descriptor over a real tensor
+    with pytest.raises(binder.Mismatch, match="y_desc: no real descriptor"):
+        binder.device_stand_ins(spec, config, torch.device("cpu"))

@@ -24,10 +24,9 @@ dict subclass of its own) or has one config is never remembered (`refused` says 
 from __future__ import annotations
 
 import itertools
-import operator
-from collections.abc import Callable
 
 from .. import events
+from .hit_keys import key_of
 from .triton_keys import call_key
 
 MAX_HITS = 4096   # hit keys remembered per kernel (a key argument holding many values stops here)
@@ -138,7 +137,7 @@ class Hits:
             key = self.key(args, kwargs)
             if key is None:
                 return
-            entry = obj, d, {"warmup": False, **(meta or obj.all_kwargs())}, getattr(obj, "pre_hook", None), tier
+            entry = obj, d, {"warmup": False, **(meta or launch_keywords(obj))}, _launcher(self.tuner, obj), tier
         except (TypeError, IndexError, KeyError, AttributeError, ValueError):
             return
         if generation == self.generation:
@@ -148,38 +147,57 @@ class Hits:
 
 
 def wrapped_run(adopted, original):
-    """The adopted Autotuner's `run`: a hit of `adopted.hits`; else, where Triton's cache holds the call's
-    key (a warm-up's, an earlier call's), Triton's hit made here without `Autotuner.run`; else Triton's
-    `original` run. Either way the call is remembered where it can be. A failed launch is not retried:
-    its error is launch-or-fail's (`failed`), raised where no handler runs, as Triton's alone is."""
-    tuner, local, hits = adopted.tuner, adopted.local, adopted.hits
-    memo, launch, key = hits.memo, tuner.fn.run, hits.key
-    positional, layouts = key.positional, key.layouts
-    cache = tuner.cache
+    """The adopted Autotuner's `run`: a hit of `adopted.hits`, else `Path` (a call passing keywords, a
+    miss). `best_config` is written where the hit's config is not the one it last wrote (`last`): a read
+    of the Autotuner's attribute costs 28 ns, the closure's 7 ns (timed alone on the 2-core dev machine);
+    every call another path serves forgets `last` (`forget`), so the next hit writes it again."""
+    tuner, hits = adopted.tuner, adopted.hits
+    memo, positional, attributes = hits.memo, hits.key.positional, tuner.__dict__
+    cache, last = tuner.cache, None
+    shape = p = i = j = k = m = None   # the positional layout's key inlined, once learnt (`publish`)
+
+    def publish(positions: list, tensors: tuple, nones: tuple) -> None:
+        """The positional layout's key was learnt: where it is one key argument and 1-4 tensors, `run`
+        builds it inline as `_positional_key` does (a call less: 60 ns of a 1.6 us hit on the 2-core dev
+        machine); `shape` is set last, so a thread that reads it finds the places set."""
+        nonlocal shape, p, i, j, k, m
+        if len(positions) == 1 and not nones and 1 <= len(tensors) <= 4:
+            p, (i, j, k, m) = positions[0], (*tensors, None, None, None)[:4]
+            shape = len(tensors)
+
+    def forget() -> None:
+        nonlocal last
+        last = None
 
     def run(*args, grid, warmup=ABSENT, **kwargs):
         # `grid` and `warmup` apart: what Triton's launch passes on every call (without `grid`, Python's
-        # TypeError, as Triton's). Each test costs 10-40 ns of a 1.4 us hit (dispatch_overhead.py): the cache
-        # tells of its changes (`Cache`), only a cache put in its place is looked for here
-        try:  # `key`, inlined: the hot path
-            if kwargs:
-                layout = (len(args), *kwargs)
-                entry = memo[layout, layouts[layout](args, kwargs)]
+        # TypeError, as Triton's). The hot path, every test on it measured (dispatch_overhead.py): the
+        # cache tells of its changes (`Cache`), only a cache put in its place is looked for here
+        nonlocal last
+        if kwargs:
+            return path.keywords(args, grid, warmup, kwargs)
+        try:
+            if shape == 3:   # `key`, inlined (`publish`)
+                entry = memo[len(args), args[p], args[i].dtype, args[j].dtype, args[k].dtype]
+            elif shape == 2:
+                entry = memo[len(args), args[p], args[i].dtype, args[j].dtype]
+            elif shape == 1:
+                entry = memo[len(args), args[p], args[i].dtype]
+            elif shape == 4:
+                entry = memo[len(args), args[p], args[i].dtype, args[j].dtype, args[k].dtype, args[m].dtype]
             else:
                 entry = memo[positional[0](args)]
-            if warmup is not False or tuner.cache is not cache:
-                entry = None
+            obj, d, meta, launch, tier = entry
+            if warmup is not False or attributes["cache"] is not cache:
+                obj = None
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):  # not decided, or not keyable
-            entry = None
-        if entry is None:
-            return slow(args, _keywords(grid, warmup, kwargs))
-        obj, d, meta, hook, tier = entry
-        if tuner.best_config is not obj:   # as Triton's hit sets it; a read costs less than a write
-            tuner.best_config = obj
-        if hook is not None:   # its arguments in Triton's order (`meta` repeats `warmup`, which keeps its place)
-            hook({**dict(zip(tuner.arg_names, args)), "grid": grid, "warmup": False, **kwargs, **meta})
-        try:  # `meta`: `warmup=False`, then the config's keywords (Triton's JIT sees them in Triton's order)
-            ret = launch(*args, grid=grid, **kwargs, **meta) if kwargs else launch(*args, grid=grid, **meta)
+            obj = None   # served outside the handler: its errors are not "during handling of" this one
+        if obj is None:
+            return path.slow(args, _keywords(grid, warmup, kwargs))
+        if last is not obj:   # as Triton's hit sets it
+            tuner.best_config = last = obj
+        try:  # `meta`: `warmup=False`, then the config's `launch_keywords`
+            ret = launch(*args, grid=grid, **meta)   # the JIT's `run`, or the config's pre_hook then it
         except Exception as e:
             error = e
         else:
@@ -188,40 +206,119 @@ def wrapped_run(adopted, original):
             else:
                 d.calls += 1
             return ret
-        return failed(args, _keywords(grid, warmup, kwargs), error)
+        return path.failed(args, _keywords(grid, warmup, kwargs), error)
 
-    def slow(args, kwargs):
-        nonlocal cache
-        if tuner.cache is not cache:   # put in its place by another hand: no hit from now on
-            hits.replaced()
-            cache = tuner.cache
-        generation, obj = hits.generation, hits.servable(args, kwargs)
-        # Triton's cache holds the call's key (a warm-up's, an earlier call's): its hit, made here as a memo hit
-        meta = None if obj is None else _hooked(tuner, obj, args, kwargs)  # is, without its `run`
+    hits.key.published = publish
+    path = Path(adopted, original, run, forget)
+    return run
+
+
+class Path:
+    """An adopted kernel's calls that are no positional hit: a call passing keywords (a hit of its
+    layout, `key_of`), else a miss: where Triton's cache holds the call's key (a warm-up's, an earlier
+    call's), Triton's hit made here without `Autotuner.run`; else Triton's `original` run. Either way the
+    call is remembered where it can be. A failed launch is not retried: its error is launch-or-fail's
+    (`failed`), raised where no handler runs, as Triton's alone is."""
+
+    def __init__(self, adopted, original, run, forget):
+        self.adopted, self.original, self.run, self.forget = adopted, original, run, forget
+        self.tuner, self.hits = adopted.tuner, adopted.hits
+        self.cache = self.tuner.cache   # the cache adopted (until another is put in its place)
+
+    def keywords(self, args, grid, warmup, kwargs):
+        """A call passing keywords: keyed under its layout (`key_of`), else `slow`."""
+        tuner, hits = self.tuner, self.hits
         try:
-            ret = launch(*args, **kwargs, **meta) if obj is not None else _triton(original, local, args, kwargs)
+            layout = (len(args), *kwargs)
+            obj, d, meta, launch, tier = hits.memo[layout, hits.key.layouts[layout](args, kwargs)]
+            if warmup is not False or tuner.cache is not self.cache:
+                obj = None
+        except (KeyError, TypeError, IndexError, AttributeError, ValueError):
+            obj = None
+        if obj is None:
+            return self.slow(args, _keywords(grid, warmup, kwargs))
+        tuner.best_config = obj
+        self.forget()
+        try:
+            ret = launch(*args, grid=grid, **kwargs, **meta)
+        except Exception as e:
+            error = e
+        else:
+            if d is None:
+                self.adopted.counts()[tier] += 1
+            else:
+                d.calls += 1
+            return ret
+        return self.failed(args, _keywords(grid, warmup, kwargs), error)
+
+    def slow(self, args, kwargs):
+        """A miss of the memo: served by Triton's cache here, or by Triton's `run`; remembered."""
+        tuner, hits = self.tuner, self.hits
+        self.forget()
+        if tuner.cache is not self.cache:   # put in its place by another hand: no hit from now on
+            hits.replaced()
+            self.cache = tuner.cache
+        generation, obj, meta = hits.generation, hits.servable(args, kwargs), None
+        try:
+            if obj is None:   # Triton's `run`; where it seeds the call's key, that key's hit is made here
+                ret, obj = _triton(self.original, self.adopted.local, args, kwargs, hits.servable)
+            if obj is not None:   # Triton's cache holds the call's key (a warm-up's, an earlier call's, just
+                meta = _hooked(tuner, obj, args, kwargs)   # seeded): its hit, made here as a memo hit is
+                ret = tuner.fn.run(*args, **kwargs, **meta)
         except Exception as e:
             error = e
         else:
             if obj is None and len(tuner.configs) > 1:  # else Triton launches its one config, reading no cache
                 obj = hits.cached(args, kwargs)
-            return _served(adopted, args, kwargs, obj, meta, ret, generation)
-        return failed(args, kwargs, error)
+            return _served(self.adopted, args, kwargs, obj, meta, ret, generation)
+        finally:
+            self.forget()   # Triton's `run`, a hook or another thread may have set `best_config` meanwhile
+        return self.failed(args, kwargs, error)
 
-    def failed(args, kwargs, e):
+    def failed(self, args, kwargs, e):
+        adopted = self.adopted
         adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
-        return run(*args, **kwargs)  # decided again: the next tier serves
-    return run
+        return self.run(*args, **kwargs)  # decided again: the next tier serves
+
+
+def launch_keywords(obj) -> dict:
+    """The keywords flytune launches a `triton.Config` with: `all_kwargs()` (the kernel's own, then every
+    compiler option set, in Triton's order), less `num_ctas` where it is 1, every backend's default, as
+    a `flytune_build.Config` launches (`Config.launch_kwargs`): one keyword less on the hot path (0.1 us
+    of a 1.8 us hit on the 2-core dev machine). The JIT keys its in-process cache on the options passed,
+    so every launch of flytune's passes these (`_hooked`, the memo's), and the warm-up readies this key
+    as well as Triton's (`warming.binder.launch_options`); a config Triton's own `run` launched (a search,
+    a single config) is found on disk by the JIT once more at its first launch of flytune's."""
+    meta = obj.all_kwargs()
+    if meta.get("num_ctas") == 1:
+        del meta["num_ctas"]
+    return meta
+
+
+def _launcher(tuner, obj):
+    """A hit's launch: the JIT's `run`, or, for a config with a pre_hook, the hook called with Triton's
+    arguments in Triton's order (the positional ones by name, `grid`, `warmup`, the call's keywords, the
+    config's `all_kwargs()`) and then that `run`."""
+    launch, hook = tuner.fn.run, getattr(obj, "pre_hook", None)
+    if hook is None:
+        return launch
+    names, full = tuner.arg_names, obj.all_kwargs()
+
+    def hooked(*args, grid, warmup, **rest):   # `rest`: the call's keywords, then `launch_keywords(obj)`
+        passed = {k: v for k, v in rest.items() if k not in full}
+        hook({**dict(zip(names, args)), "grid": grid, "warmup": warmup, **passed, **full})
+        return launch(*args, grid=grid, warmup=warmup, **rest)
+    return hooked
 
 
 def _hooked(tuner, obj, args, kwargs) -> dict:
     """Triton's hit of `obj` for this call up to its launch, as `Autotuner.run` makes it: `best_config`
-    set, the config's pre_hook called; the config's launch keywords."""
+    set, the config's pre_hook called with Triton's arguments; the keywords to launch it with
+    (`launch_keywords`)."""
     tuner.best_config = obj
-    meta = obj.all_kwargs()
     if getattr(obj, "pre_hook", None) is not None:
-        obj.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **meta})
-    return meta
+        obj.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **obj.all_kwargs()})
+    return launch_keywords(obj)
 
 
 def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
@@ -243,23 +340,28 @@ def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
 RETRIES = 3  # Triton's `run` of one call: a seeded key taken out again by another thread is decided anew
 
 
-def _triton(original, local, args, kwargs):
-    """Triton's `run` of a call, again where `prune_configs` seeded its key (a hit then), outside the
-    handler (an error of the launch is Triton's alone, chained to nothing of flytune's). A key taken
-    out of the cache before the retry read it (another thread's `reset_stats`, a refused pack) is
-    decided again, by every tier; the last retry lets Triton search (`local.retrying`), so a cache that
-    keeps nothing cannot loop. The call's arguments are this thread's `local.call` meanwhile:
-    `prune_configs` keys the call by them, never by the Autotuner's `nargs`, which Triton's `run` on
-    another thread sets too."""
+def _triton(original, local, args, kwargs, servable):
+    """Triton's `run` of a call: (what it returned, None); or, where `prune_configs` seeded the call's
+    key and `servable` finds it in Triton's cache, (None, the config it holds), which the caller
+    launches (`_hooked`: the launch keywords of flytune's hits). A seeded key that is not servable (hits
+    off or refused) is Triton's `run` again, a hit there, outside the handler (an error of the launch
+    is Triton's alone, chained to nothing of flytune's). A key taken out of the cache before it was
+    read (another thread's `reset_stats`, a refused pack) is decided again, by every tier; the last
+    retry lets Triton search (`local.retrying`), so a cache that keeps nothing cannot loop. The call's
+    arguments are this thread's `local.call` meanwhile: `prune_configs` keys the call by them, never by
+    the Autotuner's `nargs`, which Triton's `run` on another thread sets too."""
     was_call, was, local.call = local.call, local.retrying, (args, kwargs)  # a call in a hook is another call
     try:
         for attempt in range(RETRIES - 1):
             try:
-                return original(*args, **kwargs)
+                return original(*args, **kwargs), None
             except Seeded as seeded:
                 key = seeded.key
+            obj = servable(args, kwargs)
+            if obj is not None:
+                return None, obj
             local.retrying = key if attempt == RETRIES - 2 else None
-        return original(*args, **kwargs)
+        return original(*args, **kwargs), None
     finally:
         local.call, local.retrying = was_call, was
 
@@ -270,155 +372,6 @@ ABSENT = object()  # a keyword the call did not pass
 def _keywords(grid, warmup, kwargs: dict) -> dict:
     """The call's keywords as it passed them."""
     return {"grid": grid, **kwargs} if warmup is ABSENT else {"grid": grid, "warmup": warmup, **kwargs}
-
-
-def key_of(tuner):
-    """The key of a call in `Hits.memo`, at least as fine as Triton's cache key (the key arguments'
-    values and each tensor argument's dtype, in the order the call passed them). A call's layout is
-    how many positional arguments it passed and the names of its keywords, in order (`grid`, `warmup`
-    and the launch options are no parameter: Triton keys none of them); each layout's key is learnt
-    from its first call remembered (`learn`): the key arguments' values, then the dtypes where that
-    call passed tensors, then the types where it passed None (an optional tensor). A call whose
-    tensors lie elsewhere than its layout's first call's is never remembered; but one whose scalar (a
-    float, an int) stands where its layout's first call had one, and is a tensor or a numpy scalar,
-    keys as that call does: a hit then launches the config of a key Triton tells apart by that dtype
-    (a known limit: keying every scalar's type costs a hit about a fifth more, or generated code). The key of a call
-    passing no keyword is flat: (how many, values, dtypes, types), one layout per kernel (`positional`,
-    the hot path); a call passing keywords is keyed (layout, (values, dtypes, types)) (`layouts`).
-    IndexError or KeyError where a layout was not learnt, TypeError or AttributeError where a value
-    cannot be keyed (a call with no tensor where its layout had one): that call takes Triton's `run`.
-
-    Hand-written (indexing unrolled for up to 4 tensors, a getter beyond) over a general key (every
-    argument's `getattr(a, "dtype", None)`, which raises inside for each non-tensor): on the 6-argument
-    stub of benchmarks/dispatch_overhead.py a general key costs 0.93 us, `map` over an itemgetter 0.45 us,
-    the unrolled one 0.18 us."""
-    names = tuner.arg_names
-    keyable = all(k in names for k in tuner.keys)  # else a key names no parameter: no call is learnt
-    chosen: list = []       # the positional layout's key, once learnt
-    layouts: dict = {}      # (how many positional, *keyword names) -> that layout's key of (args, kwargs)
-
-    def learn(args, kwargs):
-        """The call's memo key where it can be remembered (its tensors and Nones lie where its layout's
-        first did), else None. A layout's key is published once (`list.append`, `dict.setdefault`: one
-        step each): threads learning one layout at once all use the one that won."""
-        if not keyable:
-            return None
-        named = _named(kwargs)
-        if not named:
-            found = (len(args), _where(range(len(args)), args))
-            if not chosen:
-                new = _positional_key([names.index(k) for k in tuner.keys], *found[1])
-                new.found = found
-                chosen.append(new)
-            key = chosen[0]
-            return key(args) if key.found == found else None
-        layout = (len(args), *named)
-        params = [k for k in named if k in names]
-        found = _where(range(len(args)), args), _where(params, kwargs)
-        key = layouts.get(layout)
-        if key is None:
-            if len(layouts) >= MAX_LAYOUTS or len(set(named)) != len(named):
-                return None
-            key = layouts.setdefault(layout, _layout_key(tuner, len(args), params, *found))
-        return (layout, key(args, kwargs)) if key.found == found else None
-
-    learn.positional, learn.layouts = chosen, layouts
-    return learn
-
-
-MAX_LAYOUTS = 64   # keyword layouts learnt per kernel
-
-
-def _named(kwargs: dict) -> tuple:
-    """A call's keywords but `grid` and `warmup` (what Triton's launch passes), in order."""
-    return tuple(k for k in kwargs if k != "grid" and k != "warmup")
-
-
-def _where(places, values) -> tuple:
-    """(the places of `values` that hold a tensor, those that hold None): one pass (a call's first
-    through Triton's path pays it, remembered)."""
-    tensors, nones = [], []
-    for i in places:
-        v = values[i]
-        if v is None:
-            nones.append(i)
-        elif hasattr(v, "dtype"):
-            tensors.append(i)
-    return tuple(tensors), tuple(nones)
-
-
-def _layout_key(tuner, count: int, params: list, positional: tuple, named: tuple):
-    """(args, kwargs) -> (key values, dtypes, types) for calls of one keyword layout: `count`
-    positional arguments, `params` the parameters passed by keyword; `positional` and `named` are
-    (tensor places, None places) of its first call. A key argument passed neither way is left out, as
-    Triton leaves it out. The keywords' values are read into one tuple after the positional ones, and
-    that tuple keyed as positions are (`_places_key`): 0.57 us for the key alone on the stub of
-    dispatch_overhead.py, all six arguments by keyword, where a getter and a `map` per part cost 1.32 us
-    (timed alone with `timeit` on the 2-core dev machine; the script's keyword line times the whole hit)."""
-    index = {n: i for i, n in enumerate(tuner.arg_names)}
-    place = {**{i: i for i in range(count)}, **{index[p]: count + j for j, p in enumerate(params)}}
-    values = [place[index[k]] for k in tuner.keys if index[k] in place]
-    tensors = positional[0] + tuple(count + params.index(p) for p in named[0])
-    nones = positional[1] + tuple(count + params.index(p) for p in named[1])
-    inner, passed = _places_key(values, tensors, nones), _getter(params)
-
-    def key(a, k):
-        return inner((*a, *passed(k)))
-    key.found = positional, named
-    return key
-
-
-def _places_key(values: list, tensors: tuple, nones: tuple) -> Callable[[tuple], tuple]:
-    """c -> (the values at `values`, the dtypes at `tensors`, the types at `nones`), unrolled for up to
-    4 tensors and no None."""
-    v = _getter(values)
-    if nones or len(tensors) > 4:
-        tensor_getter, none_getter, dtype_of = _getter(tensors), _getter(nones), operator.attrgetter("dtype")
-        return lambda c: (v(c), *map(dtype_of, tensor_getter(c)), *map(type, none_getter(c)))
-    if not tensors:
-        return v
-    if len(tensors) == 1:
-        (i,) = tensors
-        return lambda c: (v(c), c[i].dtype)
-    if len(tensors) == 2:
-        i, j = tensors
-        return lambda c: (v(c), c[i].dtype, c[j].dtype)
-    if len(tensors) == 3:
-        i, j, k = tensors
-        return lambda c: (v(c), c[i].dtype, c[j].dtype, c[k].dtype)
-    i, j, k, m = tensors
-    return lambda c: (v(c), c[i].dtype, c[j].dtype, c[k].dtype, c[m].dtype)
-
-
-def _positional_key(positions: list, tensors: tuple, nones: tuple) -> Callable[[tuple], tuple]:
-    """args -> (how many, the key arguments' values, the dtypes at `tensors`, the types at `nones`);
-    unrolled for one key argument and up to 4 tensors (see `key_of`)."""
-    if nones or len(tensors) > 4 or len(positions) != 1:
-        values, tensor_getter, none_getter = _getter(positions), _getter(tensors), _getter(nones)
-        dtype_of = operator.attrgetter("dtype")
-        return lambda a: (len(a), values(a), *map(dtype_of, tensor_getter(a)), *map(type, none_getter(a)))
-    (p,) = positions
-    if not tensors:
-        return lambda a: (len(a), a[p])
-    if len(tensors) == 1:
-        (i,) = tensors
-        return lambda a: (len(a), a[p], a[i].dtype)
-    if len(tensors) == 2:
-        i, j = tensors
-        return lambda a: (len(a), a[p], a[i].dtype, a[j].dtype)
-    if len(tensors) == 3:
-        i, j, k = tensors
-        return lambda a: (len(a), a[p], a[i].dtype, a[j].dtype, a[k].dtype)
-    i, j, k, m = tensors
-    return lambda a: (len(a), a[p], a[i].dtype, a[j].dtype, a[k].dtype, a[m].dtype)
-
-
-def _getter(positions) -> Callable[[tuple], tuple]:
-    """args (or kwargs) -> a tuple of the values at `positions` (indexes or names; one: that value
-    twice, so that the getter stays a C itemgetter); IndexError (KeyError) where one is missing."""
-    if not positions:
-        return lambda args: ()
-    return operator.itemgetter(*positions) if len(positions) > 1 else operator.itemgetter(positions[0], positions[0])
 
 
 def refused(tuner) -> str | None:

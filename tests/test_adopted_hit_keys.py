@@ -1,0 +1,145 @@
+"""An adopted kernel's hit builds its key inline for its common layouts (one key argument, 1-4 tensors)
+and launches with flytune's launch keywords (`hits.launch_keywords`): each tensor's dtype is keyed apart
+whatever the layout, and every launch of flytune's (first call, warm-up primed, hit, keyword call)
+passes one set of options in one order, the one the warm-up readies, so the JIT compiles each config
+once per process."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flytune_build import triton as adapter
+from flytune_build.core.artifact import Artifact
+from flytune_build.core.config import Config
+from flytune_build.core.device import INTERPRETER
+from flytune_build.runtime.adapters import hits
+from flytune_build.runtime.serving import autotuner
+from flytune_build.runtime.warming import binder
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)]
+
+
+@triton.jit
+def _double(x, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(x + offs, tl.load(x + offs, mask=m) * 2, mask=m)
+
+
+@triton.jit
+def _copy(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m), mask=m)
+
+
+@triton.jit
+def _add(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+
+@triton.jit
+def _add3(x, y, z, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    s = tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m) + tl.load(z + offs, mask=m)
+    tl.store(out + offs, s, mask=m)
+
+
+@triton.jit
+def _add4(x, y, z, w, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    s = tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m) + tl.load(z + offs, mask=m)
+    tl.store(out + offs, s + tl.load(w + offs, mask=m), mask=m)
+
+
+KERNELS = {1: _double, 2: _copy, 3: _add, 4: _add3, 5: _add4}   # tensors -> kernel (5: the general key)
+
+
+def _tensors(count: int, n: int, half: int | None) -> list:
+    """`count` tensors of `n` elements, float32 but the one at `half`, float16."""
+    return [torch.randn(n).to(torch.float16 if i == half else torch.float32) for i in range(count)]
+
+
+def _expected(ts: list) -> torch.Tensor:
+    if len(ts) == 1:
+        return ts[0].float() * 2
+    if len(ts) == 2:
+        return ts[0].float()
+    return sum(t.float() for t in ts[:-1])
+
+
+def _call(k, count: int, n: int, half: int | None = None) -> int:
+    ts = _tensors(count, n, half)
+    before = ts[0].float().clone()
+    k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](*ts, n)
+    want = before * 2 if count == 1 else _expected(ts)
+    assert torch.allclose(ts[-1].float(), want.to(ts[-1].dtype).float(), atol=1e-2)
+    return k.best_config.kwargs["BLOCK"]
+
+
+@pytest.mark.parametrize("count", sorted(KERNELS))
+def test_each_tensors_dtype_is_keyed_apart_whatever_the_layout(count, tmp_path, monkeypatch):
+    """All float32 is bundled (BLOCK 64); a call with any one tensor float16 is another Triton key, not
+    bundled: its first config (16), decided anew, then a hit of its own; the bundled key's hits stay."""
+    import flytune_build as ft
+
+    names = KERNELS[count].arg_names[:count]
+    Artifact(f"keys.k{count}", {"n": 100, **dict.fromkeys(names, "float32")}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    k = triton.autotune(configs=CONFIGS, key=["n"])(KERNELS[count])
+    adapter.adopt(k, name=f"keys.k{count}")
+    assert [_call(k, count, 100) for _ in range(3)] == [64] * 3
+    for half in range(count):
+        assert _call(k, count, 100, half) == 16 and _call(k, count, 100, half) == 16
+        assert _call(k, count, 100) == 64
+    s = ft.stats()[f"keys.k{count}"]
+    assert s["calls"]["offline"] == 3 + count and s["calls"]["heuristic"] == 2 * count
+    assert len(k.flytune_adopted.hits.memo) == 1 + count
+
+
+def _spied(jit, monkeypatch) -> list:
+    """The options (keywords that are no parameter) of every launch of `jit`, in the order passed."""
+    launches, run = [], jit.run
+    params = set(jit.arg_names)
+
+    def spy(*args, **kwargs):
+        launches.append(tuple(n for n in kwargs if n not in params and n not in ("grid", "warmup")))
+        return run(*args, **kwargs)
+    monkeypatch.setattr(jit, "run", spy)
+    return launches
+
+
+@pytest.mark.parametrize("num_ctas", [1, 2])
+def test_every_launch_of_flytunes_passes_the_options_the_warmup_readies(num_ctas, tmp_path, monkeypatch):
+    """The first call (seeded, then launched by flytune), a key a warm-up primed, hits and a keyword call
+    pass one set of options in one order (`launch_keywords`: no `num_ctas` where it is 1), one of the two
+    the warm-up puts into the JIT's cache (`binder.launch_options`): one compile per config."""
+    configs = [triton.Config({"BLOCK": b}, num_warps=1, num_ctas=num_ctas) for b in (16, 32, 64)]
+    Artifact("keys.opts", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1, num_ctas=num_ctas)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    launches, seen = _spied(_add, monkeypatch), []
+    for primed in (False, True):
+        del launches[:]
+        k = triton.autotune(configs=configs, key=["n"])(_add)
+        adapter.adopt(k, name="keys.opts")
+        if primed:   # `flytune warmup`: the key put into Triton's cache ahead
+            assert k.flytune_adopted.prime_key({"n": 100, "x": "float32", "y": "float32", "out": "float32"})
+        assert [_call(k, 3, 100) for _ in range(3)] == [64] * 3   # seeded or primed, then hits
+        x, y, out = _tensors(3, 100, None)
+        k[(4,)](x=x, y=y, out=out, n=100)
+        k[(4,)](x=x, y=y, out=out, n=100)   # a hit of its layout
+        assert torch.equal(out, x + y)
+        seen.append(list(launches))
+    want = ("num_warps", "num_stages") if num_ctas == 1 else ("num_warps", "num_ctas", "num_stages")
+    assert [set(each) for each in seen] == [{want}] * 2 and [len(each) for each in seen] == [5, 5]
+    readied = [tuple(n for n in o if n != "BLOCK") for o in binder.launch_options(Config.coerce(k.best_config))]
+    assert want in readied
+    assert list(hits.launch_keywords(k.best_config)) == ["BLOCK", *want]
