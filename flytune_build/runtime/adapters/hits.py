@@ -223,14 +223,15 @@ class Path:
     def __init__(self, adopted, original, run, forget):
         self.adopted, self.original, self.run, self.forget = adopted, original, run, forget
         self.tuner, self.hits = adopted.tuner, adopted.hits
+        self.memo, self.layouts = self.hits.memo, self.hits.key.layouts
         self.cache = self.tuner.cache   # the cache adopted (until another is put in its place)
 
     def keywords(self, args, grid, warmup, kwargs):
         """A call passing keywords: keyed under its layout (`key_of`), else `slow`."""
-        tuner, hits = self.tuner, self.hits
+        tuner = self.tuner
         try:
             layout = (len(args), *kwargs)
-            obj, d, meta, launch, tier = hits.memo[layout, hits.key.layouts[layout](args, kwargs)]
+            obj, d, meta, launch, tier = self.memo[layout, self.layouts[layout](args, kwargs)]
             if warmup is not False or tuner.cache is not self.cache:
                 obj = None
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):
