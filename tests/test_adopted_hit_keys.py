@@ -1,8 +1,10 @@
 """An adopted kernel's hit builds its key inline for its common layouts (one key argument, 1-4 tensors)
 and launches with flytune's launch keywords (`hits.launch_keywords`): each tensor's dtype is keyed apart
-whatever the layout, and every launch of flytune's (first call, warm-up primed, hit, keyword call)
-passes one set of options in one order, the one the warm-up readies, so the JIT compiles each config
-once per process."""
+whatever the layout, and every launch of flytune's (first call, warm-up primed, hit, keyword call, and
+`kernel.warmup`'s compiles) passes one set of options in one order, the one the warm-up readies, so a
+config flytune serves is one kernel in the JIT's cache (one Triton's own search launched is loaded once
+more). What a hit of Triton's does a hit keeps: `best_config` whoever set it before, the pre_hook's
+own error, the call's tensors let go of."""
 import pytest
 import torch
 import triton
@@ -143,3 +145,80 @@ def test_every_launch_of_flytunes_passes_the_options_the_warmup_readies(num_ctas
     readied = [tuple(n for n in o if n != "BLOCK") for o in binder.launch_options(Config.coerce(k.best_config))]
     assert want in readied
     assert list(hits.launch_keywords(k.best_config)) == ["BLOCK", *want]
+
+
+def test_a_warmup_compiles_each_config_with_the_options_the_hits_launch_it_with(tmp_path, monkeypatch):
+    """`kernel.warmup(...)` (Triton's Autotuner.warmup, adopted): every pruned config compiled, nothing
+    launched, each with the options a hit of flytune's passes, so the hit after it finds its kernel."""
+    Artifact("keys.warm", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    k = triton.autotune(configs=CONFIGS, key=["n"])(_add)
+    adapter.adopt(k, name="keys.warm")
+    compiled, params = [], set(_add.arg_names)
+
+    def warmup(*args, **kwargs):
+        compiled.append((kwargs["BLOCK"], tuple(n for n in kwargs if n not in params and n != "grid")))
+    monkeypatch.setattr(_add, "warmup", warmup, raising=False)
+    launches = _spied(_add, monkeypatch)
+    x, y, out = _tensors(3, 100, None)
+    k.warmup(x, y, out, 100, grid=(1,))
+    assert compiled == [(b, ("num_warps", "num_stages")) for b in (16, 32, 64)] and not launches
+    assert _call(k, 3, 100) == 64 and launches == [("num_warps", "num_stages")]
+
+
+def test_a_seeded_first_call_lets_go_of_its_tensors(tmp_path, monkeypatch):
+    """Triton's `run` keeps a call's arguments (`nargs`) until its end, which the first call of a key
+    flytune seeds never reaches: flytune lets go of them, so the call's tensors are freed with the call."""
+    import gc
+    import weakref
+
+    Artifact("keys.nargs", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    k = triton.autotune(configs=CONFIGS, key=["n"])(_add)
+    adapter.adopt(k, name="keys.nargs")
+    x, y, out = _tensors(3, 100, None)
+    k[(2,)](x, y, out, 100)
+    alive = weakref.ref(x)
+    del x
+    gc.collect()
+    assert alive() is None and getattr(k, "nargs", None) is None
+    assert _call(k, 3, 100) == 64
+
+
+def test_best_config_set_by_another_hand_is_the_hits_again_after_it(tmp_path, monkeypatch):
+    Artifact("keys.best", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    k = triton.autotune(configs=CONFIGS, key=["n"])(_add)
+    adapter.adopt(k, name="keys.best")
+    assert _call(k, 3, 100) == 64 and _call(k, 3, 100) == 64
+    for other in (None, k.configs[0]):
+        k.best_config = other   # a harness resetting it, or another config
+        assert _call(k, 3, 100) == 64
+
+
+def test_a_pre_hook_failing_on_a_hit_raises_its_own_error_as_in_triton(tmp_path, monkeypatch):
+    """The config's pre_hook runs before the launch, outside its handler: its error is the hook's own,
+    chained to nothing, not the artifact's launch-or-fail."""
+    calls = []
+
+    def hook(nargs):
+        calls.append(nargs["BLOCK"])
+        if len(calls) > 1:
+            raise ZeroDivisionError("the hook failed")
+    configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=hook) for b in (16, 32, 64)]
+    Artifact("keys.hook", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    k = triton.autotune(configs=configs, key=["n"])(_add)
+    adapter.adopt(k, name="keys.hook")
+    assert _call(k, 3, 100) == 64
+    with pytest.raises(ZeroDivisionError, match="the hook failed") as e:
+        _call(k, 3, 100)   # a hit
+    assert e.value.__context__ is None and e.value.__cause__ is None and calls == [64, 64]

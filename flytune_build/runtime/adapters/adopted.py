@@ -129,7 +129,7 @@ class Adopted(Kernel):
             adopted.hits.watch()
             tuner.run = adopted.wrap_run(tuner.run)
             tuner.prune_configs = adopted.wrap_prune(tuner.prune_configs)
-            tuner.warmup = adopted.wrap_warmup(tuner.warmup)
+            tuner.warmup = hits.wrapped_warmup(adopted, tuner.warmup)
             tuner.flytune_adopted = adopted
         else:
             adopted.public, adopted.validate = public, validate
@@ -225,15 +225,6 @@ class Adopted(Kernel):
         self.seeded[id(obj)] = d
         self.objects.append(obj)
         self._stats.decisions.append(d)
-
-    def wrap_warmup(self, original):
-        def warmup(*args, **kwargs):
-            was, self.local.warming = self.local.warming, True
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.local.warming = was
-        return warmup
 
     def served(self, args: tuple, kwargs: dict, obj=None) -> str | None:
         """A call Triton served itself: from its cache (its tier, returned), or with the search it just ran

@@ -80,7 +80,8 @@ class Cache(dict):
 
 
 class Hits:
-    """One adopted kernel's memo: hit key -> (config object, decision or None, its kwargs, pre_hook, tier)."""
+    """One adopted kernel's memo: hit key -> (config object, decision or None, its launch keywords, its
+    pre_hook's call (`_hook`) or None, tier)."""
 
     def __init__(self, tuner):
         self.tuner = tuner
@@ -137,7 +138,7 @@ class Hits:
             key = self.key(args, kwargs)
             if key is None:
                 return
-            entry = obj, d, {"warmup": False, **(meta or launch_keywords(obj))}, _launcher(self.tuner, obj), tier
+            entry = obj, d, {"warmup": False, **(meta or launch_keywords(obj))}, _hook(self.tuner, obj), tier
         except (TypeError, IndexError, KeyError, AttributeError, ValueError):
             return
         if generation == self.generation:
@@ -148,12 +149,11 @@ class Hits:
 
 def wrapped_run(adopted, original):
     """The adopted Autotuner's `run`: a hit of `adopted.hits`, else `Path` (a call passing keywords, a
-    miss). `best_config` is written where the hit's config is not the one it last wrote (`last`): a read
-    of the Autotuner's attribute costs 28 ns, the closure's 7 ns (timed alone on the 2-core dev machine);
-    every call another path serves forgets `last` (`forget`), so the next hit writes it again."""
+    miss). The Autotuner's attributes are read where they are kept (`attributes`, its `__dict__`: 20 ns,
+    where `tuner.cache` costs 28 ns, timed alone on the 2-core dev machine: its class defines `run`)."""
     tuner, hits = adopted.tuner, adopted.hits
-    memo, positional, attributes = hits.memo, hits.key.positional, tuner.__dict__
-    cache, last = tuner.cache, None
+    memo, positional, attributes, launch = hits.memo, hits.key.positional, tuner.__dict__, tuner.fn.run
+    cache = tuner.cache
     shape = p = i = j = k = m = None   # the positional layout's key inlined, once learnt (`publish`)
 
     def publish(positions: list, tensors: tuple, nones: tuple) -> None:
@@ -165,15 +165,10 @@ def wrapped_run(adopted, original):
             p, (i, j, k, m) = positions[0], (*tensors, None, None, None)[:4]
             shape = len(tensors)
 
-    def forget() -> None:
-        nonlocal last
-        last = None
-
     def run(*args, grid, warmup=ABSENT, **kwargs):
         # `grid` and `warmup` apart: what Triton's launch passes on every call (without `grid`, Python's
         # TypeError, as Triton's). The hot path, every test on it measured (dispatch_overhead.py): the
         # cache tells of its changes (`Cache`), only a cache put in its place is looked for here
-        nonlocal last
         if kwargs:
             return path.keywords(args, grid, warmup, kwargs)
         try:
@@ -187,17 +182,19 @@ def wrapped_run(adopted, original):
                 entry = memo[len(args), args[p], args[i].dtype, args[j].dtype, args[k].dtype, args[m].dtype]
             else:
                 entry = memo[positional[0](args)]
-            obj, d, meta, launch, tier = entry
+            obj, d, meta, hook, tier = entry
             if warmup is not False or attributes["cache"] is not cache:
                 obj = None
+            elif attributes["best_config"] is not obj:   # as Triton's hit sets it (a read costs less than a write)
+                tuner.best_config = obj
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):  # not decided, or not keyable
             obj = None   # served outside the handler: its errors are not "during handling of" this one
         if obj is None:
             return path.slow(args, _keywords(grid, warmup, kwargs))
-        if last is not obj:   # as Triton's hit sets it
-            tuner.best_config = last = obj
+        if hook is not None:   # the config's pre_hook, before the launch's handler: its error is its own
+            hook(args, grid, kwargs)
         try:  # `meta`: `warmup=False`, then the config's `launch_keywords`
-            ret = launch(*args, grid=grid, **meta)   # the JIT's `run`, or the config's pre_hook then it
+            ret = launch(*args, grid=grid, **meta)
         except Exception as e:
             error = e
         else:
@@ -209,7 +206,7 @@ def wrapped_run(adopted, original):
         return path.failed(args, _keywords(grid, warmup, kwargs), error)
 
     hits.key.published = publish
-    path = Path(adopted, original, run, forget)
+    path = Path(adopted, original, run)
     return run
 
 
@@ -220,8 +217,8 @@ class Path:
     call is remembered where it can be. A failed launch is not retried: its error is launch-or-fail's
     (`failed`), raised where no handler runs, as Triton's alone is."""
 
-    def __init__(self, adopted, original, run, forget):
-        self.adopted, self.original, self.run, self.forget = adopted, original, run, forget
+    def __init__(self, adopted, original, run):
+        self.adopted, self.original, self.run = adopted, original, run
         self.tuner, self.hits = adopted.tuner, adopted.hits
         self.memo, self.layouts = self.hits.memo, self.hits.key.layouts
         self.cache = self.tuner.cache   # the cache adopted (until another is put in its place)
@@ -231,7 +228,7 @@ class Path:
         tuner = self.tuner
         try:
             layout = (len(args), *kwargs)
-            obj, d, meta, launch, tier = self.memo[layout, self.layouts[layout](args, kwargs)]
+            obj, d, meta, hook, tier = self.memo[layout, self.layouts[layout](args, kwargs)]
             if warmup is not False or tuner.cache is not self.cache:
                 obj = None
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):
@@ -239,9 +236,10 @@ class Path:
         if obj is None:
             return self.slow(args, _keywords(grid, warmup, kwargs))
         tuner.best_config = obj
-        self.forget()
+        if hook is not None:
+            hook(args, grid, kwargs)
         try:
-            ret = launch(*args, grid=grid, **kwargs, **meta)
+            ret = tuner.fn.run(*args, grid=grid, **kwargs, **meta)
         except Exception as e:
             error = e
         else:
@@ -255,14 +253,13 @@ class Path:
     def slow(self, args, kwargs):
         """A miss of the memo: served by Triton's cache here, or by Triton's `run`; remembered."""
         tuner, hits = self.tuner, self.hits
-        self.forget()
         if tuner.cache is not self.cache:   # put in its place by another hand: no hit from now on
             hits.replaced()
             self.cache = tuner.cache
         generation, obj, meta = hits.generation, hits.servable(args, kwargs), None
         try:
             if obj is None:   # Triton's `run`; where it seeds the call's key, that key's hit is made here
-                ret, obj = _triton(self.original, self.adopted.local, args, kwargs, hits.servable)
+                ret, obj = _triton(tuner, self.original, self.adopted.local, args, kwargs, hits.servable)
             if obj is not None:   # Triton's cache holds the call's key (a warm-up's, an earlier call's, just
                 meta = _hooked(tuner, obj, args, kwargs)   # seeded): its hit, made here as a memo hit is
                 ret = tuner.fn.run(*args, **kwargs, **meta)
@@ -272,14 +269,37 @@ class Path:
             if obj is None and len(tuner.configs) > 1:  # else Triton launches its one config, reading no cache
                 obj = hits.cached(args, kwargs)
             return _served(self.adopted, args, kwargs, obj, meta, ret, generation)
-        finally:
-            self.forget()   # Triton's `run`, a hook or another thread may have set `best_config` meanwhile
         return self.failed(args, kwargs, error)
 
     def failed(self, args, kwargs, e):
         adopted = self.adopted
         adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
         return self.run(*args, **kwargs)  # decided again: the next tier serves
+
+
+def wrapped_warmup(adopted, original):
+    """The adopted Autotuner's `warmup`: Triton's (`Autotuner.warmup`: every pruned config compiled,
+    nothing launched), each config compiled with the keywords flytune's hits launch it with
+    (`launch_keywords`: the JIT keys its in-process cache on them), so a hit after it finds its kernel;
+    Triton's own where hits cannot serve the kernel (Triton's `run` launches it) or its Autotuner
+    overrides `warmup`. Its pruning is Triton's own (`adopted.local.warming`: nothing is decided)."""
+    from triton.runtime.autotuner import Autotuner
+
+    tuner, local = adopted.tuner, adopted.local
+    own = type(tuner).warmup is Autotuner.warmup
+
+    def warmup(*args, **kwargs):
+        was, local.warming = local.warming, True
+        try:
+            if not own or adopted.hits.refused is not None:
+                return original(*args, **kwargs)
+            tuner.nargs = dict(zip(tuner.arg_names, args))
+            ret = [tuner.fn.warmup(*args, **kwargs, **launch_keywords(c)) for c in tuner.prune_configs(kwargs)]
+            tuner.nargs = None
+            return ret
+        finally:
+            local.warming = was
+    return warmup
 
 
 def launch_keywords(obj) -> dict:
@@ -296,20 +316,18 @@ def launch_keywords(obj) -> dict:
     return meta
 
 
-def _launcher(tuner, obj):
-    """A hit's launch: the JIT's `run`, or, for a config with a pre_hook, the hook called with Triton's
+def _hook(tuner, obj):
+    """None, or for a config with a pre_hook: (args, grid, kwargs) -> that hook called with Triton's
     arguments in Triton's order (the positional ones by name, `grid`, `warmup`, the call's keywords, the
-    config's `all_kwargs()`) and then that `run`."""
-    launch, hook = tuner.fn.run, getattr(obj, "pre_hook", None)
+    config's `all_kwargs()`), as a hit of Triton's calls it."""
+    hook = getattr(obj, "pre_hook", None)
     if hook is None:
-        return launch
+        return None
     names, full = tuner.arg_names, obj.all_kwargs()
 
-    def hooked(*args, grid, warmup, **rest):   # `rest`: the call's keywords, then `launch_keywords(obj)`
-        passed = {k: v for k, v in rest.items() if k not in full}
-        hook({**dict(zip(names, args)), "grid": grid, "warmup": warmup, **passed, **full})
-        return launch(*args, grid=grid, warmup=warmup, **rest)
-    return hooked
+    def call(args, grid, kwargs):
+        hook({**dict(zip(names, args)), "grid": grid, "warmup": False, **kwargs, **full})
+    return call
 
 
 def _hooked(tuner, obj, args, kwargs) -> dict:
@@ -341,7 +359,7 @@ def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
 RETRIES = 3  # Triton's `run` of one call: a seeded key taken out again by another thread is decided anew
 
 
-def _triton(original, local, args, kwargs, servable):
+def _triton(tuner, original, local, args, kwargs, servable):
     """Triton's `run` of a call: (what it returned, None); or, where `prune_configs` seeded the call's
     key and `servable` finds it in Triton's cache, (None, the config it holds), which the caller
     launches (`_hooked`: the launch keywords of flytune's hits). A seeded key that is not servable (hits
@@ -358,6 +376,7 @@ def _triton(original, local, args, kwargs, servable):
                 return original(*args, **kwargs), None
             except Seeded as seeded:
                 key = seeded.key
+            _drop_nargs(tuner, args)
             obj = servable(args, kwargs)
             if obj is not None:
                 return None, obj
@@ -365,6 +384,14 @@ def _triton(original, local, args, kwargs, servable):
         return original(*args, **kwargs), None
     finally:
         local.call, local.retrying = was_call, was
+
+
+def _drop_nargs(tuner, args: tuple) -> None:
+    """Triton's `run` keeps the call's arguments (`nargs`) until its end, which a seeded call's never
+    reaches: let go of them (its tensors) where they are still this call's."""
+    nargs = tuner.__dict__.get("nargs")
+    if nargs is not None and len(nargs) == len(args) and all(a is b for a, b in zip(nargs.values(), args)):
+        tuner.nargs = None
 
 
 ABSENT = object()  # a keyword the call did not pass

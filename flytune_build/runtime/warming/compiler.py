@@ -212,7 +212,7 @@ class Toolchain:
         import torch
 
         named = binder.device_stand_ins(unit.spec, unit.config, torch.device("cuda", torch.cuda.current_device()))
-        options = binder.launch_options(unit.config)[0]   # as a hit of flytune's passes them
+        options = binder.launch_options(unit.config)[0]   # one of the option sets readied: either warms the path
         keyed = {**options, "debug": options.get("debug", jit.debug) or knobs.runtime.debug,
                  "instrumentation_mode": knobs.compilation.instrumentation_mode}   # as JITFunction.run adds them
         _, specialization, extra = bind(**named, **keyed)
