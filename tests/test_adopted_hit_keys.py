@@ -222,3 +222,81 @@ def test_a_pre_hook_failing_on_a_hit_raises_its_own_error_as_in_triton(tmp_path,
     with pytest.raises(ZeroDivisionError, match="the hook failed") as e:
         _call(k, 3, 100)   # a hit
     assert e.value.__context__ is None and e.value.__cause__ is None and calls == [64, 64]
+
+
+def test_a_pre_hook_failing_on_a_keys_first_call_raises_its_own_error(tmp_path, monkeypatch):
+    """The first call of a bundled key (flytune seeds it and launches it) runs the pre_hook outside the
+    launch's handler too: the hook's own error, not the artifact's launch-or-fail, and no other tier."""
+    from flytune_build.core.errors import ArtifactExecutionError
+
+    def hook(nargs):
+        raise ZeroDivisionError("the hook failed")
+    configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=hook) for b in (16, 32, 64)]
+    Artifact("keys.hook1", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    k = triton.autotune(configs=configs, key=["n"])(_add)
+    adapter.adopt(k, name="keys.hook1")
+    for primed in (False, True):
+        if primed:
+            k.cache.clear()
+            assert k.flytune_adopted.prime_key({"n": 100, "x": "float32", "y": "float32", "out": "float32"})
+        with pytest.raises(ZeroDivisionError, match="the hook failed") as e:
+            _call(k, 3, 100)
+        assert not isinstance(e.value, ArtifactExecutionError) and e.value.__context__ is None
+
+
+def test_an_autotuner_keeping_best_config_in_a_property_is_served_by_hits(tmp_path, monkeypatch):
+    """A subclass keeping `best_config` elsewhere than its `__dict__` (a property): hits read and write
+    it through the attribute, so every call after the first is a hit and `best_config` is the hit's."""
+    from triton.runtime.autotuner import Autotuner
+
+    class Kept(Autotuner):
+        @property
+        def best_config(self):
+            return self.__dict__.get("_kept")
+
+        @best_config.setter
+        def best_config(self, value):
+            self.__dict__["_kept"] = value
+
+    Artifact("keys.kept", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    k = Kept(_add, _add.arg_names, CONFIGS, key=["n"], reset_to_zero=None, restore_value=None)
+    adapter.adopt(k, name="keys.kept")
+    slow = []
+    path_slow = hits.Path.slow
+    monkeypatch.setattr(hits.Path, "slow", lambda self, *a: slow.append(1) or path_slow(self, *a))
+    assert [_call(k, 3, 100) for _ in range(4)] == [64] * 4 and len(slow) == 1
+    k.best_config = None
+    assert _call(k, 3, 100) == 64 and len(slow) == 1
+
+
+def test_a_warmup_through_heuristics_compiles_with_the_hits_options(tmp_path, monkeypatch):
+    """`@triton.heuristics` over the Autotuner passes `warmup=True` to its `run` (Heuristics has no
+    `warmup`): flytune compiles the config its cache holds with the options its hits launch it with."""
+    @triton.jit
+    def _add_opt(x, y, out, n, HAS_Y: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(x + offs, mask=m)
+        if HAS_Y:
+            v += tl.load(y + offs, mask=m)
+        tl.store(out + offs, v, mask=m)
+
+    Artifact("keys.heur", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+    tuner = triton.autotune(configs=CONFIGS, key=["n"])(_add_opt)
+    k = triton.heuristics({"HAS_Y": lambda a: a["y"] is not None})(tuner)
+    adapter.adopt(tuner, name="keys.heur")
+    launches = _spied(_add_opt, monkeypatch)
+    x, y, out = _tensors(3, 100, None)
+    k.warmup(x, y, out, 100, grid=(2,))
+    k[(2,)](x, y, out, 100)
+    assert torch.equal(out, x + y) and tuner.best_config.kwargs["BLOCK"] == 64
+    assert launches == [("num_warps", "num_stages")] * 2   # the compile, then the launch

@@ -127,6 +127,7 @@ class Adopted(Kernel):
         if adopted is None:
             adopted = cls(public, tuner, name, validate)
             adopted.hits.watch()
+            vars(tuner).setdefault("nargs", None)   # as after a call of Triton's (hits never set it)
             tuner.run = adopted.wrap_run(tuner.run)
             tuner.prune_configs = adopted.wrap_prune(tuner.prune_configs)
             tuner.warmup = hits.wrapped_warmup(adopted, tuner.warmup)

@@ -81,7 +81,7 @@ class Cache(dict):
 
 class Hits:
     """One adopted kernel's memo: hit key -> (config object, decision or None, its launch keywords, its
-    pre_hook's call (`_hook`) or None, tier)."""
+    pre_hook's call (`_hook`) or None, tier, the JIT's `run` as it was then)."""
 
     def __init__(self, tuner):
         self.tuner = tuner
@@ -114,9 +114,10 @@ class Hits:
         self.memo.clear()
 
     def servable(self, args, kwargs):
-        """The config Triton's cache holds for a launch this kernel's hits may serve (None: Triton's `run`
-        serves it: one config, hits off or refused, or `warmup` not False)."""
-        if len(self.tuner.configs) > 1 and self.refused is None and self.on and kwargs.get("warmup") is False:
+        """The config Triton's cache holds for a launch this kernel's hits may serve, or a compile
+        (`warmup=True`, as `@triton.heuristics` passes its `warmup`) they may make (None: Triton's `run`
+        serves it: one config, hits off or refused, or no `warmup` passed)."""
+        if len(self.tuner.configs) > 1 and self.refused is None and self.on and kwargs.get("warmup") in (False, True):
             return self.cached(args, kwargs)
         return None
 
@@ -138,7 +139,8 @@ class Hits:
             key = self.key(args, kwargs)
             if key is None:
                 return
-            entry = obj, d, {"warmup": False, **(meta or launch_keywords(obj))}, _hook(self.tuner, obj), tier
+            entry = (obj, d, {"warmup": False, **(meta or launch_keywords(obj))}, _hook(self.tuner, obj), tier,
+                     self.tuner.fn.run)
         except (TypeError, IndexError, KeyError, AttributeError, ValueError):
             return
         if generation == self.generation:
@@ -149,10 +151,9 @@ class Hits:
 
 def wrapped_run(adopted, original):
     """The adopted Autotuner's `run`: a hit of `adopted.hits`, else `Path` (a call passing keywords, a
-    miss). The Autotuner's attributes are read where they are kept (`attributes`, its `__dict__`: 20 ns,
-    where `tuner.cache` costs 28 ns, timed alone on the 2-core dev machine: its class defines `run`)."""
+    miss). The Autotuner's attributes are read where they are kept (`_attributes`)."""
     tuner, hits = adopted.tuner, adopted.hits
-    memo, positional, attributes, launch = hits.memo, hits.key.positional, tuner.__dict__, tuner.fn.run
+    memo, positional, attributes = hits.memo, hits.key.positional, _attributes(tuner)
     cache = tuner.cache
     shape = p = i = j = k = m = None   # the positional layout's key inlined, once learnt (`publish`)
 
@@ -182,7 +183,7 @@ def wrapped_run(adopted, original):
                 entry = memo[len(args), args[p], args[i].dtype, args[j].dtype, args[k].dtype, args[m].dtype]
             else:
                 entry = memo[positional[0](args)]
-            obj, d, meta, hook, tier = entry
+            obj, d, meta, hook, tier, launch = entry
             if warmup is not False or attributes["cache"] is not cache:
                 obj = None
             elif attributes["best_config"] is not obj:   # as Triton's hit sets it (a read costs less than a write)
@@ -228,7 +229,7 @@ class Path:
         tuner = self.tuner
         try:
             layout = (len(args), *kwargs)
-            obj, d, meta, hook, tier = self.memo[layout, self.layouts[layout](args, kwargs)]
+            obj, d, meta, hook, tier, launch = self.memo[layout, self.layouts[layout](args, kwargs)]
             if warmup is not False or tuner.cache is not self.cache:
                 obj = None
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):
@@ -239,7 +240,7 @@ class Path:
         if hook is not None:
             hook(args, grid, kwargs)
         try:
-            ret = tuner.fn.run(*args, grid=grid, **kwargs, **meta)
+            ret = launch(*args, grid=grid, **kwargs, **meta)
         except Exception as e:
             error = e
         else:
@@ -256,16 +257,19 @@ class Path:
         if tuner.cache is not self.cache:   # put in its place by another hand: no hit from now on
             hits.replaced()
             self.cache = tuner.cache
-        generation, obj, meta = hits.generation, hits.servable(args, kwargs), None
-        try:
-            if obj is None:   # Triton's `run`; where it seeds the call's key, that key's hit is made here
+        generation, obj, meta, error = hits.generation, hits.servable(args, kwargs), None, None
+        if obj is None:   # Triton's `run`; where it seeds the call's key, that key's hit is made here
+            try:
                 ret, obj = _triton(tuner, self.original, self.adopted.local, args, kwargs, hits.servable)
-            if obj is not None:   # Triton's cache holds the call's key (a warm-up's, an earlier call's, just
-                meta = _hooked(tuner, obj, args, kwargs)   # seeded): its hit, made here as a memo hit is
+            except Exception as e:
+                error = e
+        if obj is not None and error is None:   # Triton's cache holds the call's key (a warm-up's, an earlier
+            meta = _hooked(tuner, obj, args, kwargs)   # call's, just seeded): its hit made here, as a memo hit is,
+            try:                                       # the pre_hook outside the launch's handler
                 ret = tuner.fn.run(*args, **kwargs, **meta)
-        except Exception as e:
-            error = e
-        else:
+            except Exception as e:
+                error = e
+        if error is None:
             if obj is None and len(tuner.configs) > 1:  # else Triton launches its one config, reading no cache
                 obj = hits.cached(args, kwargs)
             return _served(self.adopted, args, kwargs, obj, meta, ret, generation)
@@ -384,6 +388,28 @@ def _triton(tuner, original, local, args, kwargs, servable):
         return original(*args, **kwargs), None
     finally:
         local.call, local.retrying = was_call, was
+
+
+class _Read:
+    """An Autotuner's attributes read as `__dict__` items (`_attributes`)."""
+    __slots__ = ("tuner",)
+
+    def __init__(self, tuner):
+        self.tuner = tuner
+
+    def __getitem__(self, name):
+        return getattr(self.tuner, name)
+
+
+def _attributes(tuner):
+    """Where a hit reads the Autotuner's `cache` and `best_config`: its `__dict__` (20 ns a read, where
+    the attribute costs 28 ns: its class defines `run`, so CPython does not specialise the read), or,
+    for a class that keeps either elsewhere (a property, its own `__getattribute__`, `__getattr__` or
+    `__setattr__`), reads of the attributes themselves."""
+    cls = type(tuner)
+    odd = (cls.__getattribute__ is not object.__getattribute__ or cls.__setattr__ is not object.__setattr__
+           or hasattr(cls, "__getattr__") or any(n in vars(c) for c in cls.__mro__ for n in ("cache", "best_config")))
+    return _Read(tuner) if odd else tuner.__dict__
 
 
 def _drop_nargs(tuner, args: tuple) -> None:
