@@ -49,10 +49,6 @@ PARTS=" ${PARTS:-features sample dispatch} "
   python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" 2>&1
   echo "== the same, each output size allocated once before the first calls (untimed)"
   python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" --prealloc 2>&1
-  echo "== the same two, without the warm-up's launch over no program (FEATURES_REHEARSE=0), to compare"
-  FEATURES_REHEARSE=0 python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" 2>&1 | tail -9
-  FEATURES_REHEARSE=0 python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" \
-    --prealloc 2>&1 | tail -9
   echo "== the same, the calls in reverse order (the process's first call is matmul's)"
   FEATURES_ORDER=reverse python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" \
     --prealloc 2>&1 | tail -9

@@ -16,8 +16,7 @@ median of 5 such calls): the goal is first <= 2x steady for every shape, the ado
 (their keys decided ahead: `primed`); per first call it also records the host's part (the call returned,
 before the sync) and how many kernels it added to the JIT's in-process cache (`jit+`, 0: the warm-up
 readied it). `--prealloc` also allocates each output size once before the first calls (untimed): what the
-caching allocator's first meeting with a size costs. FEATURES_REHEARSE=0 leaves out the warm-up's launch
-over no program (`compiler.Toolchain.rehearse`), to compare.
+caching allocator's first meeting with a size costs.
 Run all three from outside the source tree, so the installed package is the one imported.
 """
 import argparse
@@ -48,9 +47,6 @@ import json, os, sys, time
 import torch
 import flytune_build as ft
 entries, prealloc = json.loads(sys.argv[1]), sys.argv[2] == "1"
-if os.environ.get("FEATURES_REHEARSE") == "0":   # the warm-up's launch over no program left out, to compare
-    from flytune_build.runtime.warming import compiler
-    compiler.REHEARSE = False
 bg = ft.warmup("triton-features", background=True)
 from triton_features import kernels, tuning
 calls = [(e["kernel"], s, getattr(tuning, e["setup"].rsplit(":", 1)[1])(**s)) for e in entries for s in e["shapes"]]
@@ -96,7 +92,6 @@ for row, (_, _, call) in zip(rows, calls):
     row["steady_s"], row["steady_host_s"] = sorted(times)[2], sorted(hosts)[2]
     row["ratio"] = round(row["first_s"] / row["steady_s"], 2)
 print(json.dumps({"waited_s": round(waited, 3), "primed": report.to_json()["primed"],
-                  "rehearsed": report.to_json()["rehearsed"],
                   "counts": report.to_json()["counts"], "notes": report.notes, "rows": rows,
                   "stats": {n: s["calls"] for n, s in ft.stats().items()}}))
 """
@@ -192,8 +187,7 @@ def warm(plan, reps, prealloc=False):
         print(json.dumps(run), flush=True)
         runs.append(run)
     print(f"\nfirst call after a background warm-up / steady state, {reps} processes (primed keys: "
-          f"{[r['primed'] for r in runs]}, rehearsed: {[r['rehearsed'] for r in runs]}, warm-up awaited "
-          f"{[r['waited_s'] for r in runs]} s)")
+          f"{[r['primed'] for r in runs]}, warm-up awaited {[r['waited_s'] for r in runs]} s)")
     print(f"{'kernel':28} {'shape':34} {'first (ms)':>22} {'of it host':>22} {'steady (ms)':>22} {'ratio':>16} jit+")
     worst = 0.0
     for i, row in enumerate(runs[0]["rows"]):

@@ -28,9 +28,6 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
                ones allocated and freed, untimed: whether growing the caching allocator blindly, not
                knowing the outputs' sizes, does what bg_prealloc does
 
-Any mode ending `_norehearse` (`background_norehearse`, `bg_prealloc_norehearse`) is that mode without the
-warm-up's launch over no program (`compiler.Toolchain.rehearse`), to compare.
-
 `--reps N` runs the list of modes N times over (keys `mode#r` past the first).
 
 Per shape a child records the first call, whether flytune had decided its key before it
@@ -58,9 +55,6 @@ mode, shapes, bench_dir = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 import torch
 import flytune_build as ft
 out = {"mode": mode}
-if mode.endswith("_norehearse"):   # the warm-up's launch over no program left out, to compare
-    from flytune_build.runtime.warming import compiler
-    compiler.REHEARSE, mode = False, mode.removesuffix("_norehearse")
 bg = None
 if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow"):
     bg = ft.warmup("sample-pkg", background=True)

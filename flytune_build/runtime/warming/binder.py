@@ -362,31 +362,6 @@ def stand_ins(spec: dict, config: Config, key: dict | None = None, exclude: set 
     return out
 
 
-def device_stand_ins(spec: dict, config: Config, device) -> dict:
-    """`stand_ins` (the config's own kwargs left out) whose tensors are real ones of 16 bytes on `device`
-    and whose descriptors describe a real tensor of their block's shape, for a launch of no program
-    (`compiler.Toolchain.rehearse`: nothing is read or written). Mismatch where a tensor stands
-    unaligned or a descriptor cannot be made over a contiguous tensor (Triton refuses its strides)."""
-    import torch
-
-    out = {}
-    for name, value in stand_ins(spec, config, exclude=set(config.kwargs)).items():
-        if isinstance(value, Pointer):
-            if value.data_ptr() % 16:
-                raise Mismatch(f"{name} stands unaligned: no real tensor stands in for it")
-            value = torch.empty(max(1, 16 // value.dtype.itemsize), dtype=value.dtype, device=device)
-        elif isinstance(getattr(value, "base", None), Pointer):
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            block = list(value.block_shape)
-            try:
-                value = TensorDescriptor.from_tensor(torch.empty(block, dtype=value.base.dtype, device=device), block)
-            except (AssertionError, ValueError, TypeError) as e:
-                raise Mismatch(f"{name}: no real descriptor stands in for it ({e})") from e
-        out[name] = value
-    return out
-
-
 def constexpr_value(value):
     if isinstance(value, dict):
         import triton.language as tl

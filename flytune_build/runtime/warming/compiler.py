@@ -17,7 +17,6 @@ from ...core.errors import one_line
 from .. import warning
 from . import binder
 
-REHEARSE = True   # `Toolchain.rehearse` each readied kernel (benchmarks/h200_features.py turns it off to compare)
 CHILD_TIMEOUT = 60.0  # seconds (and 2 s a unit) for the forked compiles; past it the rest compile on threads here
 
 
@@ -182,44 +181,11 @@ class Toolchain:
                 for k in free:
                     kernel_cache.setdefault(k, kernel)
             unit.loaded = True
-            if REHEARSE:
-                try:
-                    self.rehearse(unit, jit, bind, key_cache, kernel_cache)
-                except binder.Mismatch:
-                    pass   # no real stand-in specialises as recorded: the first call pays its first pass
-                except Exception as e:  # noqa: BLE001 - readied all the same: the first call pays it, as without
-                    unit.note = (unit.note + "; " if unit.note else "") + f"not rehearsed: {one_line(e)}"
         except binder.Mismatch as e:
             unit.note = (unit.note + "; " if unit.note else "") + f"not readied in this process: {e}"
         except Exception as e:  # noqa: BLE001 - the first call compiles it as it would have; say why
             unit.note = (unit.note + "; " if unit.note else "") + f"not readied in this process: {one_line(e)}"
         unit.load_seconds = time.perf_counter() - start
-
-    @staticmethod
-    def rehearse(unit, jit, bind, key_cache, kernel_cache) -> None:
-        """Launch a readied kernel over no program (grid 0: Triton's launcher returns before it asks the
-        driver to launch; nothing is read or written) with real stand-ins (`binder.device_stand_ins`), so
-        the host's first pass through the JIT's `run`, the kernel's launcher and its descriptors' encoding
-        is paid here, not by the first call. Only where those stand-ins bind to a key the JIT's cache holds
-        (nothing compiles) and no launch hook is set (a profiler would see a launch); else, or where the
-        launch raises (a scratch allocator this thread lacks), the first call pays it, as without."""
-        from triton import knobs
-        from triton.runtime.jit import compute_cache_key
-
-        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-        if jit.pre_run_hooks or any(h is not None and getattr(h, "calls", True) for h in hooks):
-            return
-        import torch
-
-        named = binder.device_stand_ins(unit.spec, unit.config, torch.device("cuda", torch.cuda.current_device()))
-        options = binder.launch_options(unit.config)[0]   # one of the option sets readied: either warms the path
-        keyed = {**options, "debug": options.get("debug", jit.debug) or knobs.runtime.debug,
-                 "instrumentation_mode": knobs.compilation.instrumentation_mode}   # as JITFunction.run adds them
-        _, specialization, extra = bind(**named, **keyed)
-        if compute_cache_key(key_cache, specialization, extra) not in kernel_cache:
-            raise binder.Mismatch("real stand-ins bind to a key not readied: not rehearsed")
-        jit.run(**named, grid=(0,), warmup=False, **options)
-        unit.rehearsed = True
 
     def _launcher_lock(self, src) -> threading.Lock:
         """One launcher build per kernel signature at a time (a C compile)."""

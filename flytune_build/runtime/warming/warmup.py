@@ -13,9 +13,7 @@ launcher built and its module loaded onto the device, goes into its `@triton.jit
 in-process cache under the key that function's own launch computes, and each tuned key of a
 `flytune_build.autotune` kernel is decided ahead (`Autotuned.prime`), as is each of an adopted
 `@triton.autotune` kernel's (`Adopted.prime_key`: its config put in the Autotuner's cache), so the first
-call of a tuned shape is a hit in both: it costs what a later call costs. Each readied kernel is then
-launched over no program (`Toolchain.rehearse`: grid 0, real 16-byte stand-ins, nothing read or
-written), so the host's first pass through Triton's launch path is paid by the warm-up too.
+call of a tuned shape is a hit in both: it costs what a later call costs.
 
 Invariants (tests/test_warmup.py, tests/test_warmup_inprocess.py):
 - only modules under a bundle's own package (its manifest's `package`) are imported, and only for the
@@ -81,7 +79,6 @@ class Unit:
     where: str = ""              # "process" or "thread": where it was compiled
     loaded: bool = False         # ready in this process's JIT cache (launcher built, module loaded)
     load_seconds: float = 0.0
-    rehearsed: bool = False      # launched here over no program: the host's first pass paid (`Toolchain.rehearse`)
     primed: int = 0              # tuned keys decided ahead: their first call is a hit
     tuned: Any = field(default=None, repr=False, compare=False)  # the @autotune kernel, or an adopted one's Adopted
 
@@ -89,8 +86,7 @@ class Unit:
         return {"kernel": self.kernel, "origin": self.origin, "config": self.config.to_json(), "keys": self.keys,
                 "status": self.status, "note": self.note, "seconds": round(self.seconds, 4),
                 "cache_key": self.cache_key, "variant": list(self.variant), "where": self.where,
-                "loaded": self.loaded, "load_seconds": round(self.load_seconds, 4), "rehearsed": self.rehearsed,
-                "primed": self.primed}
+                "loaded": self.loaded, "load_seconds": round(self.load_seconds, 4), "primed": self.primed}
 
 
 @dataclass
@@ -112,7 +108,6 @@ class Report:
     def to_json(self) -> dict:
         return {"ok": self.ok, "target": self.target, "cache_dir": self.cache_dir, "seconds": round(self.seconds, 3),
                 "counts": self.counts(), "loaded": sum(u.loaded for u in self.units),
-                "rehearsed": sum(u.rehearsed for u in self.units),
                 "primed": sum(u.primed for u in self.units), "notes": self.notes,
                 "units": [u.to_json() for u in self.units]}
 
