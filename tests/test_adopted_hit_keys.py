@@ -83,6 +83,22 @@ def _call(k, count: int, n: int, half: int | None = None) -> int:
     return k.best_config.kwargs["BLOCK"]
 
 
+def _bundle(tmp_path, monkeypatch, name: str, num_ctas: int = 1) -> None:
+    """`name`'s float32 key of n=100 over (x, y, out) bundled: BLOCK 64."""
+    Artifact(name, {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+             Config({"BLOCK": 64}, num_warps=1, num_ctas=num_ctas)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    autotuner.reset_stats()
+
+
+def _bundled(tmp_path, monkeypatch, name: str, configs=CONFIGS):
+    """`_add` under `triton.autotune(configs)`, adopted as `name`, its key of n=100 bundled (`_bundle`)."""
+    _bundle(tmp_path, monkeypatch, name)
+    k = triton.autotune(configs=configs, key=["n"])(_add)
+    adapter.adopt(k, name=name)
+    return k
+
+
 @pytest.mark.parametrize("count", sorted(KERNELS))
 def test_each_tensors_dtype_is_keyed_apart_whatever_the_layout(count, tmp_path, monkeypatch):
     """All float32 is bundled (BLOCK 64); a call with any one tensor float16 is another Triton key, not
@@ -123,10 +139,7 @@ def test_every_launch_of_flytunes_passes_the_options_the_warmup_readies(num_ctas
     pass one set of options in one order (`launch_keywords`: no `num_ctas` where it is 1), one of the two
     the warm-up puts into the JIT's cache (`binder.launch_options`): one compile per config."""
     configs = [triton.Config({"BLOCK": b}, num_warps=1, num_ctas=num_ctas) for b in (16, 32, 64)]
-    Artifact("keys.opts", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1, num_ctas=num_ctas)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
+    _bundle(tmp_path, monkeypatch, "keys.opts", num_ctas)
     launches, seen = _spied(_add, monkeypatch), []
     for primed in (False, True):
         del launches[:]
@@ -150,12 +163,7 @@ def test_every_launch_of_flytunes_passes_the_options_the_warmup_readies(num_ctas
 def test_a_warmup_compiles_each_config_with_the_options_the_hits_launch_it_with(tmp_path, monkeypatch):
     """`kernel.warmup(...)` (Triton's Autotuner.warmup, adopted): every pruned config compiled, nothing
     launched, each with the options a hit of flytune's passes, so the hit after it finds its kernel."""
-    Artifact("keys.warm", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
-    k = triton.autotune(configs=CONFIGS, key=["n"])(_add)
-    adapter.adopt(k, name="keys.warm")
+    k = _bundled(tmp_path, monkeypatch, "keys.warm")
     compiled, params = [], set(_add.arg_names)
 
     def warmup(*args, **kwargs):
@@ -174,12 +182,7 @@ def test_a_seeded_first_call_lets_go_of_its_tensors(tmp_path, monkeypatch):
     import gc
     import weakref
 
-    Artifact("keys.nargs", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
-    k = triton.autotune(configs=CONFIGS, key=["n"])(_add)
-    adapter.adopt(k, name="keys.nargs")
+    k = _bundled(tmp_path, monkeypatch, "keys.nargs")
     x, y, out = _tensors(3, 100, None)
     k[(2,)](x, y, out, 100)
     alive = weakref.ref(x)
@@ -190,12 +193,7 @@ def test_a_seeded_first_call_lets_go_of_its_tensors(tmp_path, monkeypatch):
 
 
 def test_best_config_set_by_another_hand_is_the_hits_again_after_it(tmp_path, monkeypatch):
-    Artifact("keys.best", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
-    k = triton.autotune(configs=CONFIGS, key=["n"])(_add)
-    adapter.adopt(k, name="keys.best")
+    k = _bundled(tmp_path, monkeypatch, "keys.best")
     assert _call(k, 3, 100) == 64 and _call(k, 3, 100) == 64
     for other in (None, k.configs[0]):
         k.best_config = other   # a harness resetting it, or another config
@@ -212,12 +210,7 @@ def test_a_pre_hook_failing_on_a_hit_raises_its_own_error_as_in_triton(tmp_path,
         if len(calls) > 1:
             raise ZeroDivisionError("the hook failed")
     configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=hook) for b in (16, 32, 64)]
-    Artifact("keys.hook", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
-    k = triton.autotune(configs=configs, key=["n"])(_add)
-    adapter.adopt(k, name="keys.hook")
+    k = _bundled(tmp_path, monkeypatch, "keys.hook", configs)
     assert _call(k, 3, 100) == 64
     with pytest.raises(ZeroDivisionError, match="the hook failed") as e:
         _call(k, 3, 100)   # a hit
@@ -232,12 +225,7 @@ def test_a_pre_hook_failing_on_a_keys_first_call_raises_its_own_error(tmp_path, 
     def hook(nargs):
         raise ZeroDivisionError("the hook failed")
     configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=hook) for b in (16, 32, 64)]
-    Artifact("keys.hook1", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
-    k = triton.autotune(configs=configs, key=["n"])(_add)
-    adapter.adopt(k, name="keys.hook1")
+    k = _bundled(tmp_path, monkeypatch, "keys.hook1", configs)
     for primed in (False, True):
         if primed:
             k.cache.clear()
@@ -261,10 +249,7 @@ def test_an_autotuner_keeping_best_config_in_a_property_is_served_by_hits(tmp_pa
         def best_config(self, value):
             self.__dict__["_kept"] = value
 
-    Artifact("keys.kept", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
+    _bundle(tmp_path, monkeypatch, "keys.kept")
     k = Kept(_add, _add.arg_names, CONFIGS, key=["n"], reset_to_zero=None, restore_value=None)
     adapter.adopt(k, name="keys.kept")
     slow = []
@@ -287,10 +272,7 @@ def test_a_warmup_through_heuristics_compiles_with_the_hits_options(tmp_path, mo
             v += tl.load(y + offs, mask=m)
         tl.store(out + offs, v, mask=m)
 
-    Artifact("keys.heur", {"n": 100, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
-             Config({"BLOCK": 64}, num_warps=1)).save(tmp_path)
-    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
-    autotuner.reset_stats()
+    _bundle(tmp_path, monkeypatch, "keys.heur")
     tuner = triton.autotune(configs=CONFIGS, key=["n"])(_add_opt)
     k = triton.heuristics({"HAS_Y": lambda a: a["y"] is not None})(tuner)
     adapter.adopt(tuner, name="keys.heur")
