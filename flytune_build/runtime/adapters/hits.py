@@ -19,7 +19,9 @@ remembered with the config Triton's cache holds under the call's own Triton key,
 (which another thread's call may have set meanwhile), and only if no key changed since that call
 began (`Hits.generation`). A kernel whose Autotuner overrides `run`, keeps its cache in no dict (or a
 dict subclass of its own) or has one config is never remembered (`refused` says why:
-`stats()["dispatch"]`).
+`stats()["dispatch"]`). Every launch and compile of flytune's passes one keyword set per config
+(`launch_keywords`); a config's pre_hook is called outside the launch's handler, so its error is its
+own, as in Triton's hit; a call flytune seeded lets go of the arguments Triton's `run` kept (`nargs`).
 """
 from __future__ import annotations
 
