@@ -161,8 +161,8 @@ def wrapped_run(adopted, original):
 
     def publish(positions: list, tensors: tuple, nones: tuple) -> None:
         """The positional layout's key was learnt: where it is one key argument and 1-4 tensors, `run`
-        builds it inline as `_positional_key` does (a call less: 60 ns of a 1.6 us hit on the 2-core dev
-        machine); `shape` is set last, so a thread that reads it finds the places set."""
+        builds it inline as `_positional_key` does (a call less: 60 ns of a 1.6 us hit, timed alone on
+        the 2-core dev machine); `shape` is set last, so a thread that reads it finds the places set."""
         nonlocal shape, p, i, j, k, m
         if len(positions) == 1 and not nones and 1 <= len(tensors) <= 4:
             p, (i, j, k, m) = positions[0], (*tensors, None, None, None)[:4]
@@ -316,7 +316,10 @@ def launch_keywords(obj) -> dict:
     so every launch of flytune's passes these (`_hooked`, the memo's), and the warm-up readies this key
     as well as Triton's (`warming.binder.launch_options`); a config Triton's own `run` launched (a search,
     a single config) is found on disk by the JIT once more at its first launch of flytune's."""
-    meta = obj.all_kwargs()
+    return _less_default_ctas(obj.all_kwargs())
+
+
+def _less_default_ctas(meta: dict) -> dict:
     if meta.get("num_ctas") == 1:
         del meta["num_ctas"]
     return meta
@@ -341,9 +344,10 @@ def _hooked(tuner, obj, args, kwargs) -> dict:
     set, the config's pre_hook called with Triton's arguments; the keywords to launch it with
     (`launch_keywords`)."""
     tuner.best_config = obj
+    meta = obj.all_kwargs()
     if getattr(obj, "pre_hook", None) is not None:
-        obj.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **obj.all_kwargs()})
-    return launch_keywords(obj)
+        obj.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **meta})
+    return _less_default_ctas(meta)
 
 
 def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
@@ -404,7 +408,7 @@ class _Read:
 
 
 def _attributes(tuner):
-    """Where a hit reads the Autotuner's `cache` and `best_config`: its `__dict__` (20 ns a read, where
+    """Where a hit reads the Autotuner's `cache` and `best_config`: its `__dict__` (20 ns a read timed alone, where
     the attribute costs 28 ns: its class defines `run`, so CPython does not specialise the read), or,
     for a class that keeps either elsewhere (a property, its own `__getattribute__`, `__getattr__` or
     `__setattr__`), reads of the attributes themselves."""
