@@ -67,7 +67,7 @@ def adopted_floor(adopted, stub):
     launch with the keywords an adopted hit passes (`warmup`, then `hits.launch_keywords`: the config's
     own and its compiler options but a `num_ctas` of 1); no `best_config`, hook, count or cache check."""
     hits = adopted.flytune_adopted.hits
-    memo = {k: e[2] for k, e in hits.memo.items()}
+    memo = {k: e[1] for k, e in hits.memo.items()}
     key, launch = hits.key.positional[0], stub.run
 
     def floor(*args, grid, warmup=None, **kwargs):

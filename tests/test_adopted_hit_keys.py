@@ -1,10 +1,10 @@
 """An adopted kernel's hit builds its key inline for its common layouts (one key argument, 1-4 tensors)
 and launches with flytune's launch keywords (`hits.launch_keywords`): each tensor's dtype is keyed apart
-whatever the layout, and every launch of flytune's (first call, warm-up primed, hit, keyword call, and
-`kernel.warmup`'s compiles) passes one set of options in one order, the one the warm-up readies, so a
-config flytune serves is one kernel in the JIT's cache (one Triton's own search launched is loaded once
-more). What a hit of Triton's does a hit keeps: `best_config` whoever set it before, the pre_hook's
-own error, the call's tensors let go of."""
+whatever the layout, and every launch of a config flytune decided (first call, warm-up primed, hit,
+keyword call, and `kernel.warmup`'s compiles) passes one set of options in one order, the one the warm-up
+readies, so a config flytune serves is one kernel in the JIT's cache; a config Triton's own search put in
+its cache is launched with Triton's options, the kernel its search launched. What a hit of Triton's does
+a hit keeps: `best_config` whoever set it before, the pre_hook's own error, the call's tensors let go of."""
 import pytest
 import torch
 import triton
@@ -282,3 +282,21 @@ def test_a_warmup_through_heuristics_compiles_with_the_hits_options(tmp_path, mo
     k[(2,)](x, y, out, 100)
     assert torch.equal(out, x + y) and tuner.best_config.kwargs["BLOCK"] == 64
     assert launches == [("num_warps", "num_stages")] * 2   # the compile, then the launch
+
+
+def test_a_hit_of_a_call_tritons_run_launched_passes_tritons_options(monkeypatch):
+    """FLYTUNE_AUTOTUNE=1, a key no artifact serves: Triton's `run` searches it and launches its winner with
+    Triton's options (`all_kwargs()`, `num_ctas` too); the hits after it pass those, so they find the
+    kernel that launch put into the JIT's cache instead of loading it once more."""
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    autotuner.reset_stats()
+    k = triton.autotune(configs=CONFIGS, key=["n"])(_add)
+    adapter.adopt(k, name="keys.searched")
+    launches = _spied(_add, monkeypatch)
+    winner = _call(k, 3, 100)
+    assert k.flytune_adopted.stats()["calls"]["search"] == 1
+    tritons = launches[-1]
+    assert tritons == ("num_warps", "num_ctas", "num_stages")
+    assert [_call(k, 3, 100) for _ in range(2)] == [winner] * 2 and len(k.flytune_adopted.hits.memo) == 1
+    assert launches[-2:] == [tritons] * 2

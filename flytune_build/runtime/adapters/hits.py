@@ -19,8 +19,8 @@ remembered with the config Triton's cache holds under the call's own Triton key,
 (which another thread's call may have set meanwhile), and only if no key changed since that call
 began (`Hits.generation`). A kernel whose Autotuner overrides `run`, keeps its cache in no dict (or a
 dict subclass of its own) or has one config is never remembered (`refused` says why:
-`stats()["dispatch"]`). Every launch and compile of flytune's passes one keyword set per config
-(`launch_keywords`); a config's pre_hook is called outside the launch's handler, so its error is its
+`stats()["dispatch"]`). Every launch and compile flytune decides passes one keyword set per config
+(`launch_keywords`), a config Triton's own `run` put in its cache Triton's; a config's pre_hook is called outside the launch's handler, so its error is its
 own, as in Triton's hit; a call flytune seeded lets go of the arguments Triton's `run` kept (`nargs`).
 """
 from __future__ import annotations
@@ -82,8 +82,10 @@ class Cache(dict):
 
 
 class Hits:
-    """One adopted kernel's memo: hit key -> (config object, decision or None, its launch keywords, its
-    pre_hook's call (`_hook`) or None, tier, the JIT's `run` as it was then)."""
+    """One adopted kernel's memo: hit key -> (config object, its launch keywords, the JIT's `run` as it was
+    then, its decision, None) for a config without pre_hook that flytune decided (the hot path's entry),
+    else (config object, launch keywords, JIT `run`, decision or None, (its pre_hook's call (`_hook`) or
+    None, the tier that counts it)): `Path.launched` serves those."""
 
     def __init__(self, tuner):
         self.tuner = tuner
@@ -141,8 +143,9 @@ class Hits:
             key = self.key(args, kwargs)
             if key is None:
                 return
-            entry = (obj, d, {"warmup": False, **(meta or launch_keywords(obj))}, _hook(self.tuner, obj), tier,
-                     self.tuner.fn.run)
+            hook = _hook(self.tuner, obj)
+            entry = (obj, {"warmup": False, **(meta or launch_keywords(obj, d is not None))}, self.tuner.fn.run, d,
+                     None if hook is None and d is not None else (hook, tier))
         except (TypeError, IndexError, KeyError, AttributeError, ValueError):
             return
         if generation == self.generation:
@@ -185,7 +188,7 @@ def wrapped_run(adopted, original):
                 entry = memo[len(args), args[p], args[i].dtype, args[j].dtype, args[k].dtype, args[m].dtype]
             else:
                 entry = memo[positional[0](args)]
-            obj, d, meta, hook, tier, launch = entry
+            obj, meta, launch, d, odd = entry
             if warmup is not False or attributes["cache"] is not cache:
                 obj = None
             elif attributes["best_config"] is not obj:   # as Triton's hit sets it (a read costs less than a write)
@@ -194,17 +197,14 @@ def wrapped_run(adopted, original):
             obj = None   # served outside the handler: its errors are not "during handling of" this one
         if obj is None:
             return path.slow(args, _keywords(grid, warmup, kwargs))
-        if hook is not None:   # the config's pre_hook, before the launch's handler: its error is its own
-            hook(args, grid, kwargs)
+        if odd is not None:   # a pre_hook, or a call counted by its tier
+            return path.launched(args, grid, warmup, kwargs, entry)
         try:  # `meta`: `warmup=False`, then the config's `launch_keywords`
             ret = launch(*args, grid=grid, **meta)
         except Exception as e:
             error = e
         else:
-            if d is None:
-                adopted.counts()[tier] += 1
-            else:
-                d.calls += 1
+            d.calls += 1
             return ret
         return path.failed(args, _keywords(grid, warmup, kwargs), error)
 
@@ -231,14 +231,21 @@ class Path:
         tuner = self.tuner
         try:
             layout = (len(args), *kwargs)
-            obj, d, meta, hook, tier, launch = self.memo[layout, self.layouts[layout](args, kwargs)]
+            entry = self.memo[layout, self.layouts[layout](args, kwargs)]
             if warmup is not False or tuner.cache is not self.cache:
-                obj = None
+                entry = None
         except (KeyError, TypeError, IndexError, AttributeError, ValueError):
-            obj = None
-        if obj is None:
+            entry = None
+        if entry is None:
             return self.slow(args, _keywords(grid, warmup, kwargs))
-        tuner.best_config = obj
+        tuner.best_config = entry[0]
+        return self.launched(args, grid, warmup, kwargs, entry)
+
+    def launched(self, args, grid, warmup, kwargs, entry):
+        """A hit of `entry` (`Hits`) launched, its `best_config` set: the config's pre_hook first, outside
+        the launch's handler (its error is its own), then the launch, counted."""
+        obj, meta, launch, d, odd = entry
+        hook, tier = odd or (None, None)
         if hook is not None:
             hook(args, grid, kwargs)
         try:
@@ -265,9 +272,11 @@ class Path:
                 ret, obj = _triton(tuner, self.original, self.adopted.local, args, kwargs, hits.servable)
             except Exception as e:
                 error = e
-        if obj is not None and error is None:   # Triton's cache holds the call's key (a warm-up's, an earlier
-            meta = _hooked(tuner, obj, args, kwargs)   # call's, just seeded): its hit made here, as a memo hit is,
-            try:                                       # the pre_hook outside the launch's handler
+        if obj is not None and error is None:
+            # Triton's cache holds the call's key (a warm-up's, an earlier call's, just seeded): its hit made
+            # here, as a memo hit is, the pre_hook outside the launch's handler
+            meta = _hooked(tuner, obj, args, kwargs, id(obj) in self.adopted.seeded)
+            try:
                 ret = tuner.fn.run(*args, **kwargs, **meta)
             except Exception as e:
                 error = e
@@ -308,19 +317,18 @@ def wrapped_warmup(adopted, original):
     return warmup
 
 
-def launch_keywords(obj) -> dict:
+def launch_keywords(obj, ours: bool = True) -> dict:
     """The keywords flytune launches a `triton.Config` with: `all_kwargs()` (the kernel's own, then every
-    compiler option set, in Triton's order), less `num_ctas` where it is 1, every backend's default, as
-    a `flytune_build.Config` launches (`Config.launch_kwargs`): one keyword less on the hot path (0.1 us
-    of a 1.8 us hit on the 2-core dev machine). The JIT keys its in-process cache on the options passed,
-    so every launch of flytune's passes these (`_hooked`, the memo's), and the warm-up readies this key
-    as well as Triton's (`warming.binder.launch_options`); a config Triton's own `run` launched (a search,
-    a single config) is found on disk by the JIT once more at its first launch of flytune's."""
-    return _less_default_ctas(obj.all_kwargs())
-
-
-def _less_default_ctas(meta: dict) -> dict:
-    if meta.get("num_ctas") == 1:
+    compiler option set, in Triton's order); for a config flytune decided (`ours`: its tiers, a warm-up)
+    less `num_ctas` where it is 1, every backend's default, as a `flytune_build.Config` launches
+    (`Config.launch_kwargs`): one keyword less on the hot path (0.1 us of a 1.8 us hit on the 2-core dev
+    machine). The JIT keys its in-process cache on the options passed, so every launch of a config
+    flytune decided passes these (`_hooked`, the memo's), and the warm-up readies this key as well as
+    Triton's (`warming.binder.launch_options`); a config Triton's own `run` put in its cache (its search,
+    its disk cache) is launched with Triton's keywords, so its hits find the kernel Triton's own launch
+    put in the JIT's cache and never load it once more."""
+    meta = obj.all_kwargs()
+    if ours and meta.get("num_ctas") == 1:
         del meta["num_ctas"]
     return meta
 
@@ -339,15 +347,14 @@ def _hook(tuner, obj):
     return call
 
 
-def _hooked(tuner, obj, args, kwargs) -> dict:
+def _hooked(tuner, obj, args, kwargs, ours: bool) -> dict:
     """Triton's hit of `obj` for this call up to its launch, as `Autotuner.run` makes it: `best_config`
     set, the config's pre_hook called with Triton's arguments; the keywords to launch it with
-    (`launch_keywords`)."""
+    (`launch_keywords`; `ours`: flytune decided it)."""
     tuner.best_config = obj
-    meta = obj.all_kwargs()
     if getattr(obj, "pre_hook", None) is not None:
-        obj.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **meta})
-    return _less_default_ctas(meta)
+        obj.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **obj.all_kwargs()})
+    return launch_keywords(obj, ours)
 
 
 def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
