@@ -24,6 +24,10 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
                the process's first launch on the device is not a tuned call's cost
   bg_eager     bg_prealloc under CUDA_MODULE_LOADING=EAGER: whether lazy module loading is left to
                the first calls
+  bg_tiny      bg_prealloc, and one launch of a one-program Triton kernel of this script's own (not the
+               sample's) awaited before the first calls, untimed: whether what the process's first call
+               pays beyond steady state is the process's first Triton launch, whatever the kernel
+  bg_tiny_only background and that launch, the output sizes not met before
   bg_grow      background, then on another thread (as a warm-up's) one 256 MiB block and four 1 MiB
                ones allocated and freed, untimed: whether growing the caching allocator blindly, not
                knowing the outputs' sizes, does what bg_prealloc does
@@ -56,7 +60,7 @@ import torch
 import flytune_build as ft
 out = {"mode": mode}
 bg = None
-if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow"):
+if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow", "bg_tiny", "bg_tiny_only"):
     bg = ft.warmup("sample-pkg", background=True)
 import sample_pkg
 from sample_pkg import kernels, tuning
@@ -81,7 +85,7 @@ if mode in ("env", "racing"):
 if mode == "env":
     t = time.perf_counter(); auto.wait(120); out["waited_s"] = round(time.perf_counter() - t, 4)
     out["report"] = next(iter(auto.reports.values())).to_json() if auto.reports else None
-if mode in ("bg_prealloc", "bg_touch", "bg_eager"):
+if mode in ("bg_prealloc", "bg_touch", "bg_eager", "bg_tiny"):
     for kind, s, _ in calls:
         torch.empty((s["M"], s["N"]), device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
@@ -96,6 +100,17 @@ if mode == "bg_grow":
 if mode == "bg_touch":
     torch.ones(1, device="cuda").add_(1)
     torch.cuda.synchronize()
+if mode in ("bg_tiny", "bg_tiny_only"):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _tiny(p):
+        tl.store(p, tl.load(p) + 1)
+    z = torch.zeros(1, device="cuda", dtype=torch.int32)
+    _tiny[(1,)](z)
+    torch.cuda.synchronize()
+    assert int(z.item()) == 1
 out["since_start_s"] = round(time.perf_counter() - t0, 3)
 def jit_entries():
     n = 0
