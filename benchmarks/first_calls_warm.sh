@@ -10,7 +10,8 @@
 #   dispatch  benchmarks/dispatch_overhead.py on this host
 #   bash benchmarks/first_calls_warm.sh            (repo root, on the GPU machine; .whl/ holds platformdirs)
 #   PARTS="features dispatch" bash benchmarks/first_calls_warm.sh     (some of them; all three by default)
-# Results in $OUT: env.txt, features.txt (features_profile*.txt), sample.txt, sample.json, dispatch.txt.
+#   MODES=background,bg_prealloc,bg_tiny,bg_tiny_only  (the sample's modes: benchmarks/warmup_inprocess.py)
+# Results in $OUT: env.txt, features.txt (features_profile*.txt with PROFILE=1), sample.txt, sample.json, dispatch.txt.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/first-calls-out}
@@ -52,11 +53,18 @@ PARTS=" ${PARTS:-features sample dispatch} "
   echo "== the same, the calls in reverse order (the process's first call is matmul's)"
   FEATURES_ORDER=reverse python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" \
     --prealloc 2>&1 | tail -9
-  echo "== two more processes, each first call under cProfile: $OUT/features_profile.txt, features_profile_reverse.txt"
-  FEATURES_PROFILE=$OUT/features_profile.txt python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" \
-    --reps 1 --prealloc 2>&1 | tail -9
-  FEATURES_ORDER=reverse FEATURES_PROFILE=$OUT/features_profile_reverse.txt python3 "$REPO/benchmarks/h200_features.py" \
-    warm "$P/tune/h200.toml" --reps 1 --prealloc 2>&1 | tail -9
+  echo "== the same two, a one-program Triton kernel of the script's own launched before the first calls (untimed)"
+  FEATURES_TINY=1 python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" \
+    --prealloc 2>&1 | tail -9
+  FEATURES_TINY=1 FEATURES_ORDER=reverse python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" \
+    --reps "${REPS:-3}" --prealloc 2>&1 | tail -9
+  [ -n "${PROFILE:-}" ] && {
+    echo "== two more processes, each first call under cProfile: $OUT/features_profile.txt, features_profile_reverse.txt"
+    FEATURES_PROFILE=$OUT/features_profile.txt python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" \
+      --reps 1 --prealloc 2>&1 | tail -9
+    FEATURES_ORDER=reverse FEATURES_PROFILE=$OUT/features_profile_reverse.txt python3 \
+      "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps 1 --prealloc 2>&1 | tail -9
+  }
   cd "$REPO"
 } > "$OUT/features.txt" 2>&1
 [[ $PARTS == *" sample "* ]] && {
