@@ -28,6 +28,8 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
                sample's) awaited before the first calls, untimed: whether what the process's first call
                pays beyond steady state is the process's first Triton launch, whatever the kernel
   bg_tiny_only background and that launch, the output sizes not met before
+  bg_tiny_thread bg_tiny, the launch made on another thread (as a background warm-up would make it):
+               whether what it pays ahead is this process's or only that thread's
   bg_grow      background, then on another thread (as a warm-up's) one 256 MiB block and four 1 MiB
                ones allocated and freed, untimed: whether growing the caching allocator blindly, not
                knowing the outputs' sizes, does what bg_prealloc does
@@ -60,7 +62,8 @@ import torch
 import flytune_build as ft
 out = {"mode": mode}
 bg = None
-if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow", "bg_tiny", "bg_tiny_only"):
+if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow", "bg_tiny", "bg_tiny_only",
+            "bg_tiny_thread"):
     bg = ft.warmup("sample-pkg", background=True)
 import sample_pkg
 from sample_pkg import kernels, tuning
@@ -85,7 +88,7 @@ if mode in ("env", "racing"):
 if mode == "env":
     t = time.perf_counter(); auto.wait(120); out["waited_s"] = round(time.perf_counter() - t, 4)
     out["report"] = next(iter(auto.reports.values())).to_json() if auto.reports else None
-if mode in ("bg_prealloc", "bg_touch", "bg_eager", "bg_tiny"):
+if mode in ("bg_prealloc", "bg_touch", "bg_eager", "bg_tiny", "bg_tiny_thread"):
     for kind, s, _ in calls:
         torch.empty((s["M"], s["N"]), device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
@@ -100,17 +103,24 @@ if mode == "bg_grow":
 if mode == "bg_touch":
     torch.ones(1, device="cuda").add_(1)
     torch.cuda.synchronize()
-if mode in ("bg_tiny", "bg_tiny_only"):
+if mode in ("bg_tiny", "bg_tiny_only", "bg_tiny_thread"):
+    import threading
     import triton
     import triton.language as tl
 
     @triton.jit
     def _tiny(p):
         tl.store(p, tl.load(p) + 1)
-    z = torch.zeros(1, device="cuda", dtype=torch.int32)
-    _tiny[(1,)](z)
-    torch.cuda.synchronize()
-    assert int(z.item()) == 1
+
+    def tiny():
+        z = torch.zeros(1, device="cuda", dtype=torch.int32)
+        _tiny[(1,)](z)
+        torch.cuda.synchronize()
+        assert int(z.item()) == 1
+    if mode == "bg_tiny_thread":
+        th = threading.Thread(target=tiny); th.start(); th.join()
+    else:
+        tiny()
 out["since_start_s"] = round(time.perf_counter() - t0, 3)
 def jit_entries():
     n = 0
