@@ -173,6 +173,96 @@ def test_a_config_put_over_a_cached_key_by_hand_is_what_the_next_hit_launches(bu
     assert call(k, 100) == 32 and call(k, 100) == 32 and k.best_config is k.configs[1]
 
 
+CHANGES = {   # each way a hand changes a key Triton's cache holds: the config the key holds after it
+    "set": lambda k, key: k.cache.__setitem__(key, k.configs[1]) or 32,
+    "update": lambda k, key: k.cache.update({key: k.configs[1]}) or 32,
+    "ior": lambda k, key: k.cache.__ior__({key: k.configs[1]}) and 32,
+    "delete": lambda k, key: k.cache.__delitem__(key) or 64,   # decided again: the artifact's
+    "pop": lambda k, key: k.cache.pop(key) and 64,
+    "popitem": lambda k, key: k.cache.popitem() and 64,
+    "clear": lambda k, key: k.cache.clear() or 64,
+}
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_call_made_while_the_cache_changes_is_never_remembered_with_the_old_config(bundled, change, when):
+    """Another thread's call may land between the change of Triton's cache and the memo told of it (here
+    made from inside the telling, `before` or `after` it): whatever it launches, no hit after the change
+    launches the config the key held before it."""
+    import threading
+
+    k = make()
+    adapter.adopt(k, name="hit.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    hits, (key,) = k.flytune_adopted.hits, list(k.cache)
+    told, once = hits.invalidate, []
+
+    def invalidate():   # an instance attribute: the cache calls `hits.invalidate()` as any other hand would
+        if when == "after":
+            told()
+        if not once:
+            once.append(threading.Thread(target=call, args=(k, 100)))
+            once[0].start()
+            once[0].join()
+        if when == "before":
+            told()
+    hits.invalidate = invalidate
+    holds = CHANGES[change](k, key)
+    del hits.invalidate
+    assert once, "the change told the memo nothing"
+    assert [call(k, 100) for _ in range(3)] == [holds] * 3
+
+
+def test_a_compile_only_call_through_heuristics_counts_no_call_and_announces_nothing(bundled):
+    """`kernel.warmup(...)` through `@triton.heuristics` is Triton's `run` with `warmup=True`: it compiles,
+    launches nothing, and is no call of the key's decision (a bare Autotuner's `warmup` counts none either)."""
+    import flytune_build as ft
+
+    seen = []
+    ft.on_decision(lambda event: seen.append(event["key"]))
+
+    @triton.jit
+    def add(x, y, out, n, EVEN: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+    tuner = triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"])(add)
+    k = triton.heuristics({"EVEN": lambda a: a["n"] % 2 == 0})(tuner)
+    adapter.adopt(tuner, name="hit.add")
+    x, y, out = torch.randn(100), torch.randn(100), torch.zeros(100)
+    for _ in range(3):
+        k.warmup(x, y, out, 100, grid=(2,))
+    assert torch.equal(out, torch.zeros(100)) and sum(ft.stats()["hit.add"]["calls"].values()) == 0 and not seen
+    k[(2,)](x, y, out, 100)
+    assert torch.equal(out, x + y) and ft.stats()["hit.add"]["calls"]["offline"] == 1 and len(seen) == 1
+    k[(2,)](x, y, out, 100)
+    assert ft.stats()["hit.add"]["calls"]["offline"] == 2 and len(seen) == 1
+
+
+def test_an_adopted_warmup_compiles_what_a_hit_launches_whoever_put_the_config_in_the_cache(bundled, monkeypatch):
+    """The JIT keys its in-process cache on the launch's keywords: after `kernel.warmup(...)`, the first
+    launch of a config finds a compile made with its very keywords, whether flytune decided it (its tiers)
+    or Triton's cache holds it by another hand (a table set by hand, Triton's disk cache), as after
+    Triton's own warm-up."""
+    k = make()
+    jit = type(k.fn)
+    options = lambda kw: tuple(n for n in kw if n not in k.fn.arg_names and n not in ("grid", "warmup"))
+    compiled, launched = set(), []
+    warmup, run = jit.warmup, jit.run
+    monkeypatch.setattr(jit, "warmup", lambda self, *a, **kw: compiled.add((kw["BLOCK"], options(kw))))
+    monkeypatch.setattr(jit, "run", lambda self, *a, **kw: launched.append((kw["BLOCK"], options(kw)))
+                        or run(self, *a, **kw))
+    adapter.adopt(k, name="hit.add")
+    x = torch.zeros(100)
+    k.warmup(x, x, x, 100, grid=(1,))
+    assert call(k, 100) == 64 and call(k, 100) == 64   # the artifact's: flytune decided it
+    (key,) = list(k.cache)
+    k.cache[key] = k.configs[1]   # by another hand
+    assert call(k, 100) == 32 and call(k, 100) == 32
+    assert launched and set(launched) <= compiled, (launched, compiled)
+
+
 def test_a_cache_put_in_the_autotuners_place_is_triton_s_to_read_from_then_on(bundled, monkeypatch):
     """A dict put in the Autotuner's place by hand tells the memo nothing: every later call takes Triton's
     `run`, which reads that very dict (a change to it is the next launch), and stats say why."""

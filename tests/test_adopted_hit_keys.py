@@ -162,7 +162,8 @@ def test_every_launch_of_flytunes_passes_the_options_the_warmup_readies(num_ctas
 
 def test_a_warmup_compiles_each_config_with_the_options_the_hits_launch_it_with(tmp_path, monkeypatch):
     """`kernel.warmup(...)` (Triton's Autotuner.warmup, adopted): every pruned config compiled, nothing
-    launched, each with the options a hit of flytune's passes, so the hit after it finds its kernel."""
+    launched, each with the options a hit of flytune's passes and with Triton's own (a config Triton's cache
+    holds by another hand launches with those), so the hit after it finds its kernel."""
     k = _bundled(tmp_path, monkeypatch, "keys.warm")
     compiled, params = [], set(_add.arg_names)
 
@@ -172,7 +173,8 @@ def test_a_warmup_compiles_each_config_with_the_options_the_hits_launch_it_with(
     launches = _spied(_add, monkeypatch)
     x, y, out = _tensors(3, 100, None)
     k.warmup(x, y, out, 100, grid=(1,))
-    assert compiled == [(b, ("num_warps", "num_stages")) for b in (16, 32, 64)] and not launches
+    both = (("num_warps", "num_stages"), ("num_warps", "num_ctas", "num_stages"))   # flytune's set, Triton's
+    assert compiled == [(b, o) for b in (16, 32, 64) for o in both] and not launches
     assert _call(k, 3, 100) == 64 and launches == [("num_warps", "num_stages")]
 
 

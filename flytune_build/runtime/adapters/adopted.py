@@ -227,22 +227,24 @@ class Adopted(Kernel):
         self.objects.append(obj)
         self._stats.decisions.append(d)
 
-    def served(self, args: tuple, kwargs: dict, obj=None) -> str | None:
+    def served(self, args: tuple, kwargs: dict, obj=None, launched: bool = True) -> str | None:
         """A call Triton served itself: from its cache (its tier, returned), or with the search it just ran
-        (None): `obj`, the config Triton's cache holds under its key (None: `best_config`, one config)."""
+        (None): `obj`, the config Triton's cache holds under its key (None: `best_config`, one config).
+        A compile-only call (`launched` False: `warmup=True`) is counted nowhere; its search is recorded."""
         key, self.local.pending = self.local.pending, None
         if key is None:
             tier = "scratch" if len(self.tuner.configs) > 1 else "heuristic"
-            self._stats.served[tier] += 1
+            if launched:
+                self._stats.served[tier] += 1
             return tier
         self.searching.restore()
         seconds = getattr(self.tuner, "bench_time", None)
         config = Config.coerce(winner := self.tuner.best_config if obj is None else obj)
         if seconds is None:  # Triton's disk cache (cache_results) answered: a winner searched here before
-            d = Decision(config, "scratch", key, calls=1)
+            d = Decision(config, "scratch", key, calls=int(launched))
         else:
             self._stats.searched(seconds)
-            d = Decision(config, "scratch", key, first_tier="search", calls=1)
+            d = Decision(config, "scratch", key, first_tier="search", calls=int(launched))
             s = settings.current()
             if s.autotune == "search" and s.emit_dir and self.reseed:  # FLYTUNE_AUTOTUNE=1: as a ported kernel
                 d.artifact = triton_search.winner_artifact(self.tuner, self.name, bench.ranking(), key, args, kwargs,

@@ -22,6 +22,11 @@ dict subclass of its own) or has one config is never remembered (`refused` says 
 `stats()["dispatch"]`). Every launch and compile flytune decides passes one keyword set per config
 (`launch_keywords`), a config Triton's own `run` put in its cache Triton's; a config's pre_hook is called outside the launch's handler, so its error is its
 own, as in Triton's hit; a call flytune seeded lets go of the arguments Triton's `run` kept (`nargs`).
+
+Known limits: an entry keeps what it read when it was remembered: a `triton.Config` changed in place
+afterwards (its kwargs, its pre_hook) launches as it was, and the JIT function's `run` replaced on its
+class afterwards (instrumentation) is not called by hits; put a new config in the cache instead, which
+the memo is told of.
 """
 from __future__ import annotations
 
@@ -45,37 +50,47 @@ class Seeded(Exception):
 
 class Cache(dict):
     """An adopted Autotuner's `cache`: Triton's dict, which tells `hits` when a key it holds changes (see
-    the module docstring); reads are the dict's own."""
+    the module docstring); reads are the dict's own. Each change is made first and told after (a call
+    that read the old config began before the change, so its generation is stale when it is remembered;
+    told first, a call between the telling and the change would remember the old config for good)."""
     __slots__ = ("hits",)
 
     def __setitem__(self, key, value):
-        if dict.get(self, key, value) is not value:
-            self.hits.invalidate()
+        changed = dict.get(self, key, value) is not value
         dict.__setitem__(self, key, value)
+        if changed:
+            self.hits.invalidate()
 
     def __delitem__(self, key):
-        self.hits.invalidate()
         dict.__delitem__(self, key)
+        self.hits.invalidate()
 
     def __ior__(self, other):
-        self.hits.invalidate()
-        return dict.__ior__(self, other)
+        try:
+            return dict.__ior__(self, other)
+        finally:
+            self.hits.invalidate()
 
     def clear(self):
-        self.hits.invalidate()
         dict.clear(self)
+        self.hits.invalidate()
 
     def pop(self, *args):
-        self.hits.invalidate()
-        return dict.pop(self, *args)
+        try:
+            return dict.pop(self, *args)
+        finally:
+            self.hits.invalidate()
 
     def popitem(self):
+        item = dict.popitem(self)
         self.hits.invalidate()
-        return dict.popitem(self)
+        return item
 
     def update(self, *args, **kwargs):
-        self.hits.invalidate()
-        dict.update(self, *args, **kwargs)
+        try:
+            dict.update(self, *args, **kwargs)
+        finally:
+            self.hits.invalidate()
 
     def __reduce__(self):   # a copy or pickle of the cache is Triton's plain dict
         return dict, (dict(self),)
@@ -294,8 +309,10 @@ class Path:
 
 def wrapped_warmup(adopted, original):
     """The adopted Autotuner's `warmup`: Triton's (`Autotuner.warmup`: every pruned config compiled,
-    nothing launched), each config compiled with the keywords flytune's hits launch it with
-    (`launch_keywords`: the JIT keys its in-process cache on them), so a hit after it finds its kernel;
+    nothing launched), each config compiled with both keyword sets a hit may launch it with
+    (`launch_keywords`: flytune's where flytune decides the config, Triton's where Triton's own `run`
+    put it in the cache; the JIT keys its in-process cache on them; the second is a hit of Triton's
+    disk cache), so a hit after it finds its kernel whoever decides it, as after Triton's own warm-up;
     Triton's own where hits cannot serve the kernel (Triton's `run` launches it) or its Autotuner
     overrides `warmup`. Its pruning is Triton's own (`adopted.local.warming`: nothing is decided)."""
     from triton.runtime.autotuner import Autotuner
@@ -309,7 +326,11 @@ def wrapped_warmup(adopted, original):
             if not own or adopted.hits.refused is not None:
                 return original(*args, **kwargs)
             tuner.nargs = dict(zip(tuner.arg_names, args))
-            ret = [tuner.fn.warmup(*args, **kwargs, **launch_keywords(c)) for c in tuner.prune_configs(kwargs)]
+            ret = []
+            for c in tuner.prune_configs(kwargs):
+                ret.append(tuner.fn.warmup(*args, **kwargs, **launch_keywords(c)))
+                if launch_keywords(c, False) != launch_keywords(c):   # Triton's set too (see the docstring)
+                    tuner.fn.warmup(*args, **kwargs, **launch_keywords(c, False))
             tuner.nargs = None
             return ret
         finally:
@@ -359,16 +380,18 @@ def _hooked(tuner, obj, args, kwargs, ours: bool) -> dict:
 
 def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
     """Count a call Triton's cache served with `obj` (one config: None, `best_config` tells), announce a
-    decision's first call, remember the call (`meta`: `obj`'s launch keywords, None: not yet read); `ret`."""
+    decision's first call (a compile-only call, `warmup=True`, counts, announces and remembers none),
+    remember the call (`meta`: `obj`'s launch keywords, None: not yet read); `ret`."""
     d = adopted.seeded.get(id(adopted.tuner.best_config if obj is None else obj))
+    launched = kwargs.get("warmup") is not True   # a compile-only call (`warmup=True`) serves no call
     tier = None
     if d is None:
-        tier = adopted.served(args, kwargs, obj)
-    else:
+        tier = adopted.served(args, kwargs, obj, launched)
+    elif launched:
         d.calls += 1
         if d.calls == 1:
             events.announce(adopted.name, d)
-    if d is not None or tier is not None:
+    if launched and (d is not None or tier is not None):   # (a hit after it is the key's first call, announced)
         adopted.hits.remember(args, kwargs, obj, meta, d, tier, generation)
     return ret
 
