@@ -30,6 +30,9 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
   bg_tiny_only background and that launch, the output sizes not met before
   bg_tiny_thread bg_tiny, the launch made on another thread (as a background warm-up would make it):
                whether what it pays ahead is this process's or only that thread's
+  bg_anatomy   bg_prealloc, each call's host time split where Triton's launch path passes (`JITFunction.run`
+               entered, `CudaLauncher.__call__` entered, its C `launch` entered and left, the device sync):
+               `parts_first` and `parts_steady` per shape, in microseconds
   bg_grow      background, then on another thread (as a warm-up's) one 256 MiB block and four 1 MiB
                ones allocated and freed, untimed: whether growing the caching allocator blindly, not
                knowing the outputs' sizes, does what bg_prealloc does
@@ -62,8 +65,40 @@ import torch
 import flytune_build as ft
 out = {"mode": mode}
 bg = None
+marks = []
+if mode == "bg_anatomy":   # before the warm-up, which makes the launchers
+    import triton.runtime.jit as _jit
+    from triton.backends.nvidia import driver as _drv
+    _now, _run, _call, _init = time.perf_counter_ns, _jit.JITFunction.run, _drv.CudaLauncher.__call__, _drv.CudaLauncher.__init__
+    def _jit_run(self, *a, **k):
+        marks.append(("jit", _now()))
+        return _run(self, *a, **k)
+    def _launcher(self, *a):
+        marks.append(("launcher", _now()))
+        r = _call(self, *a)
+        marks.append(("launched", _now()))
+        return r
+    def _made(self, *a, **k):
+        _init(self, *a, **k)
+        inner = self.launch
+        def launch(*b):
+            marks.append(("c", _now()))
+            r = inner(*b)
+            marks.append(("c_end", _now()))
+            return r
+        self.launch = launch
+    _jit.JITFunction.run, _drv.CudaLauncher.__call__, _drv.CudaLauncher.__init__ = _jit_run, _launcher, _made
+def parts(start, end):
+    # us: the call's start to Triton's run, Triton's run to the launcher, the launcher's Python, the C launch,
+    # after it to the sync's end
+    m = dict(marks)
+    keys = ("jit", "launcher", "c", "c_end", "launched")
+    if not all(k in m for k in keys):
+        return None
+    p = [m["jit"] - start, m["launcher"] - m["jit"], m["c"] - m["launcher"], m["c_end"] - m["c"], end - m["c_end"]]
+    return [round(x / 1e3, 1) for x in p]
 if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow", "bg_tiny", "bg_tiny_only",
-            "bg_tiny_thread"):
+            "bg_tiny_thread", "bg_anatomy"):
     bg = ft.warmup("sample-pkg", background=True)
 import sample_pkg
 from sample_pkg import kernels, tuning
@@ -88,7 +123,7 @@ if mode in ("env", "racing"):
 if mode == "env":
     t = time.perf_counter(); auto.wait(120); out["waited_s"] = round(time.perf_counter() - t, 4)
     out["report"] = next(iter(auto.reports.values())).to_json() if auto.reports else None
-if mode in ("bg_prealloc", "bg_touch", "bg_eager", "bg_tiny", "bg_tiny_thread"):
+if mode in ("bg_prealloc", "bg_touch", "bg_eager", "bg_tiny", "bg_tiny_thread", "bg_anatomy"):
     for kind, s, _ in calls:
         torch.empty((s["M"], s["N"]), device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
@@ -145,9 +180,13 @@ for kind, s, call in calls:
     memo = getattr(k, "_memo", None)
     before = len(memo) if memo is not None else None
     e0 = jit_entries() if mode != "triton" else 0
-    t = time.perf_counter(); y = call(); torch.cuda.synchronize(); first = time.perf_counter() - t
+    marks.clear()
+    t = time.perf_counter_ns(); y = call(); torch.cuda.synchronize(); end = time.perf_counter_ns()
+    first = (end - t) / 1e9
     row = {"kernel": kind, "shape": s, "first_s": first, "jit_added": (jit_entries() - e0) if mode != "triton" else None,
            "decided_ahead": (memo is not None and len(memo) == before and before > 0)}
+    if mode == "bg_anatomy":
+        row["parts_first"] = parts(t, end)
     if mode == "racing":
         ref, tol = reference(kind, s)
         row["correct"] = bool(torch.allclose(y.float(), ref, atol=tol, rtol=1e-2))
@@ -155,9 +194,15 @@ for kind, s, call in calls:
 del y
 for row, (kind, s, call) in zip(rows, calls):
     times = []
+    split = []
     for _ in range(5):
-        t = time.perf_counter(); call(); torch.cuda.synchronize(); times.append(time.perf_counter() - t)
+        marks.clear()
+        t = time.perf_counter_ns(); call(); torch.cuda.synchronize(); end = time.perf_counter_ns()
+        times.append((end - t) / 1e9)
+        split.append((times[-1], parts(t, end)))
     row["steady_s"] = sorted(times)[2]
+    if mode == "bg_anatomy":
+        row["parts_steady"] = sorted(split, key=lambda e: e[0])[2][1]
 out["rows"] = rows
 out["stats"] = {n: s["calls"] for n, s in ft.stats().items()} if mode != "triton" else None
 print("RESULT " + json.dumps(out))
