@@ -67,6 +67,8 @@ CASES = [
      "unknown format version 9"),
     ("wrong-type", lambda p: edit_doc(p, lambda d: set_in(d, "config.num_warps", 4.5)), GOOD.filename,
      "config.num_warps", "must be an integer"),
+    ("num-warps-3", lambda p: edit_doc(p, lambda d: set_in(d, "config.num_warps", 3)), GOOD.filename,
+     "config.num_warps", "power of two"),
     ("bad-kernel-name", lambda p: edit_doc(p, lambda d: set_in(d, "kernel", "fix pkg")), GOOD.filename, "kernel",
      "dotted Python name"),
     ("hand-edited-key", lambda p: edit_doc(p, lambda d: set_in(d, "key.n", 101)), GOOD.filename, "<file name>",

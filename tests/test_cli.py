@@ -120,6 +120,14 @@ def test_usage_error_exits_2(wheel):
     assert flytune("verify").returncode == 2
 
 
+@pytest.mark.parametrize("argv", [("verify", ""), ("inspect", " "), ("merge", ".", "--output", ""),
+                                  ("tune", "--project", ""), ("fmt", "")])
+def test_an_empty_path_or_name_is_a_usage_error_never_the_current_directory(argv, tmp_path):
+    r = flytune(*argv, cwd=tmp_path)
+    assert r.returncode == 2 and "must not be empty" in r.stderr, r.stderr
+    assert not any(tmp_path.iterdir())
+
+
 def test_json_report_fields(wheel, tmp_path):
     bad = rewrite(wheel, tmp_path / wheel.name, add_record="fixpkg/ghost.py")
     r = flytune("verify", "--json", wheel, bad)

@@ -756,6 +756,37 @@ def test_a_plan_nested_too_deeply_is_a_typed_error(tmp_path):
         assert "plan.toml" in r.stdout + r.stderr and "nested too deeply" in r.stdout + r.stderr
 
 
+def test_an_integer_past_pythons_digit_limit_is_a_typed_error_naming_the_file(tmp_path):
+    """Python reads no integer of more than 4300 digits (a ValueError of its own): in a plan, in an
+    artifact, it is the file's error, with the rule in words, never Python's advice to its programmers."""
+    huge = "9" * 5000
+    proj = plan_project(tmp_path, "plan.toml",
+                        lambda p: (p / "plan.toml").write_text(f"[[entries]]\nkernel = 1\nx = {huge}\n"))
+    for command in (("verify", proj), ("tune", "--project", proj, "--allow-ci")):
+        r = flytune(*command)
+        out = r.stdout + r.stderr
+        assert r.returncode in (1, 2) and "Traceback" not in out and "set_int_max_str_digits" not in out, out
+        assert "plan.toml" in out and "more than 4300 digits" in out, out
+    d = tmp_path / "arts"
+    d.mkdir()
+    (d / "t.hostile-0123456789abcdef.json").write_text(
+        json.dumps(artifact(100, 32).to_json()).replace('"n": 100', f'"n": {huge}'))
+    r = flytune("verify", d)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "t.hostile-0123456789abcdef.json" in out and "more than 4300 digits" in out, out
+    assert "set_int_max_str_digits" not in out
+
+
+def test_a_source_folder_linked_outside_the_root_is_said_so_not_missing(tmp_path):
+    proj = make_project(tmp_path / "proj", artifacts=[artifact(100, 32)])
+    outside = tmp_path / "elsewhere"
+    (proj / "artifacts").rename(outside)
+    (proj / "artifacts").symlink_to(outside)
+    r = flytune("verify", proj)
+    assert r.returncode == 1 and "resolves outside the project root" in r.stdout, r.stdout
+    assert "does not exist" not in r.stdout
+
+
 def test_an_sdist_leaves_out_what_a_lenient_build_dropped_and_never_a_traceback(tmp_path):
     """strict = false: an artifact over the read cap is dropped by the build with a warning; the sdist
     leaves it out too (its wheel gives the same bundle), with no traceback and no sdist half-made."""

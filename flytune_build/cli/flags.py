@@ -22,3 +22,10 @@ def count(text: str) -> int:
         return arguments.count(int(text), "count")
     except (ValueError, UsageError):
         raise argparse.ArgumentTypeError(f"must be an integer of at least 1, not {text!r}") from None
+
+
+def text(value: str) -> str:
+    """A path, a name or a spec: never empty (`--output ""` would name the current directory)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty, not {value!r}")
+    return value

@@ -12,10 +12,18 @@ import sys
 from ..core.errors import FlytuneError, UsageError, printable
 from ..core.version import VERSION
 
+from . import flags
 from .output import EXIT_BROKEN_PIPE, EXIT_CODES, EXIT_INTERRUPTED, EXIT_USAGE, EXIT_VIOLATIONS
 
 
 class _Parser(argparse.ArgumentParser):
+    def add_argument(self, *args, **kwargs):
+        """Every value a command takes as text (a path, a name, a spec) is refused empty (`flags.text`)."""
+        action = super().add_argument(*args, **kwargs)
+        if action.type is None and action.nargs != 0 and action.choices is None:
+            action.type = flags.text
+        return action
+
     def error(self, message):
         self.print_usage(sys.stderr)
         print(f"flytune: error: {printable(message)}", file=sys.stderr)

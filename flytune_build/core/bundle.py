@@ -206,8 +206,10 @@ def parse_shard(info: ShardInfo, data: bytes, *, file: object, full: bool = Fals
     else:
         try:
             doc = json.loads(data)
-        except (ValueError, RecursionError) as e:
-            raise BundleError(f"is not valid JSON: {e}", file=file) from None
+        except RecursionError:
+            raise BundleError("is not valid JSON: nested too deeply", file=file) from None
+        except ValueError as e:
+            raise BundleError(f"is not valid JSON: {codec.too_long(e)}", file=file) from None
         if b"\\u" in data and codec.lone_surrogate(doc) is not None:
             raise BundleError("holds a lone UTF-16 surrogate escape: not text", file=file,
                               field=codec.lone_surrogate(doc))

@@ -60,6 +60,14 @@ def _float(text):
     return value
 
 
+def too_long(e: ValueError) -> str:
+    """What Python's refusal to read a very long integer literal (a ValueError) means to whoever wrote it."""
+    if "integer string conversion" in str(e):
+        return (f"it holds an integer of more than {sys.get_int_max_str_digits()} digits, which no field takes "
+                f"(every count and size fits in 64 bits)")
+    return str(e)
+
+
 def loads(data: bytes, *, file: object, error: type[FlytuneError],
           max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
     """Parse JSON strictly; every failure is `error` naming `file` and the rule."""
@@ -82,7 +90,7 @@ def loads(data: bytes, *, file: object, error: type[FlytuneError],
     except RecursionError:
         raise error("is not valid JSON: nested too deeply", file=file) from None
     except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
-        raise error(f"is not valid JSON: {e}", file=file) from None
+        raise error(f"is not valid JSON here: {too_long(e)}", file=file) from None
     if "\\u" in text and _SURROGATE_ESCAPE.search(text):
         where = lone_surrogate(doc)
         if where is not None:

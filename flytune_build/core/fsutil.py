@@ -252,6 +252,8 @@ class _Finder:
         magic = any(_MAGIC & set(s) for s in segs)
         matches = self.expand(segs)
         if not matches and not magic:
+            if self.found.problems:   # it is there, but skipped (a link leaving the root, a FIFO): say why
+                raise self.found.problems[0]
             self.fail(f"names {pattern!r}, which does not exist under {self.root}")
         for lex, real, depth in sorted(matches):
             self.take(lex, real, depth)

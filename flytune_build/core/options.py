@@ -20,24 +20,32 @@ class Option:
     maximum: int
     default: int | None
     nullable: bool = False  # null means "the backend decides"
+    power_of_two: bool = False  # Triton's backends assert it (CUDAOptions, HIPOptions): no other value compiles
 
     def accepts(self, value: Any) -> bool:
         """The check without error paths, for the common valid case read thousands of times."""
         if value is None:
             return self.nullable
-        return type(value) is int and self.minimum <= value <= self.maximum
+        return (type(value) is int and self.minimum <= value <= self.maximum
+                and not (self.power_of_two and value & (value - 1)))
 
     def check(self, value: Any, f: Fields, path: str) -> int | None:
-        return f.integer(value, path, self.minimum, self.maximum, nullable=self.nullable)
+        value = f.integer(value, path, self.minimum, self.maximum, nullable=self.nullable)
+        if self.power_of_two and value is not None and value & (value - 1):
+            f.fail(path, f"must be a power of two (Triton compiles no other {self.name}), not {value}")
+        return value
 
     def pattern(self) -> str:
         """A regex matching exactly this option's values as canonical JSON writes them."""
-        values = integer_pattern(self.minimum, self.maximum)
+        if self.power_of_two:
+            values = "|".join(str(1 << i) for i in range(self.maximum.bit_length()) if self.minimum <= 1 << i)
+        else:
+            values = integer_pattern(self.minimum, self.maximum)
         return f"null|{values}" if self.nullable else values
 
 
 OPTIONS = (
-    Option("num_warps", 1, 64, 4),
+    Option("num_warps", 1, 64, 4, power_of_two=True),
     Option("num_stages", 0, 16, 3),
     Option("num_ctas", 1, 16, 1),
     Option("maxnreg", 1, 1024, None, nullable=True),

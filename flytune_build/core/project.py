@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
+from . import codec
 from .codec import FUNCTION, Fields, canonical
 from .device import ARCH, NAME, backend_of
 from .errors import PlanError, ProjectError
@@ -216,6 +217,9 @@ def read_toml(path: Path) -> dict:
         raise ProjectError(f"is not valid TOML: {e}", file=path) from None
     except RecursionError:
         raise ProjectError("is not valid TOML: nested too deeply", file=path) from None
+    except ValueError as e:   # Python refuses integers of more than `sys.get_int_max_str_digits()` digits
+        raise ProjectError(f"is not valid TOML here: {codec.too_long(e)}", file=path) from None
+
 
 
 def load(root: str | Path) -> Project | None:

@@ -405,7 +405,7 @@ def _plan_file(s: Scaffold, force: bool, *, unread: bool) -> None:
     text = "\n".join(lines) + "\n"
     try:  # read back as `flytune tune` will read it, before it is written
         project_mod.PLAN.check(project_mod.tomllib.loads(text), "", Fields(path, ProjectError))
-    except (project_mod.tomllib.TOMLDecodeError, ProjectError) as e:
+    except (ValueError, ProjectError) as e:   # TOMLDecodeError, or an integer beyond Python's digit limit
         raise InputError(f"would not read back as a tuning plan ({e}); `flytune init` wrote nothing: write the "
                          f"plan by hand (docs/reference.md, the tuning plan)", file=path) from None
     s.files[path] = text
