@@ -20,8 +20,9 @@ remembered with the config Triton's cache holds under the call's own Triton key,
 began (`Hits.generation`). A kernel whose Autotuner overrides `run`, keeps its cache in no dict (or a
 dict subclass of its own) or has one config is never remembered (`refused` says why:
 `stats()["dispatch"]`). Every launch and compile flytune decides passes one keyword set per config
-(`launch_keywords`), a config Triton's own `run` put in its cache Triton's; a config's pre_hook is called outside the launch's handler, so its error is its
-own, as in Triton's hit; a call flytune seeded lets go of the arguments Triton's `run` kept (`nargs`).
+(`launch_keywords`), a config Triton's own `run` put in its cache Triton's; a config's pre_hook is
+called outside the launch's handler, so its error is its own, as in Triton's hit; a call flytune seeded
+lets go of the arguments Triton's `run` kept (`nargs`).
 
 Known limits: an entry keeps what it read when it was remembered: a `triton.Config` changed in place
 afterwards (its kwargs, its pre_hook) launches as it was, and the JIT function's `run` replaced on its
