@@ -252,6 +252,9 @@ def test_flytune_warmup_command(installed):
     assert doc["format"] == 1 and doc["ok"] and doc["counts"]["interpreter"] == 2
     r = run("no-such-distribution")
     assert r.returncode == 1 and "no-such-distribution: is not an installed distribution" in r.stderr
+    env["FLYTUNE_DEVICE"] = "cuda:nonsense"   # a name mistyped is said first, whatever the device
+    r = run("no-such-distribution")
+    assert r.returncode == 1 and "no-such-distribution: is not an installed distribution" in r.stderr, r.stderr
 
 
 def test_warmup_fills_tritons_cache_under_the_key_tritons_own_launch_computes(installed, tmp_path):

@@ -271,12 +271,16 @@ def _bundles_listing(names: set[str]) -> set[str]:
 def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit], list[str]]:
     """The units to compile for `dev` (default: this device) from the named distributions' bundles
     (default: every installed bundle), and notes on what is not warmed."""
-    dev = dev or device.current()
     wanted = {_normal(d): d for d in distributions}
+    bundles = sorted(installed.entry_points(warning.once), key=lambda t: _normal(t[0]))
+    missing = [name for key, name in wanted.items() if key not in {_normal(d) for d, _ in bundles}]
+    if missing:   # said first: a name mistyped is the error, whatever the device
+        raise BundleError("is not an installed distribution with a flytune bundle", file=", ".join(missing))
+    dev = dev or device.current()
     units: dict[tuple, Unit] = {}
     notes: list[str] = []
     found = set()
-    for dist_name, ep in sorted(installed.entry_points(warning.once), key=lambda t: _normal(t[0])):
+    for dist_name, ep in bundles:
         if wanted and _normal(dist_name) not in wanted:
             continue
         src = installed.locate(ep, dist_name, warning.once)
@@ -299,9 +303,6 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
                 _add_units(units, src, info, dev)
             except (OSError, FlytuneError) as e:
                 notes.append(f"{src.label}: {kernel}: {getattr(e, 'strerror', None) or e}; not warmed")
-    missing = [name for key, name in wanted.items() if key not in found]
-    if missing:
-        raise BundleError("is not an installed distribution with a flytune bundle", file=", ".join(missing))
     if not found:
         notes.append("no installed distribution has a flytune bundle")
     if settings.current().artifact_dirs:
