@@ -28,7 +28,7 @@ def add_command(command) -> None:
     r.add_argument("new", nargs="?", metavar="SOURCE2",
                    help="a newer source of any kind SOURCE may be: charted, and compared with SOURCE")
     r.add_argument("--output", required=True, metavar="FILE.html", help="the page to write")
-    r.add_argument("--title", help="the page's title (default: the sources)")
+    r.add_argument("--title", type=str, help="the page's title (default: the sources)")
 
 
 def command(args) -> int:
