@@ -80,7 +80,10 @@ def seed_key(tuner, key: dict) -> tuple:
 
 def call_key(tuner, args: tuple, kwargs: dict) -> tuple:
     """The key Triton computes for this call, as `Autotuner.run` computes it."""
-    passed = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in tuner.arg_names}
+    names = tuner.arg_names
+    passed = dict(zip(names, args))   # then the keywords that are parameters: `{**nargs, **kwargs}`'s order
+    if kwargs:
+        passed.update({k: v for k, v in kwargs.items() if k in names})
     out = [passed[k] for k in tuner.keys if k in passed]
     if dtypes_in_key():
         out += [str(v.dtype) for v in passed.values() if hasattr(v, "dtype")]
