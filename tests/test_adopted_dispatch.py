@@ -220,7 +220,7 @@ def test_a_compile_only_call_through_heuristics_counts_no_call_and_announces_not
     import flytune_build as ft
 
     seen = []
-    ft.on_decision(lambda event: seen.append(event["key"]))
+    subscription = ft.on_decision(lambda event: seen.append(event["key"]))
 
     @triton.jit
     def add(x, y, out, n, EVEN: tl.constexpr, BLOCK: tl.constexpr):
@@ -237,6 +237,7 @@ def test_a_compile_only_call_through_heuristics_counts_no_call_and_announces_not
     k[(2,)](x, y, out, 100)
     assert torch.equal(out, x + y) and ft.stats()["hit.add"]["calls"]["offline"] == 1 and len(seen) == 1
     k[(2,)](x, y, out, 100)
+    subscription()
     assert ft.stats()["hit.add"]["calls"]["offline"] == 2 and len(seen) == 1
 
 

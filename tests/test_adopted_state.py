@@ -221,3 +221,30 @@ def test_two_threads_learning_one_layout_at_once_share_the_key_that_won(monkeypa
     scale.cache[half] = configs[2]   # Triton's cache holds BLOCK 64 for w in float16 (a key added: the memo stays)
     scale[(1,)](x, out, 64, torch.randn(64).half(), True)
     assert scale.best_config.kwargs["BLOCK"] == 64
+
+
+def test_two_threads_first_calls_of_one_key_make_one_decision_told_once(tmp_path, monkeypatch):
+    """Two threads miss Triton's cache for one key at once (here both inside a slow pruner, if they can
+    be): one decides it, the other finds it in the cache; one decision, one event."""
+    bundle(tmp_path, monkeypatch, {64: 32})
+    inside, events = [], []
+
+    def prune(configs, nargs, **kwargs):
+        inside.append(threading.current_thread().name)
+        for _ in range(50):   # wait up to 0.5 s for the other thread to come in too
+            if len(set(inside)) > 1:
+                break
+            threading.Event().wait(0.01)
+        return configs
+
+    k = triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"],
+                        prune_configs_by={"early_config_prune": prune})(make().fn)
+    adapter.adopt(k, name="st.add")
+    with ft.on_decision(events.append):
+        threads = [threading.Thread(target=call, args=(k, 64), name=f"t{i}") for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(events) == 1 and len(k.flytune_adopted._stats.decisions) == 1
+    assert ft.stats()["st.add"]["calls"]["offline"] == 2

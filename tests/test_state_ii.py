@@ -356,3 +356,87 @@ def test_a_decision_racing_reset_stats_is_in_both_the_memo_and_the_counters_or_i
     add(k)
     add(k)
     assert decided(k).calls == 3 and ft.stats()["s2.reset"]["calls"]["heuristic"] == 3
+
+
+# -- reset_stats racing calls, registrations and subscribers ---------------------------------------------------
+def test_a_call_deciding_while_reset_stats_runs_never_leaves_the_old_offline_tier_behind(tmp_path, monkeypatch):
+    """A call landing inside `reset_stats` (here while it reads the settings again) decides from the old
+    tier or the new, but after `reset_stats` returns every kernel reads the new one."""
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.device import INTERPRETER
+
+    k = make_add("st2.reset", key=("n",), default=lambda b: Config({"BLOCK": 16}, num_warps=1))
+    add(k, 64)
+    d = tmp_path / "arts"
+    for n in (64, 128):
+        Artifact("st2.reset", {"n": n}, INTERPRETER, Config({"BLOCK": 64}, num_warps=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    inside, go, real = threading.Event(), threading.Event(), settings.reload
+
+    def slow_reload():
+        inside.set()
+        go.wait(WAIT)
+        return real()
+    monkeypatch.setattr(settings, "reload", slow_reload)
+    resetting = Threads(ft.reset_stats)
+    resetting.start()
+    assert inside.wait(WAIT)
+    calling = Threads(add, k, 64)
+    calling.start()
+    calling.threads[0].join(0.5)
+    go.set()
+    resetting.join()
+    calling.join()
+    assert not resetting.errors and not calling.errors
+    add(k, 128)   # a key no call decided before: from the tier reset_stats read again
+    assert decided(k, 128).tier == "offline"
+
+
+def test_an_index_built_while_the_kernel_is_reset_serves_its_call_and_is_not_kept():
+    from flytune_build.runtime.serving.offline import Index, Slot
+
+    slot, reported = Slot(), []
+
+    def build():
+        slot.clear()   # reset_stats, meanwhile
+        return Index()
+    first = slot.get(build, reported.append)
+    assert isinstance(first, Index) and reported == [first]
+    second = slot.get(Index, reported.append)
+    assert second is not first and reported == [first, second] and slot.get(Index, reported.append) is second
+
+
+def test_reset_stats_while_another_thread_registers_kernels():
+    for i in range(20):
+        make_add(f"st2.base{i}")
+    stop = threading.Event()
+
+    def register():
+        i = 0
+        while not stop.is_set():
+            make_add(f"st2.late{i}")
+            i += 1
+    registering = Threads(register)
+    registering.start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(100):
+            ft.reset_stats()
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        registering.join()
+    assert not registering.errors
+
+
+def test_a_subscriber_that_raises_keeps_no_other_from_hearing_of_the_decision():
+    k = make_add("st2.told", key=("n",), default=lambda b: Config({"BLOCK": 16}, num_warps=1))
+    heard = []
+
+    def failing(event):
+        raise RuntimeError("the first subscriber's own error")
+    with ft.on_decision(failing), ft.on_decision(lambda event: heard.append(event["key"])):
+        with pytest.raises(RuntimeError, match="own error"):
+            add(k, 64)
+    assert heard == [{"n": 64}]

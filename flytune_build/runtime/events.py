@@ -90,6 +90,14 @@ def emit(kernel: str, d: Decision) -> None:
 
 
 def tell(event: dict) -> None:
-    """Tell every subscriber `event` (a decision's, or runtime.inductor's: how a generated kernel was served)."""
+    """Tell every subscriber `event` (a decision's, or runtime.inductor's: how a generated kernel was served).
+    A callback that raises does not keep the others from hearing of it (each decision is told once): every
+    subscriber is told, then the first error is raised."""
+    error = None
     for sub in tuple(_subscriptions):  # a callback may unregister itself
-        sub.callback(event)
+        try:
+            sub.callback(event)
+        except Exception as e:  # noqa: BLE001 - raised after the others were told
+            error = error or e
+    if error is not None:
+        raise error

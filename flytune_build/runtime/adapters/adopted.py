@@ -55,7 +55,7 @@ _ADOPTED: weakref.WeakSet = weakref.WeakSet()  # every Adopted: its `seeding` lo
 
 def _after_fork() -> None:
     for adopted in list(_ADOPTED):
-        adopted.seeding = threading.Lock()
+        adopted.seeding, adopted.deciding = threading.Lock(), threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -96,6 +96,7 @@ class Adopted(Kernel):
         self._reseed = True
         self.stale = False                     # the offline tier is read again before the next decision
         self.seeding = threading.Lock()        # held while it is (re-made in a forked child: `_after_fork`)
+        self.deciding = threading.RLock()      # held while a key is decided (`wrap_prune`; re-made there too)
         _ADOPTED.add(self)
         # a cache that is no dict (FlagGems' LibTuner keeps it in sqlite) cannot be seeded: Triton's own
         # tuning serves such a kernel, which is still registered and reported
@@ -155,16 +156,19 @@ class Adopted(Kernel):
             args = self.local.call[0] if self.local.call is not None else tuple(tuner.nargs.values())
             nargs = dict(zip(tuner.arg_names, args))   # this thread's call (another's may be in `tuner.nargs`)
             key, triton_key = artifact_key(tuner, nargs, kwargs), call_key(tuner, args, kwargs)
-            mode = settings.current().autotune if self.reseed else "search"
-            chosen: list = []
-            tiers = {"search": lambda: self.search(key)}
-            if self.local.retrying != triton_key:  # a retry that misses again: Triton searches
-                tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen, nargs)
-                tiers["first"] = lambda: self.first_config(key, original(kwargs), chosen)
-            d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
-            if d is TRITON_SEARCHES or not chosen:  # (none chosen: a retry no tier answers, Triton's own)
-                return original(kwargs)
-            tuner.cache[triton_key] = chosen[0]
+            with self.deciding:   # one thread decides a key: one that waited finds it in Triton's cache
+                if self.local.retrying != triton_key and triton_key in tuner.cache:
+                    raise hits.Seeded(triton_key)
+                mode = settings.current().autotune if self.reseed else "search"
+                chosen: list = []
+                tiers = {"search": lambda: self.search(key)}
+                if self.local.retrying != triton_key:  # a retry that misses again: Triton searches
+                    tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen, nargs)
+                    tiers["first"] = lambda: self.first_config(key, original(kwargs), chosen)
+                d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
+                if d is TRITON_SEARCHES or not chosen:  # (none chosen: a retry no tier answers, Triton's own)
+                    return original(kwargs)
+                tuner.cache[triton_key] = chosen[0]
             raise hits.Seeded(triton_key)
         return prune_configs
 

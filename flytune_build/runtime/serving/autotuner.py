@@ -30,7 +30,7 @@ from ..searching import search
 from . import registry
 from .decision import TIERS, Decision, Flights, Stats
 from .kernel import Kernel, first_candidate, launch_error
-from .offline import TIER
+from .offline import TIER, Slot
 from .scratch import ScratchCache
 from ..wrapping import chain
 
@@ -93,7 +93,7 @@ class Autotuned(Kernel):
         self.cache_results = cache_results  # Triton's disk cache: the scratch tier keeps every winner anyway
         self._memo: dict[tuple, Decision] = {}
         self._flights = Flights(self._memo)  # the keys being decided, the open `forcing` blocks (a miss's)
-        self._index = None
+        self._index = Slot()
         self._scratch = ScratchCache(self.name)
         self.run = self._hot_path()
         self.enroll()
@@ -234,12 +234,12 @@ class Autotuned(Kernel):
         return d
 
     def offline_index(self):
-        """This kernel's offline index for the running device, built on first use."""
-        if self._index is None:
-            self._index = TIER.index(self.name, self.axis_names, device.current())
-            for problem in self._index.problems:
-                self.fallback(f"artifact ignored: {problem}")
-        return self._index
+        """This kernel's offline index for the running device, built on first use (`offline.Slot`)."""
+        return self._index.get(lambda: TIER.index(self.name, self.axis_names, device.current()), self._ignored)
+
+    def _ignored(self, index) -> None:
+        for problem in index.problems:
+            self.fallback(f"artifact ignored: {problem}")
 
     def _from_offline(self, bound, key, index, kwargs) -> Decision | None:
         hit = index.hit(tuple(key[a] for a in self.axis_names))
@@ -308,7 +308,7 @@ class Autotuned(Kernel):
             self._flights.unforce(forced)
 
     def rediscover(self) -> None:
-        self._index = None  # built again, from the settings the first decision read
+        self._index.clear()  # built again, from the settings the first decision read
 
     def _fresh_stats(self) -> None:
         self._stats = Stats()
@@ -316,7 +316,7 @@ class Autotuned(Kernel):
     def reset(self) -> None:
         """Forget decisions, counters and the offline index (tests; after changing the environment)."""
         self._flights.reset(self._fresh_stats)  # with the memo: a decision is in both or neither
-        self._index = None
+        self._index.clear()
         self._scratch = ScratchCache(self.name)
 
 
@@ -483,13 +483,15 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    """Reset every kernel's decisions and counters, rediscover bundles and the device (tests)."""
+    """Reset every kernel's decisions and counters, rediscover bundles and the device (tests). The settings,
+    the bundles and the device are read again first: a call deciding meanwhile either began before the
+    kernels were reset (its decision is dropped, `Flights`) or reads the new ones."""
+    settings.reload()
+    TIER.reset()
+    device.reset()
     registry.reset()
     for loaded in ("flytune_build.runtime.inductor", "flytune_build.runtime.serving.misses"):  # where imported at all
         module = sys.modules.get(loaded)
         if module is not None:
             module.reset()
-    settings.reload()
-    TIER.reset()
-    device.reset()
     warning.reset()

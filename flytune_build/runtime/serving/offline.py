@@ -99,6 +99,34 @@ class Index:
         return self._tuned[axis]
 
 
+class Slot:
+    """One kernel's offline index, built on first use and kept until `clear`. Of builds made at once, one
+    is kept (`dict.setdefault`: one step under the GIL) and only its problems are reported; a build a
+    `clear` overtook (settings re-read meanwhile: `reset_stats`) serves its own call and is not kept."""
+    __slots__ = ("_built", "_clears", "_index")
+
+    def __init__(self):
+        self._index, self._built, self._clears = None, {}, 0
+
+    def clear(self) -> None:
+        self._clears += 1
+        self._built = {}
+        self._index = None
+
+    def get(self, build, report) -> Index:
+        index = self._index
+        if index is not None:
+            return index
+        clears, built = self._clears, self._built
+        index = build()
+        kept = built.setdefault(clears, index)
+        if kept is index:
+            report(index)
+        if clears == self._clears:
+            self._index = kept
+        return kept
+
+
 class _Rows(NamedTuple):
     """What the rows of one shard served at one level share."""
     shard: bundle.Shard

@@ -23,8 +23,8 @@ def register(kernel: Any) -> None:
 
 def unregister(kernel: Any) -> None:
     """Forget `kernel` under every name it is registered by (an adopted kernel renamed by a second `adopt`)."""
-    for name in [n for n, k in _kernels.items() if k is kernel]:
-        del _kernels[name]
+    for name in [n for n, k in list(_kernels.items()) if k is kernel]:
+        _kernels.pop(name, None)
 
 
 def kernel(name: str) -> Any | None:
@@ -44,5 +44,5 @@ def stats() -> dict:
 
 def reset() -> None:
     """Reset every registered kernel's decisions and counters."""
-    for k in _kernels.values():
+    for k in list(_kernels.values()):   # a kernel registered meanwhile (another thread's import) is new anyway
         k.reset()
