@@ -96,6 +96,24 @@ def test_other_device_seeds_nothing(bundle_dir, monkeypatch):
     assert len(calls) == len(CONFIGS)
 
 
+def test_a_second_recording_block_on_one_kernel_is_refused_and_leaves_the_first_whole():
+    """A `recording` block patches the Autotuner itself: a second one on the same kernel (nested here; on
+    another thread alike) is a UsageError, and the first records and restores as if it were alone."""
+    from flytune_build.core.errors import UsageError
+
+    k = make()
+    run = k.run
+    with adapter.recording(k, name="ext.add") as captured:
+        with pytest.raises(UsageError, match="already being recorded"):
+            with adapter.recording(k, name="ext.add"):
+                pass
+        call(k, 300)
+    assert len(captured) == 1 and k.run == run
+    with adapter.recording(k, name="ext.add") as again:   # the kernel is free again
+        call(k, 200)
+    assert len(again) == 1
+
+
 def test_recording_captures_winners_that_adopt_serves(tmp_path, monkeypatch):
     k = make()
     with adapter.recording(k, name="ext.add") as captured:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 
 from ...core.artifact import Artifact
-from ...core.errors import DeclarationError
+from ...core.errors import DeclarationError, UsageError
 from ..searching import bench, search
 from .adopted import Adopted
 from ..wrapping import chain
@@ -51,11 +51,29 @@ def recording(kernel, name: str):
     the artifacts record `ranking: synthetic`; under TRITON_INTERPRET=1, with no `do_bench` of the
     kernel's own, candidates are timed on the wall clock (`triton_search`). Inside
     a tuning session that checks outputs (`flytune tune`) each candidate's outputs are checked first
-    (`triton_search.Checking`): one that differs from the reference is never timed and cannot win."""
+    (`triton_search.Checking`): one that differs from the reference is never timed and cannot win.
+    The block patches the Autotuner itself: every thread's call of the kernel meanwhile is searched and
+    captured, and a second block on the same kernel (nested, or on another thread) is a UsageError."""
     tuner = autotuner_of(kernel)
     if not isinstance(tuner.cache, dict):  # set aside and restored below, as a dict
         raise DeclarationError(f"keeps its Autotuner's cache in a {type(tuner.cache).__name__}, not a dict: its "
                                f"searches cannot be recorded", file=name, field="cache")
+    mine = object()
+    if _RECORDING.setdefault(id(tuner), mine) is not mine:   # one step under the GIL: one block wins
+        raise UsageError(f"{name}: its searches are already being recorded (a `recording` block on this or "
+                         f"another thread patches the Autotuner itself): one block at a time per kernel")
+    try:
+        with _recorded(kernel, tuner, name) as captured:
+            yield captured
+    finally:
+        del _RECORDING[id(tuner)]
+
+
+_RECORDING: dict = {}   # id(an Autotuner) -> the `recording` block that holds it
+
+
+@contextlib.contextmanager
+def _recorded(kernel, tuner, name: str):
     captured: list[Artifact] = []
     ranking = bench.ranking()
     patches = Patches(tuner)
