@@ -221,7 +221,6 @@ def read_toml(path: Path) -> dict:
         raise ProjectError(f"is not valid TOML here: {codec.too_long(e)}", file=path) from None
 
 
-
 def load(root: str | Path) -> Project | None:
     """The project's `[tool.flytune]`, or None when the table is absent."""
     root = Path(root).resolve()
