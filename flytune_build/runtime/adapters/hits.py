@@ -329,9 +329,10 @@ def wrapped_warmup(adopted, original):
             tuner.nargs = dict(zip(tuner.arg_names, args))
             ret = []
             for c in tuner.prune_configs(kwargs):
-                ret.append(tuner.fn.warmup(*args, **kwargs, **launch_keywords(c)))
-                if launch_keywords(c, False) != launch_keywords(c):   # Triton's set too (see the docstring)
-                    tuner.fn.warmup(*args, **kwargs, **launch_keywords(c, False))
+                ours, theirs = launch_keywords(c), launch_keywords(c, False)
+                ret.append(tuner.fn.warmup(*args, **kwargs, **ours))
+                if theirs != ours:   # Triton's set too (see the docstring)
+                    tuner.fn.warmup(*args, **kwargs, **theirs)
             tuner.nargs = None
             return ret
         finally:

@@ -273,7 +273,8 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
     (default: every installed bundle), and notes on what is not warmed."""
     wanted = {_normal(d): d for d in distributions}
     bundles = sorted(installed.entry_points(warning.once), key=lambda t: _normal(t[0]))
-    missing = [name for key, name in wanted.items() if key not in {_normal(d) for d, _ in bundles}]
+    listed = {_normal(d) for d, _ in bundles}
+    missing = [name for key, name in wanted.items() if key not in listed]
     if missing:   # said first: a name mistyped is the error, whatever the device
         raise BundleError("is not an installed distribution with a flytune bundle", file=", ".join(missing))
     dev = dev or device.current()
