@@ -30,9 +30,14 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
   bg_tiny_only background and that launch, the output sizes not met before
   bg_tiny_thread bg_tiny, the launch made on another thread (as a background warm-up would make it):
                whether what it pays ahead is this process's or only that thread's
-  bg_anatomy   bg_prealloc, each call's host time split where Triton's launch path passes (`JITFunction.run`
-               entered, `CudaLauncher.__call__` entered, its C `launch` entered and left, the device sync):
-               `parts_first` and `parts_steady` per shape, in microseconds
+  bg_anatomy   bg_prealloc, each call's host time split where the launch path passes (flytune's `run`
+               entered, `JITFunction.run` entered, `CudaLauncher.__call__` entered, its C `launch` entered
+               and left, the device sync): `parts_first` and `parts_steady` per shape, in microseconds
+               (the package's wrapper, flytune's hit, Triton's run, the launcher's Python, the C launch,
+               the sync)
+  bg_anatomy_spin  bg_anatomy, and 20 ms of busy Python on the calling thread just before the first
+               calls: whether what a first call pays is the core waking (its clock, its caches) after
+               the setup's waits, or the call path's own first pass
   bg_grow      background, then on another thread (as a warm-up's) one 256 MiB block and four 1 MiB
                ones allocated and freed, untimed: whether growing the caching allocator blindly, not
                knowing the outputs' sizes, does what bg_prealloc does
@@ -66,7 +71,8 @@ import flytune_build as ft
 out = {"mode": mode}
 bg = None
 marks = []
-if mode == "bg_anatomy":   # before the warm-up, which makes the launchers
+anatomy = mode.startswith("bg_anatomy")
+if anatomy:   # before the warm-up, which makes the launchers
     import triton.runtime.jit as _jit
     from triton.backends.nvidia import driver as _drv
     _now, _run, _call, _init = time.perf_counter_ns, _jit.JITFunction.run, _drv.CudaLauncher.__call__, _drv.CudaLauncher.__init__
@@ -92,18 +98,27 @@ def parts(start, end):
     # us: the call's start to Triton's run, Triton's run to the launcher, the launcher's Python, the C launch,
     # after it to the sync's end
     m = dict(marks)
-    keys = ("jit", "launcher", "c", "c_end", "launched")
+    keys = ("ft", "jit", "launcher", "c", "c_end", "launched")
     if not all(k in m for k in keys):
         return None
-    p = [m["jit"] - start, m["launcher"] - m["jit"], m["c"] - m["launcher"], m["c_end"] - m["c"], end - m["c_end"]]
+    p = [m["ft"] - start, m["jit"] - m["ft"], m["launcher"] - m["jit"], m["c"] - m["launcher"], m["c_end"] - m["c"],
+         end - m["c_end"]]
     return [round(x / 1e3, 1) for x in p]
 if mode in ("background", "bg_prealloc", "bg_touch", "bg_eager", "bg_grow", "bg_tiny", "bg_tiny_only",
-            "bg_tiny_thread", "bg_anatomy"):
+            "bg_tiny_thread") or anatomy:
     bg = ft.warmup("sample-pkg", background=True)
 import sample_pkg
 from sample_pkg import kernels, tuning
 if mode == "triton":
     sys.path.insert(0, bench_dir); import _triton_swap; _triton_swap.swap()
+if anatomy:   # flytune's `run` entered (`kernel[grid]` reads it on each call)
+    def _entered(inner):
+        def run(*a, **k):
+            marks.append(("ft", _now()))
+            return inner(*a, **k)
+        return run
+    for _k in (kernels.rmsnorm_kernel, kernels.softmax_kernel, kernels.matmul_kernel):
+        _k.run = _entered(_k.run)
 torch.cuda.init()
 if mode in ("inproc", "inproc_disk", "inproc_thr", "inproc_novar"):
     t = time.perf_counter()
@@ -123,7 +138,7 @@ if mode in ("env", "racing"):
 if mode == "env":
     t = time.perf_counter(); auto.wait(120); out["waited_s"] = round(time.perf_counter() - t, 4)
     out["report"] = next(iter(auto.reports.values())).to_json() if auto.reports else None
-if mode in ("bg_prealloc", "bg_touch", "bg_eager", "bg_tiny", "bg_tiny_thread", "bg_anatomy"):
+if mode in ("bg_prealloc", "bg_touch", "bg_eager", "bg_tiny", "bg_tiny_thread") or anatomy:
     for kind, s, _ in calls:
         torch.empty((s["M"], s["N"]), device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
@@ -156,6 +171,10 @@ if mode in ("bg_tiny", "bg_tiny_only", "bg_tiny_thread"):
         th = threading.Thread(target=tiny); th.start(); th.join()
     else:
         tiny()
+if mode == "bg_anatomy_spin":
+    _until = time.perf_counter() + 0.02
+    while time.perf_counter() < _until:
+        pass
 out["since_start_s"] = round(time.perf_counter() - t0, 3)
 def jit_entries():
     n = 0
@@ -185,7 +204,7 @@ for kind, s, call in calls:
     first = (end - t) / 1e9
     row = {"kernel": kind, "shape": s, "first_s": first, "jit_added": (jit_entries() - e0) if mode != "triton" else None,
            "decided_ahead": (memo is not None and len(memo) == before and before > 0)}
-    if mode == "bg_anatomy":
+    if anatomy:
         row["parts_first"] = parts(t, end)
     if mode == "racing":
         ref, tol = reference(kind, s)
@@ -201,7 +220,7 @@ for row, (kind, s, call) in zip(rows, calls):
         times.append((end - t) / 1e9)
         split.append((times[-1], parts(t, end)))
     row["steady_s"] = sorted(times)[2]
-    if mode == "bg_anatomy":
+    if anatomy:
         row["parts_steady"] = sorted(split, key=lambda e: e[0])[2][1]
 out["rows"] = rows
 out["stats"] = {n: s["calls"] for n, s in ft.stats().items()} if mode != "triton" else None

@@ -68,7 +68,8 @@ def test_tune_returns_outcomes_prints_nothing_and_a_re_tune_keeps_every_winner(t
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"kernels": ["sample_pkg.nope"]}, "not in the tuning plan"),
-    ({"repeat": 0}, "repeat must be at least 1"),
+    ({"repeat": 0}, "repeat must be an integer from 1 to 100, not 0"),
+    ({"repeat": 30_000}, "repeat must be an integer from 1 to 100, not 30000"),
     ({"min_improvement": -1}, "min_improvement must be a percentage"),
     ({"executor": "inprocess", "job_timeout": 5}, "cannot do to itself"),
     ({"executor": "spark"}, "must be one of inprocess, local, ray"),

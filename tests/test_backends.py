@@ -155,6 +155,17 @@ def test_bundle_command_replaces_its_own_directory_but_no_other(tmp_path):
     stale.write_text("{}")
     assert flytune("bundle", "--output", proj / "fixpkg", "--project", proj).returncode == 0
     assert not stale.exists() and (proj / "fixpkg" / "_flytune" / "manifest.json").is_file()
+    before = {p.name: p.read_bytes() for p in (proj / "fixpkg" / "_flytune").iterdir()}
+    (proj / "fixpkg" / "_flytune" / "__init__.py").write_text("")   # a user's: never removed unseen
+    (proj / "fixpkg" / "_flytune" / "notes").mkdir()
+    r = flytune("bundle", "--output", proj / "fixpkg", "--project", proj)
+    assert r.returncode == 1 and "holds __init__.py, notes, which no flytune bundle holds" in r.stderr
+    assert "Traceback" not in r.stderr and (proj / "fixpkg" / "_flytune" / "__init__.py").is_file()
+    assert {p.name: p.read_bytes() for p in (proj / "fixpkg" / "_flytune").iterdir() if p.suffix == ".json"} == before
+    (proj / "fixpkg" / "_flytune" / "__init__.py").unlink()
+    (proj / "fixpkg" / "_flytune" / "notes").rmdir()
+    (proj / "fixpkg" / "_flytune" / ".DS_Store").write_bytes(b"\0")   # a file browser's: no reason to refuse
+    assert flytune("bundle", "--output", proj / "fixpkg", "--project", proj).returncode == 0
     other = tmp_path / "q" / "fixpkg"
     (other / "_flytune").mkdir(parents=True)
     (other / "_flytune" / "mine.txt").write_text("not a bundle")

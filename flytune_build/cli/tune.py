@@ -28,7 +28,7 @@ def add_command(command) -> None:
                    help="keep a winner the output already holds unless another config is faster by more than "
                         "PCT percent, measured in the same search (default: 3)")
     t.add_argument("--repeat", type=flags.count, default=1, metavar="K",
-                   help="search each shape K times and report how many agreed; the majority winner is written")
+                   help="search each shape K times (1-100) and report how many agreed; the majority winner is written")
     t.add_argument("--allow-ci", action="store_true", help="run even where CI is set")
     t.add_argument("--json", action="store_true", help="print the report as JSON (\"format\": 1) instead of the table")
     t.add_argument("--no-progress", action="store_true", help="no progress at all (off a terminal there is "

@@ -3,8 +3,10 @@
 `<package dir>/_flytune/` gets exactly the files a wheel built by `flytune_build.backend` carries
 under `<package>/_flytune/` (manifest, shards, provenance files), byte for byte; any backend that
 ships package data (flit_core, pdm-backend, maturin, scikit-build-core, ...) then carries it. The
-directory is replaced whole, so a removed kernel leaves no stale shard, and a directory of that
-name that is not a flytune bundle is never touched.
+directory is replaced whole, so a removed kernel leaves no stale shard; a directory of that name that
+is not a flytune bundle, or a bundle holding anything a bundle never holds (a file not named as a
+manifest, shard or provenance file is, a folder, a link), is never touched: it is refused, each such
+entry named.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
                                and (not target.is_dir() or any(target.iterdir()))):
         raise BundleError(f"exists and is not a flytune bundle (no {bundle.MANIFEST}): not replacing it",
                           file=target)
+    if target.is_dir():
+        _refuse_foreign(target)
     try:
         package_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{bundle.DIRNAME}-", dir=package_dir))
@@ -48,3 +52,20 @@ def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
         if staging.exists():
             shutil.rmtree(staging)
     return [target / name[len(prefix):] for name in sorted(state.files)]
+
+
+_LITTER = frozenset((".DS_Store", "Thumbs.db"))   # what file browsers leave in any folder: lost with nothing of value
+
+
+def _refuse_foreign(target: Path) -> None:
+    """Raise naming what `target` (a bundle being replaced whole) holds that no bundle holds: replacing
+    it would lose those entries."""
+    try:
+        foreign = sorted(p.name for p in target.iterdir() if p.name not in _LITTER and (
+            p.is_symlink() or not p.is_file() or not bundle.SHARD_NAME.fullmatch(p.name)))
+    except OSError as e:
+        raise BundleError(f"cannot be read: {e.strerror or e}", file=target) from None
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise BundleError(f"holds {shown}, which no flytune bundle holds: the bundle replaces the directory whole, "
+                          f"so move them out of it first (nothing was written)", file=target)

@@ -20,6 +20,8 @@ from . import fingerprint
 from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
 from .job import load_references, unknown_kernels
 
+MAX_REPEAT = 100   # `repeat`: a typo such as 30 000 for 3 would search every shape for days
+
 __all__ = ["MIN_IMPROVEMENT_PCT", "Outcome", "Report", "Reporter", "tune"]
 
 
@@ -59,8 +61,9 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
         path = Path(arguments.path(misses, "misses"))
         entries, missed = misses_file.plan(misses_file.read(path), entries, path)
         missed_notes = [f"flytune: warning: {note}" for note in missed]
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise UsageError(f"repeat must be at least 1, not {repeat}")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
+        raise UsageError(f"repeat must be an integer from 1 to {MAX_REPEAT}, not {repeat!r} (each repetition "
+                         f"searches every shape again)")
     margin = MIN_IMPROVEMENT_PCT if min_improvement is None else float(min_improvement)
     if not 0 <= margin < 1000:
         raise UsageError(f"min_improvement must be a percentage >= 0, not {min_improvement}")
