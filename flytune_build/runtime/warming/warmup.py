@@ -54,7 +54,7 @@ from ...core.device import DeviceIdentity
 from ...core.errors import BundleError, FlytuneError, foreign_failure
 from .. import device, warning
 from ..serving import registry
-from . import binder, compiler
+from . import binder, compiler, forks  # noqa: F401 - forks: a fork waits for a warm-up thread's import
 from ..wrapping import chain
 
 STATUSES = ("compiled", "cached", "interpreter", "skipped", "failed")
