@@ -301,6 +301,20 @@ def test_tune_synthetic_ranking_writes_artifacts_and_resumes(tmp_path):
     assert r.returncode == 0 and "0 tuned, 2 resumed" in r.stdout
 
 
+def test_tune_writes_that_fail_are_each_said_once_and_a_failed_artifact_is_no_tuned_job(tmp_path):
+    env = dict(TRITON_INTERPRET=1, FLYTUNE_CACHE_DIR=tmp_path / "cache", PYTHONPATH=f"{ROOT / 'sample_pkg'}{os.pathsep}{ROOT}")
+    out = tmp_path / "out"
+    blocked = sorted((ROOT / "sample_pkg" / "artifacts" / "interpreter").glob("sample_pkg.matmul-*.json"))[0].name
+    (out / blocked).mkdir(parents=True)          # the artifact's path, and the resume state's, cannot be written
+    (out / ".flytune-tune-state").mkdir()
+    r = flytune("tune", "--project", ROOT / "sample_pkg", "--kernel", "sample_pkg.matmul", "--ranking", "synthetic",
+                "--output", out, "--allow-ci", "--no-progress", "--no-resume", **env)
+    text = r.stdout + r.stderr
+    assert r.returncode == 1, text
+    assert text.count("tuned, but its artifact could not be written") == 1, text
+    assert text.count("the resume state in") == 1, text   # one warning, however many writes failed alike
+
+
 # -- conventions (pip, uv and ruff are the references) -------------------------------------------------------
 def test_version_flag():
     from flytune_build.core.version import VERSION

@@ -390,6 +390,9 @@ def test_merge_into_one_of_its_inputs_swaps_the_whole_directory(tmp_path):
     (occupied / "keep.txt").write_text("mine")
     r = merge(b, "--output", occupied)
     assert r.returncode == 1 and "exists and is not empty" in r.stderr and (occupied / "keep.txt").exists()
+    r = merge(b, "--output", occupied / "keep.txt")   # a file: said so, and kept
+    assert r.returncode == 1 and "it is a file, not a directory" in r.stderr, r.stderr
+    assert (occupied / "keep.txt").read_text() == "mine"
 
 
 def test_device_slug_and_separation():

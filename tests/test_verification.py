@@ -222,3 +222,46 @@ def test_a_kernel_misspelled_in_coverage_is_one_error_with_the_kernel_meant(tmp_
     assert rules == ["is not met: kernel fixpkg.addd has no artifact for any declared target, nor is it in the "
                      "tuning plan (did you mean `fixpkg.add`?)"]
     assert said(audit.verify(str(proj)).errors, "tool.flytune.coverage") == rules
+
+
+def _pipeline_error(proj):
+    try:
+        pipeline.load(proj)
+    except Exception as e:  # noqa: BLE001 - the build's own refusal, compared below
+        return str(e)
+    return None
+
+
+def test_a_misnamed_table_is_named_by_verify_as_by_the_build_whatever_its_case_or_unicode_form(tmp_path):
+    for i, name in enumerate(("FLYTUNE", "flytun", '"\ufb02ytune"')):   # the last: the ﬂ ligature
+        proj = make_project(tmp_path / f"p{i}")
+        text = (proj / "pyproject.toml").read_text("utf-8")
+        (proj / "pyproject.toml").write_text(text.replace("tool.flytune", f"tool.{name}"), "utf-8")
+        (error,) = audit.open_source(str(proj)).errors
+        assert "is not a table flytune reads (did you mean `tool.flytune`?)" in str(error), error
+        assert str(error) == _pipeline_error(proj)
+
+
+def test_a_pyproject_that_is_no_regular_file_fails_verify_as_it_fails_the_build(tmp_path):
+    proj = make_project(tmp_path / "p")
+    (proj / "pyproject.toml").unlink()
+    (proj / "pyproject.toml").mkdir()
+    src = audit.open_source(str(proj))
+    assert src.kind == "project" and [str(e) for e in src.errors] == [_pipeline_error(proj)]
+    assert "is a directory, not a regular file" in str(src.errors[0])
+    (proj / "pyproject.toml").rmdir()
+    (proj / "pyproject.toml").symlink_to(tmp_path / "nowhere.toml")   # dangling
+    assert audit.open_source(str(proj)).errors and _pipeline_error(proj)
+
+
+def test_a_path_the_system_refuses_is_that_sources_error_and_the_others_are_still_read(tmp_path, capsys):
+    from flytune_build.cli.main import main
+
+    good = Path(__file__).parent.parent / "sample_pkg" / "artifacts" / "interpreter"
+    long = str(tmp_path / ("a" * 300))   # ENAMETOOLONG
+    src = audit.open_source(long)
+    assert [e.rule for e in src.errors] == ["cannot be read: File name too long"]
+    assert main(["verify", str(good), long]) == 1
+    out = capsys.readouterr().out
+    assert f"{good} (directory): ok" in out and "cannot be read: File name too long" in out
+    assert main(["inspect", long]) == 1 and "Traceback" not in capsys.readouterr().err

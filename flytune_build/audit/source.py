@@ -12,6 +12,7 @@ text is cli.render's (which escapes control characters in names), its JSON `to_j
 from __future__ import annotations
 
 import csv
+import os
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -64,13 +65,25 @@ class Source:
 
 
 def open_source(path: str) -> Source:
+    """The source `path` names, read and checked; what is wrong with it is in its `errors`, never raised:
+    a path the system cannot look at (too long, a loop of links, no permission) is that source's error,
+    and the other sources of one command are still read."""
+    try:
+        return _open(path)
+    except OSError as e:
+        src = Source(path, "unknown")
+        src.errors.append(InputError(f"cannot be read: {e.strerror or e}", file=e.filename or path))
+        return src
+
+
+def _open(path: str) -> Source:
     p = Path(path)
     if p.is_file() and p.suffix == ".whl":
         return _wheel(p)
     if p.is_file() and (p.name.endswith(".tar.gz") or p.name.endswith(".tgz")):
         return _sdist(p)
     if p.is_dir():
-        if (p / "pyproject.toml").is_file():
+        if os.path.lexists(p / "pyproject.toml"):   # a project, whatever it is: a build reads (or refuses) it
             return _project(p, str(p))
         if p.name == bundle.DIRNAME and (p / bundle.MANIFEST).is_file():
             src = Source(path, "bundle directory")
@@ -275,12 +288,11 @@ def _check_sdist_size(path: Path) -> None:
 
 def _project(root: Path, label: str) -> Source:
     from .. import pipeline as build_mod
-    from ..core import project
     from ..pipeline import collect, verify
 
     src = Source(label, "project")
     try:
-        proj = project.load(root)
+        proj = build_mod.load(root)   # a table misnamed ([tool.flytun]) is named, as the build names it
     except FlytuneError as e:
         src.errors.append(e)
         return src

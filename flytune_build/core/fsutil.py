@@ -6,6 +6,7 @@
 - `find`: the files a path or glob reaches under a root, walked without leaving the root (each
   symlink resolved and contained), without looping (directories known by (st_dev, st_ino)), without
   following a glob into combinatorial work, and bounded in entries and depth.
+- `one_file`: the name under which two file names are one file somewhere (macOS, Windows).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import fnmatch
 import os
 import stat
 import tempfile
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,12 @@ MAX_DEPTH = 64           # directory levels below the root
 _OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) \
     | getattr(os, "O_BINARY", 0)
 _MAGIC = frozenset("*?[")
+
+
+def one_file(name: str) -> str:
+    """`name` as a file system that ignores case and Unicode normalization sees it (macOS's APFS and
+    HFS+, Windows' NTFS): two names with the same `one_file` are one file there, so one of the two is lost."""
+    return unicodedata.normalize("NFC", name).casefold()
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:

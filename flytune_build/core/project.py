@@ -8,6 +8,7 @@ import fnmatch
 import os
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ ENTRY = Table({
     "kernel": Key(KERNEL, required=True),
     "setup": Key(Text(SETUP.pattern, "`module:function`",
                       description="function(**shape) returns a zero-argument callable to time."), required=True),
-    "shapes": Key(Array(Object(Scalar()), 1, "must list at least one shape"), required=True),
+    "shapes": Key(Array(Object(Scalar(), arguments=True), 1, "must list at least one shape"), required=True),
     "autotuner": Key(Text(SETUP.pattern, "`module:attribute` (or `module:attribute.fn`)",
                           description="A @triton.autotune kernel to capture, if not a flytune one.")),
     "rtol": Key(Number(0.0, 1e6, description="Relative tolerance of the output check (default: by dtype).")),
@@ -250,6 +251,11 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
                    tune["plan"], tune["output"], tune["warmup"], tune["rep"], name, packs=packs)
 
 
+def _folded(name: str) -> str:
+    """A table name as a reader who ignores case, spaces and look-alike forms sees it (NFKC: `ﬂ` is `fl`)."""
+    return unicodedata.normalize("NFKC", name).casefold().strip()
+
+
 TYPO = 0.8  # difflib's ratio from which a tool table is `flytune` misspelled (`flytun`, `flytnue`)
 
 
@@ -258,11 +264,11 @@ def misnamed(doc: dict) -> str | None:
     `[tool.flytune]`: a `tool` key within a typo of `flytune` or starting with it (`flytune-build`), or
     a `flytune` table outside `tool` (`[tools.flytune]`, `[flytune]`); None where there is none."""
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
-    keys = [k for k in tool if k != "flytune" and isinstance(tool[k], dict)]
+    keys = {_folded(k): k for k in tool if k != "flytune" and isinstance(tool[k], dict)}  # `[tool.FLYTUNE]`, `ﬂytune`
     close = difflib.get_close_matches("flytune", keys, n=1, cutoff=TYPO) or \
-        [k for k in keys if k.lower().replace("-", "_").startswith("flytune")]
+        [k for k in keys if k.replace("-", "_").startswith("flytune")]
     if close:
-        return f"tool.{close[0]}"
+        return f"tool.{keys[close[0]]}"
     if isinstance(doc.get("flytune"), dict):
         return "flytune"
     return next((f"{k}.flytune" for k, v in doc.items() if k != "tool" and isinstance(v, dict)

@@ -246,20 +246,21 @@ def conflicts(artifacts: list[Artifact], where: Where) -> Findings:
 
 def file_names(artifacts: list[Artifact], where: Where) -> Findings:
     """Each kernel's bundle files (core.bundle's shard and provenance names) are its own: none is the
-    manifest or another kernel's file, nor differs from one only in case (one file on a
-    case-insensitive file system: macOS, Windows). A kernel that would collide is rejected, named."""
+    manifest or another kernel's file, nor differs from one only in case or Unicode form (one file on
+    macOS or Windows: `fsutil.one_file`). A kernel that would collide is rejected, named."""
     from . import bundle
+    from .fsutil import one_file
 
     found = Findings()
-    owner = {bundle.MANIFEST.casefold(): (None, bundle.MANIFEST)}
+    owner = {one_file(bundle.MANIFEST): (None, bundle.MANIFEST)}
     for kernel in sorted({a.kernel for a in artifacts}):
         for name in (bundle.shard_name(kernel), bundle.provenance_name(kernel)):
-            other, other_name = owner.setdefault(name.casefold(), (kernel, name))
+            other, other_name = owner.setdefault(one_file(name), (kernel, name))
             if other == kernel:
                 continue
             arts = [a for a in artifacts if a.kernel == kernel]
             what = "the bundle's manifest" if other is None else f"{other_name}, a file of kernel {other}"
-            how = "is" if name == other_name else "differs only in case from"
+            how = "is" if name == other_name else "differs only in case or Unicode form from"
             found.reject(ArtifactError(f"names kernel {kernel!r}, whose bundle file {name} {how} {what}: the bundle "
                                        f"could not hold both (rename the kernel)", file=where(arts[0]), field="kernel"),
                          *arts)

@@ -1,7 +1,8 @@
 """A wheel opened the way installers and the runtime will read it, for `flytune verify`, `inspect`, `diff`.
 
-- Member names: no absolute path, no `..`, no backslash, no name twice (an installer would write outside the target,
-  or keep one of two members at random).
+- Member names: no absolute path, no `..`, no backslash, no name twice, nor two that differ only in case or
+  Unicode form (an installer would write outside the target, or keep one of two members at random; on macOS
+  and Windows, where those are one file, the one written last).
 - RECORD: read as installers read it (UTF-8 CSV); every member hashed as a stream, in any algorithm
   the wheel spec allows (sha256 or stronger from hashlib.algorithms_guaranteed: not md5, sha1, the
   224-bit digests nor the variable-length shake), so a small wheel holding a huge member costs time,
@@ -23,6 +24,7 @@ import zlib
 from pathlib import PurePosixPath
 
 from ..core.errors import BundleError
+from ..core.fsutil import one_file
 
 try:
     from lzma import LZMAError
@@ -50,16 +52,22 @@ class Wheel:
         self.path, self.zf = str(path), zf
         self.errors: list[BundleError] = []
         self.members: dict[str, zipfile.ZipInfo] = {}
-        seen = set()
+        seen: dict[str, str] = {}   # fsutil.one_file(name) -> the name first seen so
         for info in zf.infolist():
             problem = name_problem(info.filename, info.orig_filename)
+            name = info.filename.rstrip("/")
+            other = seen.get(one_file(name))
+            if other is None:
+                seen[one_file(name)] = name
             if problem:
                 self.fail(info.filename, problem)
-            elif info.filename.rstrip("/") in seen:
+            elif other == name:
                 self.fail(info.filename, "appears twice in the archive (an installer keeps one of them)")
+            elif other is not None:
+                self.fail(info.filename, f"differs only in case or Unicode form from {other}: one file on macOS and "
+                                         f"Windows, where installing keeps only the member written last")
             elif not info.is_dir():
                 self.members[info.filename] = info
-            seen.add(info.filename.rstrip("/"))
         records = [n for n in self.members if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]
         self.dist_info = records[0].split("/")[0] if len(records) == 1 else None
         if self.dist_info is None:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import arguments, artifactdir, codec, serving
+from ..core import arguments, artifactdir, codec, fsutil, serving
 from ..core.artifact import Artifact
 from ..core.errors import InputError
 
@@ -118,7 +118,9 @@ def write(chosen: list[Found], output: Path, inputs: list[Path]) -> None:
     """All of `chosen` in `output`, at once (a directory renamed into place)."""
     output = _through_link(output.absolute())
     into_input = output.exists() and any(output.resolve() == d.resolve() for d in inputs)
-    if output.exists() and not into_input and (not output.is_dir() or any(output.iterdir())):
+    if output.exists() and not output.is_dir():
+        raise fsutil.not_a_directory(output)
+    if output.exists() and not into_input and any(output.iterdir()):
         raise InputError("exists and is not empty; merge into a new directory, or list it among the DIRs "
                            "to merge into it", file=output)
     try:

@@ -330,11 +330,12 @@ class Driver:
 
     def _publish_failures(self) -> None:
         for job, reason in self.publisher.take_failures() if self.publisher else ():
-            if job is None:
-                self.note(f"flytune: warning: {reason}")
-            else:
+            if job is None:   # a state file: each write that fails alike is said once
+                if f"flytune: warning: {reason}" not in self.notes:
+                    self.note(f"flytune: warning: {reason}")
+            else:   # its progress line said "tuned": the write came after it
                 self.outcomes[job.id] = [Outcome(job, "failed", reason=reason)]
-                self.note(f"flytune: {job.label()}: {reason}")
+                self.note(f"flytune: FAILED {job.label()}: tuned, but {reason}")
 
     def note(self, text: str) -> None:
         self.notes.append(text)
