@@ -265,3 +265,19 @@ def test_a_path_the_system_refuses_is_that_sources_error_and_the_others_are_stil
     out = capsys.readouterr().out
     assert f"{good} (directory): ok" in out and "cannot be read: File name too long" in out
     assert main(["inspect", long]) == 1 and "Traceback" not in capsys.readouterr().err
+
+
+def test_a_source_naming_a_file_that_is_no_artifact_file_is_refused_by_the_build_and_verify_alike(tmp_path):
+    proj = make_project(tmp_path / "p")
+    text = (proj / "pyproject.toml").read_text()
+    (proj / "pyproject.toml").write_text(text.replace('sources = ["artifacts"]',
+                                                     'sources = ["artifacts", "fixpkg/__init__.py"]'))
+    rule = ("names 'fixpkg/__init__.py', which is not a <file> file: name the directory that holds them, or the "
+            "files themselves")
+    assert said(build_errors(proj), "tool.flytune.sources[1]") == [rule]
+    assert said(audit.open_source(str(proj)).errors, "tool.flytune.sources[1]") == [rule]
+    # and the fix a misplaced tune output is given names a directory, never that file
+    assert 'output = "artifacts/{arch}"' in project.unshipped_fix(proj, ["fixpkg/__init__.py", "artifacts"],
+                                                                  tmp_path / "elsewhere")
+    assert 'output = "artifacts/interpreter/{arch}"' in project.unshipped_fix(proj, ["artifacts\\\\interpreter"],
+                                                                              tmp_path / "elsewhere")

@@ -235,6 +235,7 @@ class _Finder:
         self.root_name = root_name
         self.found = Found()
         self.walked: set[tuple[int, int]] = set()          # directories walked whole
+        self.magic = False                                 # the pattern is a glob (else one path)
         self.listed: set[tuple[int, int, int]] = set()     # (dev, ino, glob segment) already matched
 
     def fail(self, rule: str):
@@ -257,7 +258,7 @@ class _Finder:
         while segs and segs[-1] == "**":  # `dir/**` reaches what walking `dir` reaches
             segs.pop()
         segs = [s for i, s in enumerate(segs) if not (s == "**" and i and segs[i - 1] == "**")]
-        magic = any(_MAGIC & set(s) for s in segs)
+        magic = self.magic = any(_MAGIC & set(s) for s in segs)
         matches = self.expand(segs)
         if not matches and not magic:
             if self.found.problems:   # it is there, but skipped (a link leaving the root, a FIFO): say why
@@ -297,6 +298,9 @@ class _Finder:
             if (st.st_dev, st.st_ino) not in self.walked:
                 self.walked.add((st.st_dev, st.st_ino))
                 self.walk(lex, real, depth)
+        elif not self.magic and not lex.endswith(self.suffix):   # named by itself: it can never be one
+            self.fail(f"names {self.rel(lex)!r}, which is not a *{self.suffix} file: name the directory that holds "
+                      f"them, or the files themselves")
         else:
             self.keep(lex, real, st.st_mode)
 

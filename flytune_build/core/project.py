@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
+import posixpath
 import re
 import sys
 import unicodedata
@@ -431,7 +432,7 @@ def _matches(segs: list[str], parts: list[str]) -> bool:
 def unshipped_fix(root: str | Path, sources, directory: str | Path) -> str:
     """What to do about a tune output `directory` that `ships` says no source reaches: tune under a source,
     or (inside the project) add the output's top directory to `sources`."""
-    under = next(filter(None, map(_plain, sources)), None)
+    under = next((s for s in map(_plain, sources) if s and not (Path(root) / s).is_file()), None)  # a directory
     move = f'`output = "{under}/{{arch}}"`' if under else "an `output` under a directory the sources name"
     try:
         rel = Path(os.path.realpath(directory)).relative_to(os.path.realpath(root))
@@ -458,7 +459,7 @@ _MAGIC = frozenset("*?[")
 
 def _plain(source: str) -> str | None:
     """A source as the directory it names (`artifacts/**` is `artifacts`); None for a glob."""
-    text = source.replace("\\", "/").rstrip("/")
+    text = posixpath.normpath(source.replace("\\", "/")) if source else ""
     while text.endswith("/**"):
         text = text[:-3]
     return text if text and text != "." and not _MAGIC.intersection(text) else None
