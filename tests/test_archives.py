@@ -111,6 +111,17 @@ def test_sdist_extracts_files_dirs_and_inner_links_with_sane_modes(tmp_path, ext
     assert (top / "sub" / "link.toml").read_bytes() == b"[project]\n"
 
 
+def test_an_sdist_holding_no_project_or_two_says_which(tmp_path):
+    from flytune_build.audit.source import open_source
+
+    none = make_tar(tmp_path / "none-1.0.tar.gz", [({"name": "pkg-1.0/README", "mode": 0o644}, b"x")])
+    assert [e.rule for e in open_source(str(none)).errors] == ["has no top-level directory with pyproject.toml"]
+    two = make_tar(tmp_path / "two-1.0.tar.gz", [({"name": f"{d}/pyproject.toml", "mode": 0o644}, b"[project]\n")
+                                                 for d in ("a-1.0", "b-1.0")])
+    assert [e.rule for e in open_source(str(two)).errors] == \
+        ["has 2 top-level directories with pyproject.toml (a-1.0, b-1.0): an sdist holds one project"]
+
+
 EVIL = [
     ("absolute", {"name": "/tmp/flytune-evil.txt"}, b"x"),
     ("dotdot", {"name": "pkg-1.0/../../evil.txt"}, b"x"),

@@ -432,6 +432,9 @@ def test_a_tune_setup_that_exits_fails_its_shapes_and_the_run(tmp_path):
     (proj / "fixpkg" / "bye.py").write_text("import sys\n\ndef setup(n):\n    sys.exit(0)\n")
     r = flytune("tune", "--project", proj, "--allow-ci", "--ranking", "synthetic", "--no-progress")
     assert r.returncode == 1 and "SystemExit" in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = flytune("tune", "--project", proj, "--allow-ci", "--ranking", "synthetic", "--no-progress",
+                "--output", tmp_path / "new" / "out")
+    assert r.returncode == 1 and not (tmp_path / "new").exists()   # nothing written: no empty folder left behind
 
 
 def test_tune_state_and_table_values_are_read_safely(tmp_path):

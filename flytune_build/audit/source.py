@@ -264,7 +264,10 @@ def _sdist(path: Path) -> Source:
             return src
         tops = [p for p in Path(tmp).iterdir() if (p / "pyproject.toml").is_file()]
         if len(tops) != 1:
-            src.errors.append(BundleError("has no top-level directory with pyproject.toml", file=path))
+            why = "has no top-level directory with pyproject.toml" if not tops else \
+                f"has {len(tops)} top-level directories with pyproject.toml ({', '.join(sorted(p.name for p in tops)[:3])}" \
+                f"{', ...' if len(tops) > 3 else ''}): an sdist holds one project"
+            src.errors.append(BundleError(why, file=path))
             return src
         src = _project(tops[0], str(path))
         src.kind = "sdist"

@@ -25,6 +25,7 @@ winners never depends on the executor. The driver prints nothing: what it has to
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -106,6 +107,7 @@ class Driver:
         self.attempts: dict[str, list[str]] = {}
         self.failed_as: dict[tuple, Job] = {}   # (kernel, setup, autotuner, reason) -> its first job to fail so
         self.directories: dict[str, Path] = {}
+        self.made: list[list[Path]] = []        # per output directory, it and the parents this run made
         self.done: dict[str, dict] = {}
         self.published: dict[Path, Job] = {}
         self.seconds: dict[str, float] = {}     # device spec -> a running mean of its jobs' duration
@@ -130,6 +132,12 @@ class Driver:
                 self._publish_failures()
             if self.progress is not None:
                 self.progress.close()
+            for chain in self.made:   # what this run made and left empty (every job failed) goes, deepest first
+                for made in chain:
+                    try:
+                        os.rmdir(made)
+                    except OSError:
+                        break
         outcomes = [o for j in self.jobs for o in self.outcomes.get(j.id, ())]
         return Report(outcomes, self.directories, self.slots, self.executor.kind, startup, jobs,
                       time.perf_counter() - begin, self.notes)
@@ -184,6 +192,7 @@ class Driver:
         finished, found = 0, {}
         for dev, directory in directories.items():
             spec = dev.spec()
+            self.made.append([p for p in (Path(directory), *Path(directory).parents) if not os.path.lexists(p)])
             fsutil.output_directory(directory)
             if not ships(self.project.root, self.project.sources, directory):
                 self.note(unshipped_note(self.project, directory))
