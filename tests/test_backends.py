@@ -171,6 +171,10 @@ def test_bundle_command_replaces_its_own_directory_but_no_other(tmp_path):
     (other / "_flytune" / "mine.txt").write_text("not a bundle")
     r = flytune("bundle", "--output", other, "--project", proj)
     assert r.returncode == 1 and "is not a flytune bundle" in r.stderr
+    (tmp_path / "r" / "fixpkg").mkdir(parents=True)   # a link to a real bundle: refused as a link
+    (tmp_path / "r" / "fixpkg" / "_flytune").symlink_to(proj / "fixpkg" / "_flytune")
+    r = flytune("bundle", "--output", tmp_path / "r" / "fixpkg", "--project", proj)
+    assert r.returncode == 1 and "is a symbolic link (to " in r.stderr and "no manifest" not in r.stderr
     assert (other / "_flytune" / "mine.txt").read_text() == "not a bundle"
     (tmp_path / "elsewhere").mkdir()   # an existing folder named otherwise: bundled there, with a warning
     r = flytune("bundle", "--output", tmp_path / "elsewhere", "--project", proj)

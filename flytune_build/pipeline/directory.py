@@ -26,8 +26,10 @@ def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
     package_dir = Path(package_dir)
     target = package_dir / bundle.DIRNAME
     prefix = serving.bundle_prefix(state.project.package)
-    if target.is_symlink() or (target.exists() and not (target / bundle.MANIFEST).is_file()
-                               and (not target.is_dir() or any(target.iterdir()))):
+    if target.is_symlink():
+        raise BundleError(f"is a symbolic link (to {os.readlink(target)}): not replacing it, nor what it points to; "
+                          f"remove the link, and the bundle is written here", file=target)
+    if target.exists() and not (target / bundle.MANIFEST).is_file() and (not target.is_dir() or any(target.iterdir())):
         raise BundleError(f"exists and is not a flytune bundle (no {bundle.MANIFEST}): not replacing it",
                           file=target)
     if target.is_dir():
