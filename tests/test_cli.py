@@ -535,3 +535,12 @@ def test_bundle_into_a_misspelled_package_directory_is_refused_and_makes_nothing
     assert "--output fixpkh does not exist" in r.stderr and "--output fixpkg" in r.stderr
     assert not (proj / "fixpkh").exists()
     assert flytune("bundle", "--output", "fixpkg", cwd=proj).returncode == 0
+
+
+def test_a_runtime_warning_during_a_command_is_one_line_as_the_commands_own(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    r = flytune("inspect", "--installed", FLYTUNE_ARTIFACT_DIR=tmp_path / "afile", TRITON_INTERPRET=1)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0] == f"flytune: warning: FLYTUNE_ARTIFACT_DIR names '{tmp_path / 'afile'}', which " \
+                                       f"is not a directory; ignored", r.stderr
+    assert "FlytuneWarning" not in r.stderr and "SystemExit" not in r.stderr

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
-from ..core.errors import FlytuneError, UsageError, printable
+from ..core.errors import FlytuneError, FlytuneWarning, UsageError, printable
 from ..core.version import VERSION
 
 from . import flags
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     text_streams()
+    warning_lines()
     args = build_parser().parse_args(argv)
     try:
         code = _command(args.command).command(args)
@@ -82,6 +84,21 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug or an OS error: one line, as every other failure
         print(f"flytune: error: {type(e).__name__}: {printable(str(e))}", file=sys.stderr)
         return EXIT_VIOLATIONS
+
+
+def warning_lines() -> None:
+    """A warning the runtime gives while a command runs (a FlytuneWarning) is printed as the command's own
+    are, `flytune: warning: ...` on one line, not as Python shows a warning (a file, a line of code)."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, FlytuneWarning):
+            return shown(message, category, filename, lineno, file, line)
+        text = printable(str(message))
+        print(text if text.startswith("flytune: ") else f"flytune: warning: {text}", file=sys.stderr)
+    show.flytune = True
+    if not getattr(shown, "flytune", False):   # once per process (tests call main again)
+        warnings.showwarning = show
 
 
 def text_streams() -> None:
