@@ -544,3 +544,15 @@ def test_a_runtime_warning_during_a_command_is_one_line_as_the_commands_own(tmp_
     assert r.stderr.splitlines()[0] == f"flytune: warning: FLYTUNE_ARTIFACT_DIR names '{tmp_path / 'afile'}', which " \
                                        f"is not a directory; ignored", r.stderr
     assert "FlytuneWarning" not in r.stderr and "SystemExit" not in r.stderr
+
+
+def test_tune_on_a_cpu_without_the_interpreter_says_how_to_tune_there(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    # naming a device (FLYTUNE_DEVICE) runs no kernel on it: the same refusal (test_guidance: without it)
+    r = flytune("tune", "--project", ROOT / "sample_pkg", "--allow-ci", "--output", tmp_path / "out",
+                TRITON_INTERPRET=0, FLYTUNE_DEVICE="cuda:sm_90:132:NVIDIA H200")
+    assert r.returncode == 2 and "TRITON_INTERPRET=1 flytune tune --ranking synthetic" in r.stderr, r.stderr
+    assert "FLYTUNE_DEVICE" not in r.stderr and not (tmp_path / "out").exists()

@@ -214,6 +214,35 @@ def test_an_autotuner_that_names_a_plain_function_names_the_plan_field_and_what_
     assert "fixpkg.scaled n=200: the same error as fixpkg.scaled n=100" in r.stderr
 
 
+TRITON_KERNEL = '''
+import torch, triton, triton.language as tl
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})], key=["n"])
+@triton.jit
+def scale_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < n) * 2, mask=offs < n)
+
+def setup(n):
+    x, out = torch.ones(n), torch.empty(n)
+    return lambda: scale_kernel[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, out, n)
+'''
+
+
+def test_a_triton_autotune_kernel_the_package_never_adopts_is_said_once_with_the_line_that_adopts_it(tmp_path):
+    proj = planned(tmp_path, entry("fixpkg.scale", (100, 200), setup="fixpkg.tri:setup",
+                                   extra='autotuner = "fixpkg.tri:scale_kernel"\n'))
+    (proj / "fixpkg" / "tri.py").write_text(TRITON_KERNEL)
+    r = tune(proj, tmp_path, "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count("fixpkg.scale is adopted by no one") == 1, r.stderr
+    assert '`flytune_build.triton.adopt(scale_kernel, name="fixpkg.scale")`' in r.stderr
+    (proj / "fixpkg" / "tri.py").write_text(TRITON_KERNEL + '\nimport flytune_build.triton\n'
+                                            'flytune_build.triton.adopt(scale_kernel, name="fixpkg.scale")\n')
+    r = tune(proj, tmp_path, "--no-progress", "--no-resume")
+    assert r.returncode == 0 and "adopted by no one" not in r.stderr, r.stdout + r.stderr
+
+
 def test_a_setup_attribute_that_is_not_there_names_the_one_that_is(tmp_path):
     from flytune_build.tuning.job import load_setup
 
@@ -268,10 +297,10 @@ def test_the_in_process_worker_that_cannot_start_says_why_and_what_to_do_once(tm
            if k not in ("TRITON_INTERPRET", "FLYTUNE_DEVICE")}
     r = subprocess.run([sys.executable, "-m", "flytune_build.cli", "tune", "--project", str(proj), "--allow-ci",
                         "--ranking", "synthetic"], capture_output=True, text=True, env=env)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stderr.strip() == ("flytune: error: the inprocess worker could not start: DeviceError: cannot detect the "
-                                "device: no GPU is visible and TRITON_INTERPRET is not set (set FLYTUNE_DEVICE, or "
-                                "TRITON_INTERPRET=1)")
+    assert r.returncode == 2, r.stdout + r.stderr   # refused before any worker starts: what to run instead
+    assert r.stderr.strip() == ("flytune: error: no GPU is visible, and a search runs the kernels: tune on the GPU you "
+                                "ship for, or, on a CPU, for the interpreter target: TRITON_INTERPRET=1 flytune tune "
+                                "--ranking synthetic")
 
 
 def test_inspect_of_a_project_gives_the_bytes_of_its_artifacts(tmp_path):

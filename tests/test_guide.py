@@ -103,19 +103,24 @@ def test_printed_matches_what_varies_and_nothing_else():
 
 
 def test_the_readme_example_is_a_complete_project_whose_kernel_runs(tmp_path):
-    """README's "In 30 seconds": its pyproject.toml is a valid [tool.flytune] of a project that holds
-    its package, and the package's kernel runs (here on the interpreter)."""
+    """README's "In 30 seconds": its pyproject.toml and package, then the `flytune init` it names, make a
+    project whose [tool.flytune] is what the README says init appends, and the package's kernel runs
+    (here on the interpreter)."""
+    from flytune_build.cli.main import main
     from flytune_build.core import project as project_mod
 
-    files = [s for s in steps(section((ROOT / "README.md").read_text("utf-8"), "## In 30 seconds"))
-             if s[0] == "file"]
+    readme = section((ROOT / "README.md").read_text("utf-8"), "## In 30 seconds")
+    files = [s for s in steps(readme) if s[0] == "file"]
     assert [f[1] for f in files] == ["pyproject.toml", "mylib/__init__.py"]
     for _, path, content in files:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(content)
+    assert "`flytune init --target interpreter --target sm_90`" in readme
+    assert main(["init", str(tmp_path), "--target", "interpreter", "--target", "sm_90"]) == 0
     proj = project_mod.load(tmp_path)
     assert proj.package == "mylib" and [t.arch for t in proj.targets] == ["interpreter", "sm_90"]
-    assert proj.tune_plan == "tune/plan.toml"
+    assert proj.sources == ("artifacts",) and proj.tune_plan == "tune/plan.toml"
+    assert proj.tune_output == "artifacts/{arch}" and (tmp_path / "mylib" / "tuning.py").is_file()
     code = ("import torch, mylib; x = torch.randn(3000); assert torch.equal(mylib.add(x, x), x + x); print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                        env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", TRITON_INTERPRET="1",

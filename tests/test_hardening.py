@@ -211,7 +211,9 @@ def test_fuzz_manifest(data):
 # -- concurrency and crashes ----------------------------------------------------------------------------------
 WRITER = r"""
 import sys
+from flytune_build.runtime.serving import scratch
 from flytune_build.runtime.serving.scratch import ScratchCache
+scratch.LOCK_TIMEOUT = 600   # the merge under contention is tested here, not the give-up (a busy machine waits long)
 c = ScratchCache("t.many")
 w = int(sys.argv[1])
 for i in range(100):

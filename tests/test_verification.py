@@ -101,7 +101,8 @@ def test_key_axes_read_the_same_in_build_directory_and_project(tmp_path):
 def test_coverage_gap_reads_the_same_in_build_project_and_wheel(tmp_path):
     proj = make_project(tmp_path / "p", artifacts=[artifact(100, 32)], extra="strict = false")
     build = build_errors(proj)
-    rule = "is not met: kernel fixpkg.add has no artifact for target sm_90/132/NVIDIA H200 (tool.flytune.targets[1])"
+    rule = ("is not met: kernel fixpkg.add has no artifact for target sm_90/132/NVIDIA H200 (tool.flytune.targets[1]): "
+            "tune it on that device (`flytune tune` there), or drop the target")
     assert said(build, "tool.flytune.coverage") == [rule]
     assert said(audit.verify(str(proj)).errors, "tool.flytune.coverage") == [rule]
     whl = wheel_of(bundle_files(proj), tmp_path / "fixpkg-1.0-py3-none-any.whl")  # not strict: built with the gap

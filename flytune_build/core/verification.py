@@ -393,6 +393,7 @@ def coverage(artifacts: list[Artifact], declared: Declaration, planned: Iterable
         for i, t in enumerate(declared.targets):
             if not any(a.kernel == kernel and t.covers(a.device) for a in artifacts):
                 found.errors.append(declared.error(f"is not met: kernel {kernel} has no artifact for target "
-                                                   f"{t.label()} (tool.flytune.targets[{i}])",
+                                                   f"{t.label()} (tool.flytune.targets[{i}]): tune it on that device "
+                                                   f"(`flytune tune` there), or drop the target",
                                                    file=declared.file, field=declared.coverage_field))
     return found

@@ -119,7 +119,8 @@ class Driver:
         begin = time.perf_counter()
         startup = jobs = math.nan
         try:
-            check_kernels(self.project.root, self.entries)  # a misspelled kernel: said once, before any job
+            for warning in check_kernels(self.project.root, self.entries):  # a misspelled kernel: said once, first
+                self.note(warning)
             self._start_all()
             startup = time.perf_counter() - begin
             self._plan()

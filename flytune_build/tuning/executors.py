@@ -38,6 +38,10 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the directo
 KINDS = ("inprocess", "local", "ray")
 
 
+NO_GPU = ("no GPU is visible, and a search runs the kernels: tune on the GPU you ship for, or, on a CPU, for the "
+          "interpreter target: TRITON_INTERPRET=1 flytune tune --ranking synthetic")
+
+
 class Unavailable(UsageError):
     """The executor cannot run here (Ray is missing, no GPU is visible, too many workers asked for)."""
 
@@ -57,6 +61,8 @@ def open_executor(kind: str, project: Project, ranking: str | None, *, workers: 
         if job_timeout is not None:
             raise Unavailable("--job-timeout stops a job's worker, which this process cannot do to itself "
                               "(use --executor local or ray)")
+        if not settings.current().interpret and not gpu_ids()[1]:
+            raise Unavailable(NO_GPU)
         return InProcessExecutor(project, ranking)
     if kind == "ray":
         return RayExecutor(project, ranking, workers, address)
@@ -135,7 +141,7 @@ def local(project: Project, ranking: str | None, workers: int | None, log_dir: P
         return LocalExecutor(project, ranking, n, lambda slot: {}, log_dir)
     var, ids = gpu_ids()
     if not ids:
-        raise Unavailable("no GPU is visible (set TRITON_INTERPRET=1 to tune for the interpreter)")
+        raise Unavailable(NO_GPU)
     if workers and workers > len(ids):
         raise Unavailable(f"--workers {workers}: only {len(ids)} GPU(s) are visible ({var}={','.join(ids)})")
     return LocalExecutor(project, ranking, workers or len(ids), lambda slot: {var: ids[slot]}, log_dir)

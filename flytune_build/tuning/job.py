@@ -187,21 +187,20 @@ def _what(obj) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
-def check_kernels(root: Path, entries) -> None:
+def check_kernels(root: Path, entries) -> list[str]:
     """Refuse, before any job runs, a plan entry whose kernel is plainly misspelled: no setup registers it
     once the setups' modules (and the modules its dotted name starts with) are imported, and a registered
     kernel's name is within a typo of it. One ProjectError names the plan file, each such entry's
     `kernel` field, the kernel meant and the fix; nothing has run. Every other entry runs: one whose setup
     cannot be loaded, or whose kernel registers only when its setup runs (or never: its job fails naming
-    the registered kernels), is its jobs' to report."""
+    the registered kernels), is its jobs' to report. Returns a warning for each `autotuner` entry whose
+    kernel nothing adopts under its name by then: its artifacts would ship and never serve."""
     from ..runtime.serving import registry
     from ..runtime.searching import session
 
     loaded = []
     with session.importable(root):
         for entry in entries:
-            if entry.autotuner:  # an adopted kernel's name is the artifacts' own, registered by no one
-                continue
             file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
             try:
                 load_setup(entry.setup, file, f"{path}.setup" if path else "setup")
@@ -216,6 +215,10 @@ def check_kernels(root: Path, entries) -> None:
                   if e.kernel not in known and difflib.get_close_matches(e.kernel, list(known), n=1, cutoff=TYPO)]
     if misspelled:
         raise _unregistered(misspelled, known)
+    return [f"flytune: warning: {e.kernel} is adopted by no one once its setup's module is imported: the "
+            f"artifacts this run writes ship, and serve once the package calls `flytune_build.triton.adopt("
+            f"{e.autotuner.partition(':')[2].removesuffix('.fn')}, name=\"{e.kernel}\")` as it is imported"
+            for e, _, _ in loaded if e.autotuner and e.kernel not in known]
 
 
 TYPO = 0.8  # difflib's ratio from which an unregistered name is a registered one misspelled (a letter or two)
