@@ -20,6 +20,7 @@ from buildkit import (
     run_child,
     spoil_num_warps,
 )
+from conftest import python_env
 
 from flytune_build import pipeline
 from flytune_build.audit import source as audit
@@ -64,7 +65,10 @@ def test_build_prints_one_report(tmp_path):
 def test_project_without_table_builds_exactly_as_setuptools(tmp_path):
     ours = make_project(tmp_path / "ours", tool=False, artifacts=[])
     plain = make_project(tmp_path / "plain", tool=False, artifacts=[], backend="setuptools.build_meta")
-    assert pip_wheel(ours, tmp_path / "d1").returncode == 0
+    r = subprocess.run([sys.executable, "-c", "import sys, flytune_build.backend as b; b.build_wheel(sys.argv[1])",
+                        str(tmp_path / "d1")], capture_output=True, text=True, cwd=ours, env=python_env())
+    assert r.returncode == 0 and "has no [tool.flytune] table, so this wheel carries no tuned configs" in r.stderr, \
+        r.stderr[-2000:]   # said, then built as setuptools builds it
     assert pip_wheel(plain, tmp_path / "d2").returncode == 0
     with zipfile.ZipFile(only_wheel(tmp_path / "d1")) as a, zipfile.ZipFile(only_wheel(tmp_path / "d2")) as b:
         assert a.namelist() == b.namelist()

@@ -50,7 +50,7 @@ def test_another_tools_table_leaves_a_project_without_flytune_to_its_backend(tmp
 def test_tune_without_a_flytune_table_says_run_flytune_init_and_names_a_near_miss(tmp_path):
     proj = make_project(tmp_path / "p", tool=False)
     r = flytune("tune", "--project", proj, "--ranking", "synthetic", "--allow-ci")
-    assert r.returncode != 0 and "has no [tool.flytune] table (run `flytune init` to write one" in r.stderr, r.stderr
+    assert r.returncode == 2 and "has no [tool.flytune] table (run `flytune init` to write one" in r.stderr, r.stderr
     make_project(tmp_path / "q")
     retitle(tmp_path / "q", "[tool.flytune]", "[tool.flytun]")
     r = flytune("tune", "--project", tmp_path / "q", "--ranking", "synthetic", "--allow-ci")

@@ -485,3 +485,22 @@ def test_init_of_a_package_named_beyond_ascii_refuses_before_writing_a_table_tha
     before = snapshot(root)
     assert init(root) == 1
     assert "package 'mylïb' is named with characters" in capsys.readouterr().err and snapshot(root) == before
+
+
+def test_init_force_after_a_kernel_is_added_names_each_setup_the_kept_module_lacks(tmp_path, capsys):
+    root = package(tmp_path)
+    kernels = root / "mylib" / "kernels.py"
+    kernels.write_text(KERNELS.split("@triton.autotune")[0])   # add_kernel alone
+    assert init(root) == 0
+    tuning = (root / "mylib" / "tuning.py").read_bytes()
+    kernels.write_text(KERNELS)   # scale_kernel added since
+    capsys.readouterr()
+    assert init(root, "--force") == 0
+    out = capsys.readouterr().out
+    assert (root / "mylib" / "tuning.py").read_bytes() == tuning   # the setups module is never replaced
+    plan = tomllib.loads((root / "tune" / "plan.toml").read_text())
+    (scale,) = [e for e in plan["entries"] if "scale" in e["kernel"]]
+    setup = scale["setup"].split(":")[1]
+    assert f"add a setup `{setup}` to mylib/tuning.py: tune/plan.toml names {scale['setup']} for " \
+           f"{scale['kernel']}" in out, out
+    assert out.count("add a setup") == 1   # add_kernel's is there

@@ -96,6 +96,11 @@ class PlanError(ProjectError, UsageError):
     UsageError: the CLI's exit code 2."""
 
 
+class NoTable(ProjectError, UsageError):
+    """A command that needs `[tool.flytune]` run on a project without one (`flytune init` writes it):
+    the CLI's exit code 2, as for every request that cannot run as asked."""
+
+
 class ArgumentTypeError(UsageError, TypeError):
     """An argument of the wrong type (one string where a list of paths goes): refused, never iterated.
     A UsageError (the CLI's exit code 2) and a TypeError."""

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..core import project as project_mod
-from ..core.errors import BuildFailure, ProjectError
+from ..core.errors import BuildFailure, NoTable, ProjectError
 from . import assemble, collect, report, verify
 from .state import BuildState
 
@@ -49,11 +49,11 @@ def load(root: str | Path) -> project_mod.Project | None:
     return proj
 
 
-def missing(root: str | Path) -> ProjectError:
+def missing(root: str | Path) -> NoTable:
     """What a command that needs `[tool.flytune]` says where the project has none (nor one misnamed)."""
-    return ProjectError("has no [tool.flytune] table: run `flytune init` to write one (it finds the package's "
-                        "kernels and writes the table, a tuning plan and its setups)",
-                        file=Path(root).resolve() / "pyproject.toml")
+    return NoTable("has no [tool.flytune] table: run `flytune init` to write one (it finds the package's "
+                   "kernels and writes the table, a tuning plan and its setups)",
+                   file=Path(root).resolve() / "pyproject.toml")
 
 
 def failure(state: BuildState, problems=None) -> str:

@@ -24,7 +24,9 @@ from .process import BackgroundBundle
 
 def build_wheel(build, wheel_directory, config_settings, metadata_directory, *, editable: bool = False) -> str:
     proj = or_exit(load, ".")
-    if proj is None:  # no [tool.flytune]: the backend's own build, untouched
+    if proj is None:  # no [tool.flytune]: the backend's own build, untouched, and said once
+        print(f"flytune: warning: {Path('pyproject.toml').resolve()}: has no [tool.flytune] table, so this wheel "
+              f"carries no tuned configs (`flytune init` writes one)", file=sys.stderr, flush=True)
         return build(wheel_directory, config_settings, metadata_directory)
     pending = or_exit(BackgroundBundle, proj, run)
     try:

@@ -439,6 +439,9 @@ def _setups_module(s: Scaffold, package_dir: Path) -> None:
     if existing is not None:  # a module of its own that `import` would load instead of one written beside it
         named = existing.relative_to(s.root).as_posix() + ("/" if existing.is_dir() else "")
         s.actions.append(f"kept {named} (it exists): give it the setups {PLAN} names")
+        has = _functions(existing) if existing.suffix == ".py" else None
+        s.todo += [f"add a setup `{k.setup}` to {named}: {PLAN} names {s.package}.{SETUPS}:{k.setup} for {k.name}"
+                   for k in s.kernels if has is not None and k.setup not in has]
         return
     if os.path.lexists(path):  # a directory, a FIFO, a dangling link: no module, and no file to write
         raise InputError(f"is not a regular file, and `flytune init` writes the setups module {rel} there: move "
@@ -465,6 +468,16 @@ def _setups_module(s: Scaffold, package_dir: Path) -> None:
     s.actions.append(f"wrote {rel} ({len(s.kernels)} setup(s) to fill in)")
     if s.kernels:
         s.todo.insert(0, f"fill in {rel}: each setup builds inputs for one shape and returns the call to time")
+
+
+def _functions(path: Path) -> set[str] | None:
+    """The names a module binds at its top level (None: it cannot be read as Python)."""
+    try:
+        tree = ast.parse(fsutil.read_regular(path, InputError, MAX_KEPT_BYTES), str(path))
+    except (SyntaxError, ValueError, InputError):
+        return None
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))} | \
+        {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
 
 
 def _check_module(path: Path, text: str) -> None:
