@@ -120,3 +120,11 @@ def test_a_plan_repeating_a_shape_fails_the_build_and_verify_as_tune_refuses_it(
         project_mod.check_repeats(project_mod.load(inline).tune_entries)
     r = flytune("verify", inline)
     assert r.returncode == 1 and "repeats `tool.flytune.tune.entries[0].shapes[0]` (n=8)" in r.stdout, r.stdout
+
+
+def test_a_command_run_inside_the_package_names_the_project_root_above(tmp_path):
+    proj = make_project(tmp_path / "p")
+    r = flytune("tune", "--ranking", "synthetic", "--allow-ci", cwd=proj / "fixpkg")
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"flytune: error: {proj / 'fixpkg' / 'pyproject.toml'}: does not exist: run flytune in the project's root, "
+        f"the directory that holds it (--project {proj})"), r.stderr

@@ -201,7 +201,14 @@ class Project:
 
 
 def read_pyproject(root: str | Path) -> dict:
-    return read_toml(Path(root) / "pyproject.toml")
+    """`root`'s pyproject.toml; where there is none, a ProjectError naming the nearest directory above that
+    holds one (a command run from inside the package)."""
+    path = Path(root) / "pyproject.toml"
+    if not os.path.lexists(path):
+        above = next((d for d in Path(os.path.abspath(root)).parents if (d / "pyproject.toml").is_file()), None)
+        raise ProjectError("does not exist: run flytune in the project's root, the directory that holds it" +
+                           (f" (--project {above})" if above else ""), file=path)
+    return read_toml(path)
 
 
 def read_toml(path: Path) -> dict:
