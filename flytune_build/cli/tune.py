@@ -120,6 +120,10 @@ def summary(report) -> str:
     stable = [(o.job.entry.kernel, shape_text(o.job.shape), o.stable) for o in report.outcomes if o.stable]
     if stable:
         lines.append("\n" + render.render_stability(stable))
+    for o in report.outcomes:   # never silent: a candidate refused for its output is a kernel bug at that config
+        if o.wrong[0]:
+            lines.append(printable(f"refused: {o.job.label()}: {o.wrong[0]} of {o.wrong[1]} candidates gave a wrong "
+                                   f"output (its artifact's provenance.candidates say which, and how)"))
     for o in report.failed:
         on = f" on {o.job.device}" if several else ""
         lines.append(printable(f"failed: {o.job.label()}{on}: {o.reason}"))

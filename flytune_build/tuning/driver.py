@@ -417,11 +417,13 @@ def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, byt
         chosen = (art.provenance or {}).get("selection") or {}
         confidence = chosen.get("confidence")
         ranking = (art.provenance or {}).get("ranking")
+        tried = [c for c in (art.provenance or {}).get("candidates") or () if isinstance(c, dict)]
+        wrong = sum(str(c.get("error") or "").startswith("WrongOutput") for c in tried)
         out.append((Outcome(job, "tuned", slot.name, slot.host, dict(art.key), r["winner"], r["time_ms"], r["margin"],
                             change=r["change"], stable=stable,
                             confidence=float(confidence) if isinstance(confidence, (int, float)) else None,
                             resolved=chosen.get("resolved") if isinstance(chosen.get("resolved"), bool) else None,
-                            ranking=ranking if isinstance(ranking, str) else None),
+                            ranking=ranking if isinstance(ranking, str) else None, wrong=(wrong, len(tried))),
                     art, data if r["write"] else None))
     return out
 

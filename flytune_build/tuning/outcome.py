@@ -29,6 +29,7 @@ class Outcome:
     resolved: bool | None = None     # provenance.selection.resolved: every deciding test settled
     ranking: str | None = None       # provenance.ranking: `synthetic` times are ranks, not milliseconds
     retuned: str | None = None       # why a job an earlier run finished ran again (`fingerprint.changed`)
+    wrong: tuple[int, int] = (0, 0)  # (candidates the output check refused, candidates): said with the table
 
     def to_json(self) -> dict:
         j = self.job
@@ -36,7 +37,8 @@ class Outcome:
                 "key": self.key, "winner": self.winner, "time_ms": _number(self.time_ms), "margin": self.margin,
                 "change": self.change, "stability": None if self.stable is None else self.stable.to_json(),
                 "confidence": self.confidence, "resolved": self.resolved, "worker": self.worker, "host": self.host,
-                "reason": self.reason, "ranking": self.ranking, "retuned": self.retuned}
+                "reason": self.reason, "ranking": self.ranking, "retuned": self.retuned,
+                "wrong_outputs": self.wrong[0]}
 
 
 def _number(x: float | None) -> float | None:
