@@ -492,7 +492,10 @@ def test_init_force_after_a_kernel_is_added_names_each_setup_the_kept_module_lac
     kernels = root / "mylib" / "kernels.py"
     kernels.write_text(KERNELS.split("@triton.autotune")[0])   # add_kernel alone
     assert init(root) == 0
-    tuning = (root / "mylib" / "tuning.py").read_bytes()
+    (add,) = tomllib.loads((root / "tune" / "plan.toml").read_text())["entries"]
+    tuning = f"try:\n    from os.path import join as {add['setup'].split(':')[1]}\nexcept ImportError:\n    pass\n"
+    (root / "mylib" / "tuning.py").write_text(tuning)   # a setup bound as a module may bind it: found there
+    tuning = tuning.encode()
     kernels.write_text(KERNELS)   # scale_kernel added since
     capsys.readouterr()
     assert init(root, "--force") == 0

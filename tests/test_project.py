@@ -95,10 +95,6 @@ BAD = [
      "tool.flytune.tune", "exactly one"),
     ("tune-entry-setup", 'sources = ["a"]\ntargets = ["sm_90"]\ntune = { entries = [{ kernel = "k", setup = "nope", '
      'shapes = [{ N = 1 }] }] }', "tool.flytune.tune.entries[0].setup", "`module:function`"),
-    ("tune-shape-empty-key", 'sources = ["a"]\ntargets = ["sm_90"]\ntune = { entries = [{ kernel = "k", '
-     'setup = "m:f", shapes = [{ "" = 1 }] }] }', "tool.flytune.tune.entries[0].shapes[0]", "no Python identifier"),
-    ("tune-shape-keyword-key", 'sources = ["a"]\ntargets = ["sm_90"]\ntune = { entries = [{ kernel = "k", '
-     'setup = "m:f", shapes = [{ class = 1 }] }] }', "tool.flytune.tune.entries[0].shapes[0]", "keyword argument"),
     ("tune-entry-no-shapes", 'sources = ["a"]\ntargets = ["sm_90"]\ntune = { entries = [{ kernel = "k", '
      'setup = "m:f", shapes = [] }] }', "tool.flytune.tune.entries[0].shapes", "at least one"),
     ("tune-unknown", 'sources = ["a"]\ntargets = ["sm_90"]\ntune = { plna = "x" }', "tool.flytune.tune.plna",

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return broken_pipe()
     except OSError as e:  # a path the system refused (too long, a loop of links, no permission): named
-        where = f"{printable(str(e.filename))}: " if e.filename else ""
+        where = f"{printable(str(e.filename))}{f' -> {printable(str(e.filename2))}' if e.filename2 else ''}: " \
+            if e.filename else ""
         print(f"flytune: error: {where}{e.strerror or printable(str(e))}", file=sys.stderr)
         return EXIT_VIOLATIONS
     except Exception as e:  # noqa: BLE001 - a bug or an OS error: one line, as every other failure

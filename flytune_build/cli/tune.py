@@ -122,8 +122,9 @@ def summary(report) -> str:
         lines.append("\n" + render.render_stability(stable))
     for o in report.outcomes:   # never silent: a candidate refused for its output is a kernel bug at that config
         if o.wrong[0]:
+            which = "" if o.change.startswith("kept") else " (the artifact written records which, and how)"
             lines.append(printable(f"refused: {o.job.label()}: {o.wrong[0]} of {o.wrong[1]} candidates gave a wrong "
-                                   f"output (its artifact's provenance.candidates say which, and how)"))
+                                   f"output in this search{which}"))
     for o in report.failed:
         on = f" on {o.job.device}" if several else ""
         lines.append(printable(f"failed: {o.job.label()}{on}: {o.reason}"))

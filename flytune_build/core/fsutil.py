@@ -6,7 +6,8 @@
 - `find`: the files a path or glob reaches under a root, walked without leaving the root (each
   symlink resolved and contained), without looping (directories known by (st_dev, st_ino)), without
   following a glob into combinatorial work, and bounded in entries and depth.
-- `one_file`: the name under which two file names are one file somewhere (macOS, Windows).
+- `one_file`: the name under which two file names are one file on macOS (and, told apart by case
+  only, on Windows).
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ _MAGIC = frozenset("*?[")
 
 
 def one_file(name: str) -> str:
-    """`name` as a file system that ignores case and Unicode normalization sees it (macOS's APFS and
-    HFS+, Windows' NTFS): two names with the same `one_file` are one file there, so one of the two is lost."""
-    return unicodedata.normalize("NFC", name).casefold()
+    """`name` as macOS's file systems see it (APFS and HFS+ by default ignore case and Unicode form; NTFS
+    ignores case): two names with the same `one_file` are one file there, so one of the two is lost. Case
+    is mapped one letter to one letter, as those file systems map it (`lower`, not `casefold`: ß is not ss)."""
+    return unicodedata.normalize("NFD", name).lower()
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:

@@ -88,7 +88,7 @@ ENTRY = Table({
     "kernel": Key(KERNEL, required=True),
     "setup": Key(Text(SETUP.pattern, "`module:function`",
                       description="function(**shape) returns a zero-argument callable to time."), required=True),
-    "shapes": Key(Array(Object(Scalar(), arguments=True), 1, "must list at least one shape"), required=True),
+    "shapes": Key(Array(Object(Scalar()), 1, "must list at least one shape"), required=True),
     "autotuner": Key(Text(SETUP.pattern, "`module:attribute` (or `module:attribute.fn`)",
                           description="A @triton.autotune kernel to capture, if not a flytune one.")),
     "rtol": Key(Number(0.0, 1e6, description="Relative tolerance of the output check (default: by dtype).")),
@@ -442,7 +442,7 @@ def _matches(segs: list[str], parts: list[str]) -> bool:
 def unshipped_fix(root: str | Path, sources, directory: str | Path) -> str:
     """What to do about a tune output `directory` that `ships` says no source reaches: tune under a source,
     or (inside the project) add the output's top directory to `sources`."""
-    under = next((s for s in map(_plain, sources) if s and not (Path(root) / s).is_file()), None)  # a directory
+    under = next((s for s in map(_plain, sources) if s and not os.path.isfile(Path(root) / s)), None)  # a directory
     move = f'`output = "{under}/{{arch}}"`' if under else "an `output` under a directory the sources name"
     try:
         rel = Path(os.path.realpath(directory)).relative_to(os.path.realpath(root))
@@ -469,7 +469,7 @@ _MAGIC = frozenset("*?[")
 
 def _plain(source: str) -> str | None:
     """A source as the directory it names (`artifacts/**` is `artifacts`); None for a glob."""
-    text = posixpath.normpath(source.replace("\\", "/")) if source else ""
+    text = posixpath.normpath(source.replace("\\", "/")) if source and ".." not in source else ""
     while text.endswith("/**"):
         text = text[:-3]
     return text if text and text != "." and not _MAGIC.intersection(text) else None

@@ -1,8 +1,9 @@
 """A wheel opened the way installers and the runtime will read it, for `flytune verify`, `inspect`, `diff`.
 
-- Member names: no absolute path, no `..`, no backslash, no name twice, nor two that differ only in case or
-  Unicode form (an installer would write outside the target, or keep one of two members at random; on macOS
-  and Windows, where those are one file, the one written last).
+- Member names: no absolute path, no `..`, no backslash, no name twice, nor, among the bundle's and the
+  .dist-info's members, two that differ only in case or Unicode form (an installer would write outside the
+  target, or keep one of two members at random; on macOS, and for case on Windows, where those are one
+  file, the one written last). Other members' case is the package's own business.
 - RECORD: read as installers read it (UTF-8 CSV); every member hashed as a stream, in any algorithm
   the wheel spec allows (sha256 or stronger from hashlib.algorithms_guaranteed: not md5, sha1, the
   224-bit digests nor the variable-length shake), so a small wheel holding a huge member costs time,
@@ -25,6 +26,7 @@ from pathlib import PurePosixPath
 
 from ..core.errors import BundleError
 from ..core.fsutil import one_file
+from ..core.serving import DIRNAME
 
 try:
     from lzma import LZMAError
@@ -56,16 +58,18 @@ class Wheel:
         for info in zf.infolist():
             problem = name_problem(info.filename, info.orig_filename)
             name = info.filename.rstrip("/")
-            other = seen.get(one_file(name))
+            checked = name.split("/")[0].endswith(".dist-info") or f"/{DIRNAME}/" in f"/{name.lower()}/"
+            key = one_file(name) if checked else name
+            other = seen.get(key)
             if other is None:
-                seen[one_file(name)] = name
+                seen[key] = name
             if problem:
                 self.fail(info.filename, problem)
             elif other == name:
                 self.fail(info.filename, "appears twice in the archive (an installer keeps one of them)")
             elif other is not None:
-                self.fail(info.filename, f"differs only in case or Unicode form from {other}: one file on macOS and "
-                                         f"Windows, where installing keeps only the member written last")
+                self.fail(info.filename, f"differs only in case or Unicode form from {other}: one file on macOS (and, "
+                                         f"by case, on Windows), where installing keeps only the member written last")
             elif not info.is_dir():
                 self.members[info.filename] = info
         records = [n for n in self.members if n.count("/") == 1 and n.endswith(".dist-info/RECORD")]

@@ -42,7 +42,7 @@ def load(root: str | Path) -> project_mod.Project | None:
     if proj is None:
         close = project_mod.misnamed(project_mod.read_pyproject(Path(root)))
         if close:
-            raise ProjectError("is not a table flytune reads (did you mean `tool.flytune`?), and there is no "
+            raise NoTable("is not a table flytune reads (did you mean `tool.flytune`?), and there is no "
                                "[tool.flytune]: the build would bundle nothing; rename it [tool.flytune], or run "
                                "`flytune init` to write one", file=Path(root).resolve() / "pyproject.toml",
                                field=close)

@@ -185,3 +185,28 @@ def _axes(dec: ast.Call, fn) -> tuple[str, ...]:
                 and (node.func.attr in POINTER_USES or node.func.attr.startswith("atomic_")):
             pointers |= {n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)}
     return tuple(dict.fromkeys(n for n in names if n not in pointers))  # an axis named twice is one parameter
+
+
+def top_level_names(path: Path) -> set[str] | None:
+    """The names a module binds at its top level, in `if`/`try`/`with` too (None: it cannot be read as
+    Python, or `import *` binds names no reading can tell)."""
+    try:
+        tree = ast.parse(fsutil.read_regular(path, InputError, MAX_SOURCE_BYTES), str(path))
+    except (SyntaxError, ValueError, InputError):
+        return None
+    names, todo = set(), list(tree.body)
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.If, ast.Try, ast.With)):
+            todo += [*n.body, *getattr(n, "orelse", ()), *getattr(n, "finalbody", ()),
+                     *(b for h in getattr(n, "handlers", ()) for b in h.body)]
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in n.names):
+                return None
+            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            names |= {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    return names

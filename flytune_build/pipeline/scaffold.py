@@ -30,7 +30,7 @@ from ..core.errors import InputError, OutputError, ProjectError
 from ..core.fsutil import atomic_write
 from ..core.target import parse_targets
 from . import pyproject_text as toml_text
-from .discovery import FoundKernel, find_kernels
+from .discovery import FoundKernel, find_kernels, top_level_names
 
 PLAN = "tune/plan.toml"
 OUTPUT = "artifacts/{arch}"
@@ -439,7 +439,7 @@ def _setups_module(s: Scaffold, package_dir: Path) -> None:
     if existing is not None:  # a module of its own that `import` would load instead of one written beside it
         named = existing.relative_to(s.root).as_posix() + ("/" if existing.is_dir() else "")
         s.actions.append(f"kept {named} (it exists): give it the setups {PLAN} names")
-        has = _functions(existing) if existing.suffix == ".py" else None
+        has = top_level_names(existing) if existing.suffix == ".py" else None
         s.todo += [f"add a setup `{k.setup}` to {named}: {PLAN} names {s.package}.{SETUPS}:{k.setup} for {k.name}"
                    for k in s.kernels if has is not None and k.setup not in has]
         return
@@ -468,16 +468,6 @@ def _setups_module(s: Scaffold, package_dir: Path) -> None:
     s.actions.append(f"wrote {rel} ({len(s.kernels)} setup(s) to fill in)")
     if s.kernels:
         s.todo.insert(0, f"fill in {rel}: each setup builds inputs for one shape and returns the call to time")
-
-
-def _functions(path: Path) -> set[str] | None:
-    """The names a module binds at its top level (None: it cannot be read as Python)."""
-    try:
-        tree = ast.parse(fsutil.read_regular(path, InputError, MAX_KEPT_BYTES), str(path))
-    except (SyntaxError, ValueError, InputError):
-        return None
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))} | \
-        {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
 
 
 def _check_module(path: Path, text: str) -> None:

@@ -133,12 +133,11 @@ class Driver:
                 self._publish_failures()
             if self.progress is not None:
                 self.progress.close()
-            for chain in self.made:   # what this run made and left empty (every job failed) goes, deepest first
-                for made in chain:
-                    try:
-                        os.rmdir(made)
-                    except OSError:
-                        break
+            for made in sorted({p for chain in self.made for p in chain}, key=lambda p: -len(p.parts)):
+                try:   # what this run made and left empty (every job failed) goes, deepest first
+                    os.rmdir(made)
+                except OSError:
+                    pass   # something is in it: kept
         outcomes = [o for j in self.jobs for o in self.outcomes.get(j.id, ())]
         return Report(outcomes, self.directories, self.slots, self.executor.kind, startup, jobs,
                       time.perf_counter() - begin, self.notes)
@@ -343,9 +342,8 @@ class Driver:
             if job is None:   # a state file: each write that fails alike is said once
                 if f"flytune: warning: {reason}" not in self.notes:
                     self.note(f"flytune: warning: {reason}")
-            else:   # its progress line said "tuned": the write came after it
-                self.outcomes[job.id] = [Outcome(job, "failed", reason=reason)]
-                self.note(f"flytune: FAILED {job.label()}: tuned, but {reason}")
+            else:   # said with the other failures, where the run ends: its progress line said "tuned"
+                self.outcomes[job.id] = [Outcome(job, "failed", reason=f"tuned, but {reason}")]
 
     def note(self, text: str) -> None:
         self.notes.append(text)

@@ -211,8 +211,8 @@ def check_kernels(root: Path, entries) -> list[str]:
             if registry.kernel(entry.kernel) is None:
                 _import_prefix(entry.kernel)
         known = registry.kernels()
-    misspelled = [(e, f, p) for e, f, p in loaded
-                  if e.kernel not in known and difflib.get_close_matches(e.kernel, list(known), n=1, cutoff=TYPO)]
+    misspelled = [(e, f, p) for e, f, p in loaded if not e.autotuner   # an adopted name is the user's own
+                  and e.kernel not in known and difflib.get_close_matches(e.kernel, list(known), n=1, cutoff=TYPO)]
     if misspelled:
         raise _unregistered(misspelled, known)
     return [f"flytune: warning: {e.kernel} is adopted by no one once its setup's module is imported: the "

@@ -7,7 +7,6 @@ Patterns are written once, in the dialect both Python's `re` and JSON Schema rea
 """
 from __future__ import annotations
 
-import keyword
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -168,24 +167,17 @@ class Array(Rule):
 
 @dataclass(frozen=True)
 class Object(Rule):
-    """An object with any keys, each value checked by one rule; with `arguments`, each key a name a
-    Python call takes as a keyword argument (an identifier, not a keyword)."""
+    """An object with any keys, each value checked by one rule."""
 
     values: Rule
     description: str = ""
-    arguments: bool = False
 
     def check(self, value: Any, path: str, f: Fields) -> dict:
         f.mapping(value, path)
-        for k in value if self.arguments else ():
-            if not k.isidentifier() or keyword.iskeyword(k):
-                f.fail(path, f"has key {k!r}, which is no Python identifier: each key is passed to the setup as a "
-                             f"keyword argument (write a name such as `n` or `dtype`)")
         return {k: self.values.check(v, f"{path}.{k}", f) for k, v in value.items()}
 
     def schema(self) -> dict:
-        names = {"propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}} if self.arguments else {}
-        return {"type": "object", "additionalProperties": self.values.documented(), **names}
+        return {"type": "object", "additionalProperties": self.values.documented()}
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ on, and a server or a DataLoader forks its workers right after its own imports: 
 Invariants: only the forking thread waits, only while a warm-up thread (its name starts with one of
 `PREFIXES`) is inside an import, and never where the forking thread owns a module lock itself (the
 warm-up's import may be waiting on that one); at most `WAIT_S` seconds, after which the fork goes on
-as without this module, with one warning naming the module. Where the interpreter keeps its module
-locks otherwise (`_module_locks`, `owner`), nothing waits.
+as without this module, with one warning naming the module, and no later fork waits for that module
+again (`_given_up`: a DataLoader's eight forks wait once, not eight times). Where the interpreter keeps
+its module locks otherwise (`_module_locks`, `owner`), nothing waits.
 """
 from __future__ import annotations
 
@@ -25,16 +26,18 @@ from .. import warning
 
 PREFIXES = ("flytune-warmup", "flytune-load")   # the warm-up's threads: Background, Auto, its pools
 WAIT_S = 10.0
+_given_up: set[str] = set()   # modules a fork waited WAIT_S for: no fork waits for them again
 
 
 def importing(idents: set[int]) -> str | None:
-    """The name of a module one of the threads `idents` is importing now (None: none, or unknown)."""
+    """The name of a module one of the threads `idents` is importing now (None: none, or unknown), less
+    those given up on."""
     locks = getattr(_bootstrap, "_module_locks", None)
     if not isinstance(locks, dict):
         return None
     for name, ref in list(locks.items()):
         lock = ref() if callable(ref) else None
-        if getattr(lock, "owner", None) in idents:
+        if getattr(lock, "owner", None) in idents and name not in _given_up:
             return name
     return None
 
@@ -48,8 +51,9 @@ def before_fork() -> None:
     deadline = time.monotonic() + WAIT_S
     while (name := importing(ours)) is not None:
         if time.monotonic() >= deadline:
+            _given_up.add(name)
             warning.once(("fork", name), f"flytune: a fork waited {WAIT_S:g} s for the warm-up's import of {name} "
-                         f"and went on: a child that imports {name} may hang")
+                         f"and went on (later forks do not wait for it): a child that imports {name} may hang")
             return
         time.sleep(0.001)
 
