@@ -507,3 +507,16 @@ def test_init_force_after_a_kernel_is_added_names_each_setup_the_kept_module_lac
     assert f"add a setup `{setup}` to mylib/tuning.py: tune/plan.toml names {scale['setup']} for " \
            f"{scale['kernel']}" in out, out
     assert out.count("add a setup") == 1   # add_kernel's is there
+
+
+def test_init_force_keeps_the_targets_of_the_table_it_replaces_unless_target_names_others(tmp_path):
+    root = package(tmp_path)
+    assert init(root) == 0
+    text = (root / "pyproject.toml").read_text()
+    declared = '["interpreter", { arch = "sm_90", name = "NVIDIA H200", units = 132 }]'
+    (root / "pyproject.toml").write_text(text.replace('targets = ["interpreter"]', f"targets = {declared}"))
+    assert init(root, "--force") == 0
+    proj = project_mod.load(root)
+    assert [t.label() for t in proj.targets] == ["interpreter", "sm_90/132/NVIDIA H200"]
+    assert init(root, "--force", "--target", "sm_80") == 0
+    assert [t.label() for t in project_mod.load(root).targets] == ["sm_80"]

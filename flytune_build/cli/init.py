@@ -14,7 +14,8 @@ def add_command(command) -> None:
     i.add_argument("--package", help="the package whose kernels to tune (default: the one package of the project)")
     i.add_argument("--target", dest="targets", action="append", metavar="ARCH",
                    help='a device to ship for, as [tool.flytune] targets spells it (repeatable; default: '
-                        '"interpreter", the CPU; add your GPU\'s arch, e.g. sm_90, when you tune on it)')
+                        '"interpreter", the CPU, or with --force the targets of the table replaced; add your '
+                        'GPU\'s arch, e.g. sm_90, when you tune on it)')
     i.add_argument("--force", action="store_true",
                    help="replace an existing [tool.flytune] table and plan file (the setups module is never replaced)")
 
@@ -25,7 +26,7 @@ def command(args) -> int:
 
     if args.root is not None and args.project is not None and args.root != args.project:
         raise UsageError(f"two project roots: {args.root} and --project {args.project}: pass one")
-    s = scaffold.scaffold(args.root or args.project or ".", package=args.package, targets=tuple(args.targets or ("interpreter",)),
+    s = scaffold.scaffold(args.root or args.project or ".", package=args.package, targets=tuple(args.targets) if args.targets else None,
                           force=args.force)
     scaffold.write(s)
     kinds = {True: "@triton.autotune", False: "@flytune_build.autotune"}

@@ -134,3 +134,10 @@ def string(text: str) -> str:
 def key(name: str) -> str:
     """`name` as a TOML key: bare where it may be, else quoted."""
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else string(name)
+
+
+def value(v) -> str:
+    """A `[tool.flytune] targets` entry as TOML: a string, or an inline table of strings and integers."""
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{key(k)} = {value(x)}" for k, x in v.items()) + " }"
+    return str(v) if isinstance(v, int) and not isinstance(v, bool) else string(str(v))

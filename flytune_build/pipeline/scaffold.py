@@ -57,12 +57,14 @@ class Scaffold:
     read: dict[Path, bytes] = field(default_factory=dict)  # what a file to rewrite held when planned
 
 
-def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tuple[str, ...] = ("interpreter",),
+def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tuple | None = None,
              force: bool = False) -> Scaffold:
     """What `init` writes for the project at `root`: checks everything, writes nothing. An InputError
-    (a ProjectError for pyproject.toml itself) names what is in the way and what to do."""
+    (a ProjectError for pyproject.toml itself) names what is in the way and what to do. `targets` None:
+    those of the table `force` replaces, where it declares valid ones, else the interpreter."""
     root = Path(root).resolve()
-    parse_targets(list(targets), Fields(None, InputError), "--target")  # the rule [tool.flytune] targets follow
+    if targets is not None:
+        parse_targets(list(targets), Fields(None, InputError), "--target")  # the rule [tool.flytune] targets follow
     pyproject = root / "pyproject.toml"
     if not root.is_dir():
         raise InputError(f"{'is not a directory' if os.path.lexists(root) else 'does not exist'}: pass --project the "
@@ -73,6 +75,7 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
     doc = project_mod.read_toml(pyproject)  # capped, UTF-8 and TOML checked: the text below is read once more
     text = pyproject.read_bytes().decode("utf-8")  # not read_text: its newline translation would rewrite CRLF
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
+    targets = targets if targets is not None else _kept_targets(tool) if force else ("interpreter",)
     if package is None:
         try:
             package = project_mod.infer_package(root, Fields(pyproject, ProjectError, project_mod.ROOT), doc)
@@ -319,8 +322,17 @@ def _without_tool_flytune(s: Scaffold, pyproject: Path, text: str, doc: dict, to
     return kept, before
 
 
-def _tool_flytune(s: Scaffold, targets: tuple[str, ...]) -> str:
-    target_list = ", ".join(toml_text.string(t) for t in targets)
+def _kept_targets(tool: dict) -> tuple:
+    """The targets of the [tool.flytune] `--force` replaces, where they are valid; else the interpreter."""
+    kept = tool["flytune"].get("targets") if isinstance(tool.get("flytune"), dict) else None
+    try:
+        return tuple(kept) if parse_targets(kept, Fields(None, InputError), "targets") else ("interpreter",)
+    except (InputError, TypeError, AttributeError):
+        return ("interpreter",)
+
+
+def _tool_flytune(s: Scaffold, targets: tuple) -> str:
+    target_list = ", ".join(toml_text.value(t) for t in targets)
     return (f'\n[tool.flytune]\npackage = "{s.package}"\nsources = ["{SOURCES}"]\n'
             f'# one per device you ship for; a GPU: {{ arch = "sm_90", name = "NVIDIA H200", units = 132 }}\n'
             f'targets = [{target_list}]\n\n'
