@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
 from . import codec
+from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
 from .codec import FUNCTION, Fields, canonical
 from .device import ARCH, NAME, backend_of
 from .errors import PlanError, ProjectError

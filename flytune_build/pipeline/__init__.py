@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..core import project as project_mod
-from ..core.errors import BuildFailure, NoTable, ProjectError
+from ..core.errors import BuildFailure, NoTable
 from . import assemble, collect, report, verify
 from .state import BuildState
 
@@ -43,9 +43,8 @@ def load(root: str | Path) -> project_mod.Project | None:
         close = project_mod.misnamed(project_mod.read_pyproject(Path(root)))
         if close:
             raise NoTable("is not a table flytune reads (did you mean `tool.flytune`?), and there is no "
-                               "[tool.flytune]: the build would bundle nothing; rename it [tool.flytune], or run "
-                               "`flytune init` to write one", file=Path(root).resolve() / "pyproject.toml",
-                               field=close)
+                          "[tool.flytune]: the build would bundle nothing; rename it [tool.flytune], or run "
+                          "`flytune init` to write one", file=Path(root).resolve() / "pyproject.toml", field=close)
     return proj
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..core import arguments, codec, fsutil
 from ..core import project as project_mod
 from ..core import settings
-from ..core.errors import NoTable, ProjectError, UsageError
+from ..core.errors import NoTable, UsageError
 from . import fingerprint
 from .driver import MIN_IMPROVEMENT_PCT, Options, Outcome, Report, Reporter
 from .job import load_references, unknown_kernels
@@ -101,8 +101,8 @@ def _load(root: Path) -> project_mod.Project:
         close = project_mod.misnamed(project_mod.read_pyproject(root))   # the build's rule: it refuses that table
         fix = f"is that [{close}]? rename it [tool.flytune]; else " if close else ""
         raise NoTable(f"has no [tool.flytune] table ({fix}run `flytune init` to write one: it finds the "
-                           f"package's kernels and writes the table, a tuning plan and its setups)",
-                           file=root / "pyproject.toml")
+                      f"package's kernels and writes the table, a tuning plan and its setups)",
+                      file=root / "pyproject.toml")
     return proj
 
 

@@ -107,7 +107,7 @@ class Driver:
         self.attempts: dict[str, list[str]] = {}
         self.failed_as: dict[tuple, Job] = {}   # (kernel, setup, autotuner, reason) -> its first job to fail so
         self.directories: dict[str, Path] = {}
-        self.made: list[list[Path]] = []        # per output directory, it and the parents this run made
+        self.made: set[Path] = set()            # the output directories, and parents, this run made
         self.done: dict[str, dict] = {}
         self.published: dict[Path, Job] = {}
         self.seconds: dict[str, float] = {}     # device spec -> a running mean of its jobs' duration
@@ -133,7 +133,7 @@ class Driver:
                 self._publish_failures()
             if self.progress is not None:
                 self.progress.close()
-            for made in sorted({p for chain in self.made for p in chain}, key=lambda p: -len(p.parts)):
+            for made in sorted(self.made, key=lambda p: -len(p.parts)):
                 try:   # what this run made and left empty (every job failed) goes, deepest first
                     os.rmdir(made)
                 except OSError:
@@ -192,7 +192,7 @@ class Driver:
         finished, found = 0, {}
         for dev, directory in directories.items():
             spec = dev.spec()
-            self.made.append([p for p in (Path(directory), *Path(directory).parents) if not os.path.lexists(p)])
+            self.made.update(p for p in (Path(directory), *Path(directory).parents) if not os.path.lexists(p))
             fsutil.output_directory(directory)
             if not ships(self.project.root, self.project.sources, directory):
                 self.note(unshipped_note(self.project, directory))
@@ -415,13 +415,13 @@ def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, byt
         chosen = (art.provenance or {}).get("selection") or {}
         confidence = chosen.get("confidence")
         ranking = (art.provenance or {}).get("ranking")
-        tried = [c for c in (art.provenance or {}).get("candidates") or () if isinstance(c, dict)]
-        wrong = sum(str(c.get("error") or "").startswith("WrongOutput") for c in tried)
+        checked = (art.provenance or {}).get("outputs") or {}   # the output check's record (core.choice)
+        wrong = checked.get("rejected") if isinstance(checked, dict) else None
         out.append((Outcome(job, "tuned", slot.name, slot.host, dict(art.key), r["winner"], r["time_ms"], r["margin"],
                             change=r["change"], stable=stable,
                             confidence=float(confidence) if isinstance(confidence, (int, float)) else None,
                             resolved=chosen.get("resolved") if isinstance(chosen.get("resolved"), bool) else None,
-                            ranking=ranking if isinstance(ranking, str) else None, wrong=(wrong, len(tried))),
+                            ranking=ranking if isinstance(ranking, str) else None, wrong=(wrong if isinstance(wrong, int) else 0, len((art.provenance or {}).get("candidates") or ()))),
                     art, data if r["write"] else None))
     return out
 
