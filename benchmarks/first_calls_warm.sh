@@ -11,6 +11,7 @@
 #   bash benchmarks/first_calls_warm.sh            (repo root, on the GPU machine; .whl/ holds platformdirs)
 #   PARTS="features dispatch" bash benchmarks/first_calls_warm.sh     (some of them; all three by default)
 #   MODES=background,bg_prealloc,bg_tiny,bg_tiny_only  (the sample's modes: benchmarks/warmup_inprocess.py)
+#   SHORT=1      the features' first calls with and without --prealloc only (not in reverse order, nor with a launch ahead)
 # Results in $OUT: env.txt, features.txt (features_profile*.txt with PROFILE=1), sample.txt, sample.json, dispatch.txt.
 set -u
 export PYTHONUNBUFFERED=1
@@ -50,6 +51,7 @@ PARTS=" ${PARTS:-features sample dispatch} "
   python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" 2>&1
   echo "== the same, each output size allocated once before the first calls (untimed)"
   python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" --prealloc 2>&1
+  [ -z "${SHORT:-}" ] && {
   echo "== the same, the calls in reverse order (the process's first call is matmul's)"
   FEATURES_ORDER=reverse python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" --reps "${REPS:-3}" \
     --prealloc 2>&1 | tail -9
@@ -58,6 +60,7 @@ PARTS=" ${PARTS:-features sample dispatch} "
     --prealloc 2>&1 | tail -9
   FEATURES_TINY=1 FEATURES_ORDER=reverse python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" \
     --reps "${REPS:-3}" --prealloc 2>&1 | tail -9
+  }
   [ -n "${PROFILE:-}" ] && {
     echo "== two more processes, each first call under cProfile: $OUT/features_profile.txt, features_profile_reverse.txt"
     FEATURES_PROFILE=$OUT/features_profile.txt python3 "$REPO/benchmarks/h200_features.py" warm "$P/tune/h200.toml" \

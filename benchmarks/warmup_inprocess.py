@@ -46,7 +46,10 @@ inputs, then calls each shape once (the first calls, each timed call + device sy
 
 Per shape a child records the first call, whether flytune had decided its key before it
 (`decided_ahead`), how many kernels the first call added to the JIT's in-process cache (`jit_added`,
-0: a hit there) and the steady-state time.
+0: a hit there) and the steady-state time; then, after the steady calls, the same call once more right
+after 256 MiB copied on the host (`evicted_s`: the CPU's caches flushed by other work, more than any
+host's last-level cache; `parts_evicted` in the anatomy modes) and once more after 50 ms asleep
+(`slept_s`): what a call that is no first call pays cold, the yardstick for what a first call pays.
 
   python benchmarks/warmup_inprocess.py --plan sample_pkg/tune/h200.toml --out OUTDIR
 Writes OUTDIR/warmup_inprocess.json and prints a table; goals: background first calls <= 2x steady
@@ -222,6 +225,20 @@ for row, (kind, s, call) in zip(rows, calls):
     row["steady_s"] = sorted(times)[2]
     if anatomy:
         row["parts_steady"] = sorted(split, key=lambda e: e[0])[2][1]
+# the same call once more after the CPU's caches were flushed by other work (256 MiB copied: more than any
+# host's last-level cache), then after 50 ms asleep: what a call pays cold that is no first call's own
+_big, _src = bytearray(256 << 20), bytes(range(256)) * (1 << 20)
+for row, (kind, s, call) in zip(rows, calls):
+    _big[:] = _src
+    marks.clear()
+    t = time.perf_counter_ns(); call(); torch.cuda.synchronize(); end = time.perf_counter_ns()
+    row["evicted_s"] = (end - t) / 1e9
+    if anatomy:
+        row["parts_evicted"] = parts(t, end)
+    time.sleep(0.05)
+    t = time.perf_counter_ns(); call(); torch.cuda.synchronize(); end = time.perf_counter_ns()
+    row["slept_s"] = (end - t) / 1e9
+del _big, _src
 out["rows"] = rows
 out["stats"] = {n: s["calls"] for n, s in ft.stats().items()} if mode != "triton" else None
 print("RESULT " + json.dumps(out))
@@ -289,7 +306,7 @@ def main():
         with open(os.path.join(args.out, "warmup_inprocess.json"), "w") as f:
             json.dump({"results": results, **extra}, f, indent=1)
     summary = {}
-    print(f"\n{'mode':12} {'first 15 (ms)':>14} {'steady 15 (ms)':>15} {'ratio':>7} {'warm-up (s)':>12} "
+    print(f"\n{'mode':12} {'first 15 (ms)':>14} {'steady 15 (ms)':>15} {'ratio':>7} {'evicted':>8} {'warm-up (s)':>12} "
           f"{'decided':>8} {'jit+':>5} {'correct':>8}")
     for mode, r in results.items():
         if "rows" not in r:
@@ -301,9 +318,11 @@ def main():
         dec = sum(bool(x["decided_ahead"]) for x in r["rows"])
         added = sum(x["jit_added"] or 0 for x in r["rows"]) if mode.split("#")[0] != "triton" else None
         correct = all(x.get("correct", True) for x in r["rows"])
+        evicted = sum(x.get("evicted_s", 0) for x in r["rows"]) * 1e3
         summary[mode] = {"first_ms": round(first, 3), "steady_ms": round(steady, 3), "ratio": round(first / steady, 2),
+                         "evicted_ms": round(evicted, 3), "evicted_ratio": round(evicted / steady, 2),
                          "warmup_s": warm, "decided_ahead": dec, "jit_added": added, "correct": correct}
-        print(f"{mode:12} {first:14.2f} {steady:15.3f} {first / steady:7.1f} "
+        print(f"{mode:12} {first:14.2f} {steady:15.3f} {first / steady:7.1f} {evicted / steady:8.1f} "
               f"{'' if warm is None else f'{warm:.3f}':>12} {dec:>8} {'' if added is None else added:>5} {correct!s:>8}")
     print(f"flytune warmup (CLI, another process): {extra.get('cli_warmup_wall_s')} s wall, "
           f"report seconds {extra.get('cli_report', {}).get('seconds')}")
