@@ -11,6 +11,7 @@ import pytest
 from buildkit import TOOL, make_project, pip_wheel
 from conftest import flytune
 
+import flytune_build as ft
 from flytune_build import pipeline
 from flytune_build.core.errors import ProjectError
 
@@ -125,6 +126,8 @@ def test_a_plan_repeating_a_shape_fails_the_build_and_verify_as_tune_refuses_it(
 def test_a_command_run_inside_the_package_names_the_project_root_above(tmp_path):
     proj = make_project(tmp_path / "p")
     r = flytune("tune", "--ranking", "synthetic", "--allow-ci", cwd=proj / "fixpkg")
-    assert r.returncode == 1 and r.stderr.strip() == (
+    assert r.returncode == 2 and r.stderr.strip() == (
         f"flytune: error: {proj / 'fixpkg' / 'pyproject.toml'}: does not exist: run flytune in the project's root, "
-        f"the directory that holds it (--project {proj})"), r.stderr
+        f"the directory that holds it (--project {proj}; from Python, project={str(proj)!r})"), r.stderr
+    with pytest.raises(ft.NoProject, match="from Python, project="):   # a ProjectError and a UsageError
+        ft.tune(project=proj / "fixpkg")

@@ -9,7 +9,7 @@ JSON_FORMAT = 1  # "format" of every --json document; bumped on incompatible cha
 EXIT_CODES = """exit codes:
   0    success: everything checked is clean
   1    violations found, or the command failed (one line `flytune: error: ...` on stderr)
-  2    usage error: bad arguments, a missing [tool.flytune] table, `tune` refused where CI is set
+  2    usage error: bad arguments, no pyproject.toml or no [tool.flytune] table, `tune` refused where CI is set
   120  stdout was closed before the output was written (`flytune ... | head`); nothing more is printed, as pip does
   130  interrupted"""
 

@@ -101,6 +101,11 @@ class NoTable(ProjectError, UsageError):
     the CLI's exit code 2, as for every request that cannot run as asked."""
 
 
+class NoProject(ProjectError, UsageError):
+    """A command run where there is no `pyproject.toml` (from inside the package, or elsewhere): the CLI's
+    exit code 2, as for a missing `[tool.flytune]`."""
+
+
 class ArgumentTypeError(UsageError, TypeError):
     """An argument of the wrong type (one string where a list of paths goes): refused, never iterated.
     A UsageError (the CLI's exit code 2) and a TypeError."""

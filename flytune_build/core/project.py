@@ -18,7 +18,7 @@ from . import codec
 from .artifact import KERNEL_NAME, KERNEL_NAME_MAX
 from .codec import FUNCTION, Fields, canonical
 from .device import ARCH, NAME, backend_of
-from .errors import PlanError, ProjectError
+from .errors import NoProject, PlanError, ProjectError
 from .fsutil import read_regular
 from .schema.rules import (
     Array,
@@ -206,8 +206,8 @@ def read_pyproject(root: str | Path) -> dict:
     path = Path(root) / "pyproject.toml"
     if not os.path.lexists(path):
         above = next((d for d in Path(os.path.abspath(root)).parents if (d / "pyproject.toml").is_file()), None)
-        raise ProjectError("does not exist: run flytune in the project's root, the directory that holds it" +
-                           (f" (--project {above})" if above else ""), file=path)
+        raise NoProject("does not exist: run flytune in the project's root, the directory that holds it" +
+                        (f" (--project {above}; from Python, project={str(above)!r})" if above else ""), file=path)
     return read_toml(path)
 
 
