@@ -282,3 +282,7 @@ def test_a_source_naming_a_file_that_is_no_artifact_file_is_refused_by_the_build
                                                                   tmp_path / "elsewhere")
     assert 'output = "artifacts/interpreter/{arch}"' in project.unshipped_fix(proj, ["artifacts\\\\interpreter"],
                                                                               tmp_path / "elsewhere")
+    # a name holding two dots is a name, not a step up; a step up is never offered
+    (proj / "tuned..v2").mkdir()
+    assert 'output = "tuned..v2/{arch}"' in project.unshipped_fix(proj, ["tuned..v2"], tmp_path / "elsewhere")
+    assert "an `output` under a directory the sources name" in project.unshipped_fix(proj, ["../x"], tmp_path / "e")

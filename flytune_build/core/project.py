@@ -469,7 +469,8 @@ _MAGIC = frozenset("*?[")
 
 def _plain(source: str) -> str | None:
     """A source as the directory it names (`artifacts/**` is `artifacts`); None for a glob."""
-    text = posixpath.normpath(source.replace("\\", "/")) if source and ".." not in source else ""
+    slashed = source.replace("\\", "/")
+    text = posixpath.normpath(slashed) if source and ".." not in slashed.split("/") else ""
     while text.endswith("/**"):
         text = text[:-3]
     return text if text and text != "." and not _MAGIC.intersection(text) else None
