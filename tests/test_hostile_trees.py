@@ -801,3 +801,22 @@ def test_an_sdist_leaves_out_what_a_lenient_build_dropped_and_never_a_traceback(
     with tarfile.open(sdist) as tf:
         names = tf.getnames()
     assert not any(n.endswith("big.json") for n in names) and sum(n.endswith(".json") for n in names) == 2
+
+
+def test_an_atomic_write_whose_new_parent_another_process_removes_makes_it_again(tmp_path, monkeypatch):
+    # a tuning run removes the empty output folders it made; a second run that made the same folder
+    # meanwhile, and is about to write into it, makes it again rather than failing its write
+    import tempfile
+
+    from flytune_build.core import fsutil
+
+    target, real, removed = tmp_path / "out" / "sm_90" / "a.json", tempfile.mkstemp, []
+
+    def racing(*a, **k):
+        if not removed:   # the other process's rmdir lands between this write's mkdir and its temporary file
+            os.rmdir(target.parent)
+            removed.append(True)
+        return real(*a, **k)
+    monkeypatch.setattr(fsutil.tempfile, "mkstemp", racing)
+    fsutil.atomic_write(target, b"{}")
+    assert removed and target.read_bytes() == b"{}" and os.listdir(target.parent) == ["a.json"]

@@ -36,16 +36,27 @@ def one_file(name: str) -> str:
     return unicodedata.normalize("NFD", name).lower()
 
 
+MAKE_PARENT_TRIES = 3   # a parent removed meanwhile by another process is made again, this often
+
+
 def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
     """Write `data` to `path` through a temporary file and a rename: a reader sees the old file or
-    the new one. Any failure is an OutputError naming `path` (an OSError too), with nothing left."""
+    the new one. Any failure is an OutputError naming `path` (an OSError too), with nothing left. A
+    parent directory made here and removed by another process before the temporary file is in it (a
+    tuning run removing the empty folders it made) is made again."""
     path = Path(path)
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir() and not path.is_symlink():
-            raise IsADirectoryError(errno.EISDIR, "a directory is in the way")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        for attempt in range(MAKE_PARENT_TRIES):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_dir() and not path.is_symlink():
+                raise IsADirectoryError(errno.EISDIR, "a directory is in the way")
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                break
+            except FileNotFoundError:
+                if attempt == MAKE_PARENT_TRIES - 1:
+                    raise
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
