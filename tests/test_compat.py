@@ -268,6 +268,18 @@ def test_old_and_new_key_of_one_shape_are_one_identity():
     assert same.address != old.address
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_diff_reads_a_first_release_key_as_the_key_with_its_null_axes(release):
+    # the first release wrote no null axes; diffed against a later release's tune of the same plan, the
+    # same shapes are the same winners (or changed ones), never one removed and one added
+    from flytune_build import diff
+
+    for old, new in ((FIRST_RELEASE_WHEEL, release_wheel(release)), (FIRST_RELEASE_DIR, release_dir(release))):
+        d = diff(str(old), str(new))
+        assert d["added"] == [] and d["removed"] == [] and d["errors"] == [], d
+        assert d["unchanged"] + len(d["changed"]) == 4
+
+
 def test_axes_that_truly_differ_say_who_wrote_which_and_what_to_do():
     prov = {"flytune": "0.1.0", "created": "2026-12-02T10:00:00Z"}
     arts = [Artifact("k.add", {"x": "float32", "n": n}, INTERPRETER, Config({"B": 16}), prov) for n in (1, 2)]

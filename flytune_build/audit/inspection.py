@@ -3,7 +3,7 @@ key axes, toolchain and sizes; two sources' added, removed and changed winners; 
 bundle serves each kernel on this device (`inspect --installed`). The CLI renders them (cli.render)."""
 from __future__ import annotations
 
-from ..core import artifactdir, serving
+from ..core import artifactdir, serving, verification
 from ..core.artifact import Artifact
 from ..core.target import Target
 from .source import Source
@@ -29,8 +29,12 @@ def inspect(src: Source) -> dict:
 
 
 def diff(old: Source, new: Source) -> dict:
-    a = {x.address: x for x in old.artifacts}
-    b = {x.address: x for x in new.artifacts}
+    """Winners added, removed and changed from `old` to `new`, by identity (kernel, key, device); a key
+    an earlier release wrote without its null axes is the key with them (`verification.conform`, read
+    over both sources), as the runtime serves it."""
+    nullable = verification.nullable_axes([*old.artifacts, *new.artifacts])
+    a = {x.address: x for x in (verification.conform(y, nullable.get(y.kernel)) for y in old.artifacts)}
+    b = {x.address: x for x in (verification.conform(y, nullable.get(y.kernel)) for y in new.artifacts)}
 
     def ident(x: Artifact) -> dict:
         return {"kernel": x.kernel, "key": dict(x.key), "device": x.device.spec()}
