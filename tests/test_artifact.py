@@ -138,7 +138,6 @@ CORPUS = [
     ("device-unknown-field", with_("device.vendor", "nv"), "device.vendor", "not a known field"),
     ("config-num-warps-string", with_("config.num_warps", "8"), "config.num_warps", "must be an integer"),
     ("config-num-warps-float", with_("config.num_warps", 8.0), "config.num_warps", "must be an integer"),
-    ("config-num-warps-not-a-power-of-two", with_("config.num_warps", 3), "config.num_warps", "power of two"),
     ("config-num-stages-negative", with_("config.num_stages", -1), "config.num_stages", ">= 0"),
     ("config-unknown-option", with_("config.num_threads", 4), "config.num_threads", "not a known field"),
     ("config-missing-kwargs", with_("config.kwargs", _DELETE), "config.kwargs", "is required"),

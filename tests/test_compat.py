@@ -449,3 +449,28 @@ def test_the_runtime_modules_keep_their_earlier_import_paths():
     assert session.current is importlib.import_module("flytune_build.runtime.searching.session").current
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("flytune_build.runtime.no_such_module")
+
+
+def test_a_num_warps_no_power_of_two_reads_as_every_release_wrote_it_and_a_gpu_artifact_is_refused(tmp_path):
+    # releases before this one took any num_warps in range: an interpreter artifact, a declared config and a
+    # search's record of a candidate (on a GPU such a config fails and is recorded failed) read as written;
+    # a GPU artifact whose winner has one is the build's error, as Triton cannot compile it
+    import io
+
+    import flytune_build as ft
+    from flytune_build import pipeline
+    from flytune_build.core.errors import BuildFailure
+
+    doc = json.loads(next(FIRST_RELEASE_DIR.glob("compatpkg.add-*.json")).read_bytes())
+    doc["config"]["num_warps"] = 6
+    doc.setdefault("provenance", {})["candidates"] = [{"config": {**doc["config"], "num_warps": 12}, "time_ms": None}]
+    art = Artifact.from_json(doc)
+    assert art.config.num_warps == 6 and Artifact.from_json(json.loads(art.to_bytes())).config == art.config
+    assert ft.Config({"BLOCK": 32}, num_warps=6).num_warps == 6
+    from buildkit import H200, make_project
+
+    proj = make_project(tmp_path / "p")
+    Artifact("fixpkg.add", {"x": "float32", "n": 4096}, H200, Config({"BLOCK": 32}, num_warps=6)).save(
+        proj / "artifacts")
+    with pytest.raises(BuildFailure, match=r"config.num_warps.*is 6, but Triton's cuda backend compiles only a power"):
+        pipeline.run(proj, out=io.StringIO())

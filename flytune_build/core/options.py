@@ -20,32 +20,24 @@ class Option:
     maximum: int
     default: int | None
     nullable: bool = False  # null means "the backend decides"
-    power_of_two: bool = False  # Triton's backends assert it (CUDAOptions, HIPOptions): no other value compiles
 
     def accepts(self, value: Any) -> bool:
         """The check without error paths, for the common valid case read thousands of times."""
         if value is None:
             return self.nullable
-        return (type(value) is int and self.minimum <= value <= self.maximum
-                and not (self.power_of_two and value & (value - 1)))
+        return type(value) is int and self.minimum <= value <= self.maximum
 
     def check(self, value: Any, f: Fields, path: str) -> int | None:
-        value = f.integer(value, path, self.minimum, self.maximum, nullable=self.nullable)
-        if self.power_of_two and value is not None and value & (value - 1):
-            f.fail(path, f"must be a power of two (Triton compiles no other {self.name}), not {value}")
-        return value
+        return f.integer(value, path, self.minimum, self.maximum, nullable=self.nullable)
 
     def pattern(self) -> str:
         """A regex matching exactly this option's values as canonical JSON writes them."""
-        if self.power_of_two:
-            values = "|".join(str(1 << i) for i in range(self.maximum.bit_length()) if self.minimum <= 1 << i)
-        else:
-            values = integer_pattern(self.minimum, self.maximum)
+        values = integer_pattern(self.minimum, self.maximum)
         return f"null|{values}" if self.nullable else values
 
 
 OPTIONS = (
-    Option("num_warps", 1, 64, 4, power_of_two=True),
+    Option("num_warps", 1, 64, 4),
     Option("num_stages", 0, 16, 3),
     Option("num_ctas", 1, 16, 1),
     Option("maxnreg", 1, 1024, None, nullable=True),
@@ -152,6 +144,17 @@ def backend_problems(kwargs: Mapping[str, Any], backend: str) -> list[tuple[str,
         out.append((name, f"is a compiler option of Triton's {' and '.join(backends)} backend, which Triton's "
                           f"{backend} backend refuses at launch (a config tuned for another device?)"))
     return out
+
+
+def device_problems(num_warps: int, backend: str) -> list[tuple[str, str]]:
+    """(option, the rule it breaks) for the config's own options on a device of `backend`: a GPU backend
+    compiles only a power-of-two `num_warps` (Triton's `CUDAOptions` and `HIPOptions` assert it); the
+    interpreter ignores it. A rule of the device, not of the file: an artifact for the interpreter, a
+    declared config and a search's record of its candidates (where such a config failed) keep any
+    `num_warps` in range, as every release wrote them."""
+    if backend != "interpreter" and num_warps & (num_warps - 1):
+        return [("num_warps", f"is {num_warps}, but Triton's {backend} backend compiles only a power of two")]
+    return []
 
 
 def check(values: Mapping[str, Any], f: Fields, path: str = "") -> tuple:

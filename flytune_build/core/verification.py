@@ -188,11 +188,14 @@ def _written_by(arts: list[Artifact], where: Where) -> str:
 def backend_options(artifacts: list[Artifact], where: Where) -> Findings:
     """No config carries another backend's compiler option (`options.BACKEND_KWARGS`): an MI300X's
     `waves_per_eu` in an H200's artifact is refused by Triton at launch, so it is refused here; nor a
-    value the option does not take (`options.BACKEND_VALUES`: `kpack: 4`)."""
+    value the option does not take (`options.BACKEND_VALUES`: `kpack: 4`), nor a `num_warps` the device's
+    backend cannot compile (`options.device_problems`)."""
     found = Findings()
     for a in artifacts:
         for name, rule in options.backend_problems(a.config.kwargs, a.device.backend):
             found.reject(ArtifactError(rule, file=where(a), field=f"config.kwargs.{name}"), a)
+        for name, rule in options.device_problems(a.config.num_warps, a.device.backend):
+            found.reject(ArtifactError(rule, file=where(a), field=f"config.{name}"), a)
     return found
 
 
