@@ -37,21 +37,39 @@ def with_options(options, config=None):
     ({"default_dot_input_precision": "--x"}, "takes one of tf32"),
     ({"schedule_hint": "attention,--mllvm=-x"}, "takes comma-separated hint names"),
 ])
-def test_a_specialization_option_outside_the_closed_set_is_refused_when_read(options, rule):
+def test_a_specialization_option_outside_the_closed_set_never_reaches_the_compiler(options, rule):
+    """Read, the artifact's config serves (releases before the closed set recorded any scalar launch
+    keyword); checked closed, as the warm-up checks it before anything is compiled, it is refused, naming
+    it; the build says so, as a warning."""
+    from flytune_build.core import specialization, verification
+    from flytune_build.core.codec import Fields
+
     (name,) = options
+    art = Artifact.from_json(with_options(options), file="a.json")
+    assert art.provenance["specialization"]["options"] == options
     with pytest.raises(ArtifactError) as e:
-        Artifact.from_json(with_options(options), file="a.json")
+        specialization.check(art.provenance["specialization"], Fields("a.json", ArtifactError),
+                             config_kwargs=art.config.kwargs)
     assert e.value.field == f"provenance.specialization.options.{name}" and rule in e.value.rule
-    assert e.value.file == "a.json"
+    found = verification.check([art], lambda a: "a.json")
+    assert found.errors == [] and len(found.warnings) == 1
+    assert f"a.json: Field `provenance.specialization.options.{name}`" in found.warnings[0]
+    assert rule in found.warnings[0] and "does not compile it ahead" in found.warnings[0]
 
 
-def test_a_specialization_option_contradicting_the_config_is_refused_and_an_agreeing_one_kept():
+def test_a_specialization_option_contradicting_the_config_is_refused_closed_and_an_agreeing_one_kept():
+    from flytune_build.core import specialization
+    from flytune_build.core.codec import Fields
+
     config = Config({"BLOCK": 16, "waves_per_eu": 2})
+    art = Artifact.from_json(with_options({"waves_per_eu": 3}, config), file="a.json")
     with pytest.raises(ArtifactError, match="the config decides") as e:
-        Artifact.from_json(with_options({"waves_per_eu": 3}, config), file="a.json")
+        specialization.check(art.provenance["specialization"], Fields("a.json", ArtifactError),
+                             config_kwargs=art.config.kwargs)
     assert e.value.field == "provenance.specialization.options.waves_per_eu"
     art = Artifact.from_json(with_options({"waves_per_eu": 2, "enable_fp_fusion": False}, config), file="a.json")
     assert art.provenance["specialization"]["options"] == {"waves_per_eu": 2, "enable_fp_fusion": False}
+    assert specialization.option_problems(art.provenance["specialization"], art.config.kwargs) == []
 
 
 def _scale():
@@ -110,7 +128,7 @@ def _warmup_json(site, tmp_path, **env):
 @pytest.mark.parametrize("option", ["ir_override", "ptx_options", "num_warps"])
 def test_a_bundle_whose_specialization_names_a_path_or_a_config_option_is_not_warmed(tmp_path, option):
     """`ir_override` naming a FIFO made the warm-up open it and hang; `ptx_options` reached ptxas's command
-    line; `num_warps: 64` compiled what the config never asked for. Each is refused when read, naming it."""
+    line; `num_warps: 64` compiled what the config never asked for. The warm-up refuses each, naming it."""
     site = _site(tmp_path)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

@@ -211,7 +211,7 @@ def _check_provenance(p: Any, f: Fields, config: Config) -> None:
     if p.get("ranking") is not None and p["ranking"] not in RANKINGS:
         f.fail("provenance.ranking", f"must be one of {', '.join(RANKINGS)}, not {p['ranking']!r}")
     if p.get("specialization") is not None:
-        specialization.check(p["specialization"], f, config_kwargs=config.kwargs)
+        specialization.check(p["specialization"], f, config_kwargs=config.kwargs, closed=False)
     if p.get("measurement") is not None:
         choice.check_measurement(p["measurement"], f)
     if p.get("selection") is not None:

@@ -38,10 +38,12 @@ MAX_PARAMETERS = 1024
 
 
 def check(value: Any, f: Fields, path: str = "provenance.specialization",
-          config_kwargs: Mapping[str, Any] | None = None) -> dict:
-    """Raise unless `value` is a specialization of the format above, its options a closed set
-    (`options.SPECIALIZATION_OPTIONS`), none of them contradicting `config_kwargs` (the artifact's
-    config, where known); returns it."""
+          config_kwargs: Mapping[str, Any] | None = None, closed: bool = True) -> dict:
+    """Raise unless `value` is a specialization of the format above and (`closed`) its options a closed
+    set (`options.SPECIALIZATION_OPTIONS`), none of them contradicting `config_kwargs` (the artifact's
+    config, where known); returns it. An artifact is read with `closed` False: releases before the closed
+    set recorded any scalar launch keyword, and such an artifact's config still serves; what reaches the
+    compiler (the warm-up) is checked closed, and the build warns of it (`option_problems`)."""
     f.table(value, path, FIELDS)
     if type(value["format"]) is not int or value["format"] != FORMAT:
         f.fail(f"{path}.format", f"must be {FORMAT} (this flytune reads specialization format {FORMAT}), "
@@ -66,12 +68,23 @@ def check(value: Any, f: Fields, path: str = "provenance.specialization",
     for name, v in _mapping(value["options"], f, f"{path}.options").items():
         f.string(name, f"{path}.options", IDENTIFIER, f"a compile option name (not {name!r})", 64)
         f.scalar(v, f"{path}.options.{name}")
+    for name, problem in option_problems(value, config_kwargs) if closed else ():
+        f.fail(f"{path}.options.{name}", problem)
+    return value
+
+
+def option_problems(value: Mapping[str, Any], config_kwargs: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(option, the rule it breaks) for each option of a structurally checked specialization that may not
+    reach the compiler: not in the closed set (`options.specialization_option_problem`), or contradicting
+    the config (`config_kwargs`)."""
+    out = []
+    for name, v in value["options"].items():
         problem = options.specialization_option_problem(name, v)
         if problem is None and name in (config_kwargs or {}) and not _same(v, config_kwargs[name]):
             problem = f"is {v!r}, but the config sets {name} to {config_kwargs[name]!r}: the config decides"
         if problem is not None:
-            f.fail(f"{path}.options.{name}", problem)
-    return value
+            out.append((name, problem))
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:

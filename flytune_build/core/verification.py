@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import choice, codec, inductor, options
+from . import choice, codec, inductor, options, specialization
 from .errors import ArtifactError, BundleError, FlytuneError, ProjectError
 from .key import is_dtype_name
 
@@ -81,7 +81,7 @@ def check(artifacts: list[Artifact], where: Where, declared: Declaration | None 
     itself; `rankings` (a warning unless `verify --strict`, never a build's rejection) is run apart."""
     found = key_axes(artifacts, where).merge(conflicts(artifacts, where)).merge(file_names(artifacts, where))
     found.merge(backend_options(artifacts, where)).merge(inductor_configs(artifacts, where))
-    found.merge(chosen(artifacts, where))
+    found.merge(chosen(artifacts, where)).merge(specializations(artifacts, where))
     if declared is not None:
         if with_toolchain:
             found.merge(toolchain(artifacts, where, declared))
@@ -196,6 +196,20 @@ def backend_options(artifacts: list[Artifact], where: Where) -> Findings:
             found.reject(ArtifactError(rule, file=where(a), field=f"config.kwargs.{name}"), a)
         for name, rule in options.device_problems(a.config.num_warps, a.device.backend):
             found.reject(ArtifactError(rule, file=where(a), field=f"config.{name}"), a)
+    return found
+
+
+def specializations(artifacts: list[Artifact], where: Where) -> Findings:
+    """A warning for each recorded specialization holding a compile option the warm-up never hands the
+    compiler (`specialization.option_problems`: releases before the closed set recorded any scalar launch
+    keyword): its config serves as it is; `flytune warmup` does not compile it ahead."""
+    found = Findings()
+    for a in artifacts:
+        spec = (a.provenance or {}).get("specialization")
+        for name, problem in specialization.option_problems(spec, a.config.kwargs) if spec is not None else ():
+            found.warnings.append(f"{where(a)}: Field `provenance.specialization.options.{name}` {problem}: its "
+                                  f"config is served, but `flytune warmup` does not compile it ahead (re-tune to "
+                                  f"record a specialization this release warms)")
     return found
 
 
