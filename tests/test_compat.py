@@ -474,3 +474,33 @@ def test_a_num_warps_no_power_of_two_reads_as_every_release_wrote_it_and_a_gpu_a
         proj / "artifacts")
     with pytest.raises(BuildFailure, match=r"config.num_warps.*is 6, but Triton's cuda backend compiles only a power"):
         pipeline.run(proj, out=io.StringIO())
+
+
+def test_a_tune_state_of_an_earlier_fingerprint_form_resumes_where_the_code_is_the_same(tmp_path):
+    # 5cc0010 digested a kernel's source as Triton's source hash and a setup as its text; this release
+    # digests both as syntax trees: the recorded parts are recognised in their earlier form, never taken
+    # for a change of the code
+    from flytune_build.tuning import fingerprint
+
+    proj = tmp_path / "compat"
+    shutil.copytree(CORPUS / "src", proj)
+    code = ("import json, sys; from pathlib import Path; from flytune_build.core.project import load_plan; "
+            "from flytune_build.tuning import fingerprint; root = Path(sys.argv[1]); "
+            "entries = load_plan(root, root / 'tune' / 'interpreter.toml'); "
+            "print(json.dumps([[f, f.earlier] for f in fingerprint.of_plan(root, entries).values()]))")
+    r = subprocess.run([sys.executable, "-c", code, str(proj)], capture_output=True, text=True, timeout=300,
+                       env=python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, PYTHONPATH=f"{proj}:{ROOT}"))
+    assert r.returncode == 0, r.stderr
+    current = [fingerprint.Fingerprint(parts, earlier) for parts, earlier in json.loads(r.stdout)]
+    assert len(current) == 2 and all(current)
+    recorded = [rec["depends"] for rec in json.loads((CORPUS / "states" / "5cc0010.flytune-tune-state").read_bytes())[
+        "done"].values()]
+    assert len(recorded) == 4
+    for depends in recorded:
+        now = next(f for f in current if f["space"] == depends["space"])   # the entry it was tuned for
+        assert depends["source"] == now.earlier["source"] != now["source"]
+        assert depends["setup"] == now.earlier["setup"] != now["setup"]
+        # (the toolchain part is this machine's: the one the state was written on had its own)
+        assert fingerprint.changed({**depends, "toolchain": now["toolchain"]}, now) is None
+        assert fingerprint.changed({**depends, "toolchain": now["toolchain"], "source": "0" * 16}, now) == \
+            "kernel source changed"

@@ -69,15 +69,26 @@ def of_plan(root: Path, entries: tuple[TuneEntry, ...]) -> dict[tuple, dict | No
                 out[entry_name(e)] = None
                 continue
             tools = identity.toolchain(_function(fn))
-            out[entry_name(e)] = {
+            out[entry_name(e)] = Fingerprint({
                 "space": space_hash(configs)[:16],
                 "source": _digest(_code(fn)),
                 "setup": _digest(_code(setup)),
                 "check": _digest(codec.canonical(list(job.check_options(e).values()) + reference).decode()),
                 "toolchain": _digest(codec.canonical({k: v for k, v in tools.items()
                                                       if k not in ("flytune", "source")}).decode()),
-            }
+            }, earlier={"source": tools["source"][:16], "setup": _digest(_text(setup))})
         return out
+
+
+class Fingerprint(dict):
+    """A job's fingerprint (what a state records), and `earlier`: the same parts as a release that
+    digested them otherwise wrote them, read here from the same code (until 711a3eb a kernel's source was
+    Triton's source hash and a setup's its source text, comments and decorators included). A recorded part
+    equal to either holds, so a state an earlier release wrote resumes where nothing changed."""
+
+    def __init__(self, parts: dict, earlier: dict):
+        super().__init__(parts)
+        self.earlier = earlier
 
 
 def changed(recorded: dict | None, current: dict | None) -> str | None:
@@ -87,7 +98,9 @@ def changed(recorded: dict | None, current: dict | None) -> str | None:
         return UNKNOWN
     if current is None:
         return "its setup cannot be loaded to check it"
-    moved = [why for part, why in PARTS.items() if recorded.get(part) != current.get(part)]
+    earlier = getattr(current, "earlier", {})
+    moved = [why for part, why in PARTS.items()
+             if recorded.get(part) != current.get(part) and (part not in earlier or recorded.get(part) != earlier[part])]
     return ", ".join(moved) or None
 
 
@@ -172,6 +185,14 @@ def _code(obj) -> str:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             node.decorator_list = []
     return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def _text(obj) -> str:
+    """A function's source text, as releases until 711a3eb digested a setup."""
+    try:
+        return inspect.getsource(_function(obj))
+    except (OSError, TypeError):
+        return getattr(obj, "__qualname__", repr(obj))
 
 
 def _digest(text: str) -> str:
