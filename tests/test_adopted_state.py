@@ -248,3 +248,117 @@ def test_two_threads_first_calls_of_one_key_make_one_decision_told_once(tmp_path
             t.join()
     assert len(events) == 1 and len(k.flytune_adopted._stats.decisions) == 1
     assert ft.stats()["st.add"]["calls"]["offline"] == 2
+
+
+def test_the_first_config_is_pruned_with_the_calls_own_arguments_whatever_another_thread_set(monkeypatch):
+    """FLYTUNE_AUTOTUNE=0, no artifact: the "first" tier asks Triton's pruning, which reads the Autotuner's
+    `nargs`; another thread's call sets it meanwhile (made here at the moment Triton asks flytune to
+    decide). Each thread reads its own: the pruner is handed this call's arguments (before: the other
+    call's, so a key was decided, and cached for good, for another shape: a wrong output)."""
+    seen = []
+
+    def prune(configs, nargs, **kwargs):
+        seen.append(nargs["n"])
+        return [c for c in configs if c.kwargs["BLOCK"] >= nargs["n"]]   # one program must cover n
+
+    k = triton.autotune([triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64, 128)], key=["n"],
+                        prune_configs_by={"early_config_prune": prune})(make().fn)
+    adapter.adopt(k, name="st.prune")
+    decide = k.prune_configs
+
+    def meddled(kwargs):
+        other = threading.Thread(target=lambda: setattr(k, "nargs", dict(zip(k.arg_names, args_of(16)))))
+        other.start()
+        other.join()
+        return decide(kwargs)
+    monkeypatch.setattr(k, "prune_configs", meddled)
+    x, y, out, n = args_of(100)
+    k[(1,)](x, y, out, n)
+    assert seen == [100] and torch.equal(out, x + y) and k.best_config.kwargs["BLOCK"] == 128
+    assert type(k).__name__ == "Autotuner" and isinstance(k, triton.runtime.autotuner.Autotuner)
+    k.nargs = {"n": 1}
+    other = threading.Thread(target=lambda: seen.append(k.nargs))
+    other.start()
+    other.join()
+    assert seen[-1] is None and k.nargs == {"n": 1}
+
+
+def test_a_reset_during_a_decision_waits_for_it_and_leaves_nothing_of_it_in_tritons_cache(monkeypatch):
+    """reset_stats on another thread while a key is being decided (here: held inside the decision's
+    fallback warning, shown between the decision being remembered and its config put into Triton's
+    cache): the reset waits for the decision, then takes its config out; the next call decides again
+    and is told once (before: the config stayed in the cache for good, counted as a search's)."""
+    import warnings
+
+    k = make()
+    adapter.adopt(k, name="st.reset")
+    inside, go, shown = threading.Event(), threading.Event(), warnings.showwarning
+
+    def slow_show(*a, **kw):
+        if threading.current_thread().name == "decider":
+            inside.set()
+            assert go.wait(60)
+        return shown(*a, **kw)
+    monkeypatch.setattr(warnings, "showwarning", slow_show)
+    decider = threading.Thread(target=call, args=(k, 50), name="decider")
+    decider.start()
+    assert inside.wait(60)
+    resetter = threading.Thread(target=ft.reset_stats)
+    resetter.start()
+    resetter.join(0.5)   # (it waits for the decision; before, it emptied the cache under it)
+    go.set()
+    decider.join(60)
+    resetter.join(60)
+    assert dict(k.cache) == {}
+    events = []
+    with ft.on_decision(events.append):
+        call(k, 50)
+        call(k, 50)
+    assert len(events) == 1 and ft.stats()["st.reset"]["calls"]["heuristic"] == 2
+    assert ft.stats()["st.reset"]["calls"]["scratch"] == 0
+
+
+def test_a_warm_up_priming_a_key_a_first_call_is_deciding_makes_one_decision(tmp_path, monkeypatch):
+    """`flytune warmup` primes a key (`prime_key`) while a first call of the same key is deciding it: one
+    decides, the other finds it decided; one decision, one event (before: two, each its own config
+    object, the one launched not the one left in the cache)."""
+    bundle(tmp_path, monkeypatch, {100: 64})
+    k = make()
+    adapter.adopt(k, name="st.add")
+    adopted = k.flytune_adopted
+    inside, go, make_config = threading.Event(), threading.Event(), adopted_module.triton_config
+
+    def slow(*a, **kw):   # the call is making the artifact's config object (its decision not yet remembered)
+        if threading.current_thread() is threading.main_thread():
+            inside.set()
+            assert go.wait(60)
+        return make_config(*a, **kw)
+    monkeypatch.setattr(adopted_module, "triton_config", slow)
+    primed = []
+    warm = threading.Thread(target=lambda: primed.append(adopted.prime_key(
+        {"n": 100, "x": "float32", "y": "float32", "out": "float32"})))
+    threading.Timer(0, lambda: (inside.wait(60), warm.start(), warm.join(0.5), go.set())).start()
+    events = []
+    with ft.on_decision(events.append):
+        assert call(k, 100) == 64
+        warm.join(60)
+        assert call(k, 100) == 64
+    assert len(adopted._stats.decisions) == 1 and len(events) == 1 and primed[0] is adopted._stats.decisions[0]
+    assert ft.stats()["st.add"]["calls"]["offline"] == 2
+
+
+def test_a_cache_that_keeps_nothing_launches_the_calls_own_decision_and_never_searches(tmp_path, monkeypatch):
+    """A cache of the library's own that drops what is put in it: every retry of the call's decision finds
+    nothing; the call launches its own last decision (the artifact) under FLYTUNE_AUTOTUNE=strict (before:
+    the last retry offered only a search, and strict raised TierMissError for a key its artifact serves)."""
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "strict")
+    bundle(tmp_path, monkeypatch, {100: 64})
+
+    class Forgetful(dict):
+        def __setitem__(self, key, value):
+            pass
+    k = make()
+    k.cache = Forgetful()
+    adapter.adopt(k, name="st.add")
+    assert call(k, 100) == 64 and call(k, 100) == 64
+    assert ft.stats()["st.add"]["calls"]["offline"] == 2 and ft.stats()["st.add"]["calls"]["search"] == 0

@@ -3,8 +3,10 @@
 preamble, checks, fallback warnings, launch-or-fail and the FLYTUNE_AUTOTUNE rule are a ported
 kernel's.
 
-`adopt` installs three instance attributes on the Autotuner and makes its `cache` a `hits.Cache` (Triton's
-dict, the same entries, which tells the hits memo of its changes), leaving Triton's code as it is:
+`adopt` installs three instance attributes on the Autotuner, makes its `cache` a `hits.Cache` (Triton's
+dict, the same entries, which tells the hits memo of its changes) and its `nargs` one per thread
+(`ThreadNargs`: Triton's `run` keeps its call's arguments there for its pruning and hooks to read),
+leaving Triton's code as it is:
 - `prune_configs`: Triton calls it exactly when a key misses its cache, about to search: the one
   place a key is decided, by the mode's tier order (`Kernel.decide`). Its tiers: offline (the
   call's artifact key, order-free: each tensor's dtype by parameter name, finds the best bundled
@@ -64,7 +66,6 @@ os.register_at_fork(after_in_child=_after_fork)
 class Calls(threading.local):
     """What a call of an adopted kernel is doing, per thread (a call on another thread, or one nested in
     a hook, is another call)."""
-    retrying = None   # the Triton key a call retries after seeding it
     call = None       # (args, kwargs) of the call going through Triton's `run`: Triton's `nargs` is shared
     pending = None    # the key of the search Triton runs for the call
     warming = False   # inside Triton's `warmup`
@@ -128,8 +129,8 @@ class Adopted(Kernel):
         if adopted is None:
             adopted = cls(public, tuner, name, validate)
             adopted.hits.watch()
-            vars(tuner).setdefault("nargs", None)   # as after a call of Triton's (hits never set it)
-            tuner.run = adopted.wrap_run(tuner.run)
+            per_thread_nargs(tuner)
+            tuner.run = hits.wrapped_run(adopted, tuner.run)   # a hit of flytune's memo, or Triton's `run`
             tuner.prune_configs = adopted.wrap_prune(tuner.prune_configs)
             tuner.warmup = hits.wrapped_warmup(adopted, tuner.warmup)
             tuner.flytune_adopted = adopted
@@ -142,10 +143,6 @@ class Adopted(Kernel):
         adopted.enroll()
         return adopted
 
-    def wrap_run(self, original):
-        """`run`: a hit of flytune's memo, or Triton's `run` (`hits.wrapped_run`)."""
-        return hits.wrapped_run(self, original)
-
     def wrap_prune(self, original):
         tuner = self.tuner
 
@@ -157,19 +154,19 @@ class Adopted(Kernel):
             nargs = dict(zip(tuner.arg_names, args))   # this thread's call (another's may be in `tuner.nargs`)
             key, triton_key = artifact_key(tuner, nargs, kwargs), call_key(tuner, args, kwargs)
             with self.deciding:   # one thread decides a key: one that waited finds it in Triton's cache
-                if self.local.retrying != triton_key and triton_key in tuner.cache:
-                    raise hits.Seeded(triton_key)
+                decided = tuner.cache.get(triton_key)
+                if decided is not None:
+                    raise hits.Seeded(triton_key, decided, self.seeded.get(id(decided)))
                 mode = settings.current().autotune if self.reseed else "search"
                 chosen: list = []
-                tiers = {"search": lambda: self.search(key)}
-                if self.local.retrying != triton_key:  # a retry that misses again: Triton searches
-                    tiers["offline"] = lambda: self.from_offline(_items(key), kwargs, chosen, nargs)
-                    tiers["first"] = lambda: self.first_config(key, original(kwargs), chosen)
+                tiers = {"search": lambda: self.search(key),
+                         "offline": lambda: self.from_offline(_items(key), kwargs, chosen, nargs),
+                         "first": lambda: self.first_config(key, original(kwargs), chosen)}
                 d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
-                if d is TRITON_SEARCHES or not chosen:  # (none chosen: a retry no tier answers, Triton's own)
+                if d is TRITON_SEARCHES or not chosen:   # (none chosen: no tier answered, Triton's own)
                     return original(kwargs)
                 tuner.cache[triton_key] = chosen[0]
-            raise hits.Seeded(triton_key)
+            raise hits.Seeded(triton_key, chosen[0], d)
         return prune_configs
 
     def search(self, key: dict):
@@ -218,13 +215,14 @@ class Adopted(Kernel):
             return None   # (one config: Triton launches it reading no cache)
         _settled(self)
         triton_key, chosen = seed_key(self.tuner, key), []
-        if triton_key in self.tuner.cache:  # decided already (a call, or an earlier warm-up)
-            return self.seeded.get(id(self.tuner.cache[triton_key]))
-        d = self.decide(settings.current().autotune, key,
-                        {"offline": lambda: self.from_offline(_items(key), {}, chosen)}, can_search=False)
-        if d is not None:
-            self.tuner.cache[triton_key] = chosen[0]
-        return d
+        with self.deciding:   # a first call deciding the same key meanwhile: one decision, whichever is first
+            if triton_key in self.tuner.cache:  # decided already (a call, or an earlier warm-up)
+                return self.seeded.get(id(self.tuner.cache[triton_key]))
+            d = self.decide(settings.current().autotune, key,
+                            {"offline": lambda: self.from_offline(_items(key), {}, chosen)}, can_search=False)
+            if d is not None:
+                self.tuner.cache[triton_key] = chosen[0]
+            return d
 
     def remember(self, obj, d: Decision) -> None:
         self.seeded[id(obj)] = d
@@ -297,23 +295,25 @@ class Adopted(Kernel):
         return len(offline)
 
     def forget(self) -> None:
-        """Take what flytune put into Triton's cache out of it: those keys are decided again."""
-        cache = self.tuner.cache
-        for k in [k for k, v in list(cache.items()) if id(v) in self.seeded] if self.seeded else ():
-            del cache[k]
-        self.seeded.clear()
-        self.objects.clear()
-        self.hits.invalidate()
+        """Take what flytune put into Triton's cache out of it (after a decision in flight): decided again."""
+        with self.deciding:
+            cache = self.tuner.cache
+            for k in [k for k, v in list(cache.items()) if id(v) in self.seeded] if self.seeded else ():
+                del cache[k]
+            self.seeded.clear()
+            self.objects.clear()
+            self.hits.invalidate()
 
     def forget_pack(self, d: Decision) -> None:
         """A refused pack decision: its seed leaves the offline tier, its config Triton's cache."""
-        cache = self.tuner.cache
-        for items, seed in list(self.offline.items()):
-            if seed.obj is not None and self.seeded.get(id(seed.obj)) is d:
-                del self.offline[items]
-        for k in [k for k, v in list(cache.items()) if self.seeded.get(id(v)) is d]:
-            del cache[k]
-        self.hits.invalidate()
+        with self.deciding:
+            cache = self.tuner.cache
+            for items, seed in list(self.offline.items()):
+                if seed.obj is not None and self.seeded.get(id(seed.obj)) is d:
+                    del self.offline[items]
+            for k in [k for k, v in list(cache.items()) if self.seeded.get(id(v)) is d]:
+                del cache[k]
+            self.hits.invalidate()
 
     @contextlib.contextmanager
     def forcing(self, config):
@@ -332,12 +332,48 @@ class Adopted(Kernel):
         self.stale = True
 
     def reset(self) -> None:
-        """Forget decisions and counters (tests; after changing the environment); the offline tier is read
-        again, under the settings and device of then, when the next key is decided."""
-        self._stats = Stats()
-        self.local.pending = None
-        self.forget()
-        self.stale = True
+        """Forget decisions and counters (tests; after changing the environment), once a decision in flight
+        ended (`deciding`): the offline tier is read again, under the settings and device of then."""
+        with self.deciding:
+            self._stats = Stats()
+            self.local.pending = None
+            self.forget()
+            self.stale = True
+
+
+class ThreadNargs:
+    """An adopted Autotuner's `nargs`, one per thread. Triton's `run` sets it when a call begins, and its
+    `prune_configs` (the pruner, the `perf_model`) and its hooks read it back: one attribute shared by
+    every thread, so a call on another thread (or flytune letting a seeded call's arguments go) changed
+    what a pruner deciding this call was handed, and it chose for another call's shape. Per thread, each
+    call reads its own, and Triton's code is left as it is."""
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        return getattr(obj.__dict__["flytune_nargs"], "value", None)
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["flytune_nargs"].value = value
+
+
+_THREADED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # an Autotuner class -> its subclass
+
+
+def per_thread_nargs(tuner) -> None:
+    """Make `tuner`'s `nargs` per thread (`ThreadNargs`): its class becomes a subclass of its own (same
+    name, same methods) holding that one descriptor. A class that defines `nargs` itself keeps it."""
+    cls = type(tuner)
+    if any("nargs" in vars(c) for c in cls.__mro__):
+        return
+    local = threading.local()
+    local.value = vars(tuner).pop("nargs", None)
+    tuner.__dict__["flytune_nargs"] = local
+    sub = _THREADED.get(cls)
+    if sub is None:
+        sub = _THREADED[cls] = type(cls.__name__, (cls,), {"nargs": ThreadNargs(), "__module__": cls.__module__,
+                                                           "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+    tuner.__class__ = sub
 
 
 def _usable(self: Adopted, here, idx: Index):

@@ -41,12 +41,13 @@ MAX_HITS = 4096   # hit keys remembered per kernel (a key argument holding many 
 
 
 class Seeded(Exception):
-    """Raised through Triton's `run` by `prune_configs` once it has put the call's config in the cache
-    under the call's Triton key (`key`), which the call's retry then finds."""
+    """Raised through Triton's `run` by `prune_configs` once the call's key is decided: the config (`obj`)
+    is in the cache under the call's Triton key (`key`), which the call's retry then finds; `decision`,
+    flytune's decision of it (None: Triton's own)."""
 
-    def __init__(self, key):
+    def __init__(self, key, obj, decision=None):
         super().__init__(key)
-        self.key = key
+        self.key, self.obj, self.decision = key, obj, decision
 
 
 class Cache(dict):
@@ -283,9 +284,10 @@ class Path:
             hits.replaced()
             self.cache = tuner.cache
         generation, obj, meta, error = hits.generation, hits.servable(args, kwargs), None, None
+        decided = None
         if obj is None:   # Triton's `run`; where it seeds the call's key, that key's hit is made here
             try:
-                ret, obj = _triton(tuner, self.original, self.adopted.local, args, kwargs, hits.servable)
+                ret, obj, decided = _triton(tuner, self.original, self.adopted.local, args, kwargs, hits.servable)
             except Exception as e:
                 error = e
         if obj is not None and error is None:
@@ -299,7 +301,7 @@ class Path:
         if error is None:
             if obj is None and len(tuner.configs) > 1:  # else Triton launches its one config, reading no cache
                 obj = hits.cached(args, kwargs)
-            return _served(self.adopted, args, kwargs, obj, meta, ret, generation)
+            return _served(self.adopted, args, kwargs, obj, meta, ret, generation, decided)
         return self.failed(args, kwargs, error)
 
     def failed(self, args, kwargs, e):
@@ -380,11 +382,13 @@ def _hooked(tuner, obj, args, kwargs, ours: bool) -> dict:
     return launch_keywords(obj, ours)
 
 
-def _served(adopted, args, kwargs, obj, meta, ret, generation: int):
+def _served(adopted, args, kwargs, obj, meta, ret, generation: int, decided=None):
     """Count a call Triton's cache served with `obj` (one config: None, `best_config` tells), announce a
     decision's first call (a compile-only call, `warmup=True`, counts, announces and remembers none),
-    remember the call (`meta`: `obj`'s launch keywords, None: not yet read); `ret`."""
-    d = adopted.seeded.get(id(adopted.tuner.best_config if obj is None else obj))
+    remember the call (`meta`: `obj`'s launch keywords, None: not yet read); `ret`. `decided`: the
+    decision this call's own retry was served (`_triton`), which a reset since (another thread's) has
+    forgotten: the call counts for it, which the reset's counters do not hold, never as Triton's own."""
+    d = adopted.seeded.get(id(adopted.tuner.best_config if obj is None else obj)) or decided
     launched = kwargs.get("warmup") is not True   # a compile-only call (`warmup=True`) serves no call
     tier = None
     if d is None:
@@ -402,30 +406,29 @@ RETRIES = 3  # Triton's `run` of one call: a seeded key taken out again by anoth
 
 
 def _triton(tuner, original, local, args, kwargs, servable):
-    """Triton's `run` of a call: (what it returned, None); or, where `prune_configs` seeded the call's
-    key and `servable` finds it in Triton's cache, (None, the config it holds), which the caller
+    """Triton's `run` of a call: (what it returned, None, None); or, where `prune_configs` seeded the call's
+    key and `servable` finds it in Triton's cache, (None, the config it holds, its decision), which the caller
     launches (`_hooked`: the launch keywords of flytune's hits). A seeded key that is not servable (hits
     off or refused) is Triton's `run` again, a hit there, outside the handler (an error of the launch
     is Triton's alone, chained to nothing of flytune's). A key taken out of the cache before it was
-    read (another thread's `reset_stats`, a refused pack) is decided again, by every tier; the last
-    retry lets Triton search (`local.retrying`), so a cache that keeps nothing cannot loop. The call's
-    arguments are this thread's `local.call` meanwhile: `prune_configs` keys the call by them, never by
-    the Autotuner's `nargs`, which Triton's `run` on another thread sets too."""
-    was_call, was, local.call = local.call, local.retrying, (args, kwargs)  # a call in a hook is another call
+    read (another thread's `reset_stats`, a refused pack) is decided again, by every tier in the mode's
+    order; taken out every time (a cache that keeps nothing), the call launches its own last decision:
+    it never loops, and never searches where the mode does not. The call's arguments are this thread's
+    `local.call` meanwhile: `prune_configs` keys the call by them, never by the Autotuner's `nargs`."""
+    was_call, local.call = local.call, (args, kwargs)  # a call in a hook is another call
     try:
-        for attempt in range(RETRIES - 1):
+        for _ in range(RETRIES):
             try:
-                return original(*args, **kwargs), None
+                return original(*args, **kwargs), None, None
             except Seeded as seeded:
-                key = seeded.key
+                last = seeded
             _drop_nargs(tuner, args)
             obj = servable(args, kwargs)
             if obj is not None:
-                return None, obj
-            local.retrying = key if attempt == RETRIES - 2 else None
-        return original(*args, **kwargs), None
+                return None, obj, last.decision if obj is last.obj else None
+        return None, last.obj, last.decision
     finally:
-        local.call, local.retrying = was_call, was
+        local.call = was_call
 
 
 class _Read:
@@ -453,7 +456,7 @@ def _attributes(tuner):
 def _drop_nargs(tuner, args: tuple) -> None:
     """Triton's `run` keeps the call's arguments (`nargs`) until its end, which a seeded call's never
     reaches: let go of them (its tensors) where they are still this call's."""
-    nargs = tuner.__dict__.get("nargs")
+    nargs = tuner.nargs
     if nargs is not None and len(nargs) == len(args) and all(a is b for a, b in zip(nargs.values(), args)):
         tuner.nargs = None
 
