@@ -283,15 +283,17 @@ def misnamed(doc: dict) -> str | None:
                  and isinstance(v.get("flytune"), dict)), None)
 
 
-def load_plan(root: Path, plan: str | Path) -> tuple[TuneEntry, ...]:
-    """The entries of a plan file (the build reads it for coverage; `flytune tune` to tune)."""
+def load_plan(root: Path, plan: str | Path, repeats: bool = True) -> tuple[TuneEntry, ...]:
+    """The entries of a plan file (the build reads it for coverage; `flytune tune` to tune); `repeats`
+    False leaves a repeated shape to the caller (`check_repeats`: the build, which tunes nothing, warns)."""
     plan_file = Path(root) / plan
     if not os.path.lexists(plan_file):
         raise ProjectError("does not exist (tool.flytune.tune.plan names it): `flytune init` writes one for the "
                            "package's kernels, with the setups it names", file=plan_file)
     doc = PLAN.check(read_toml(plan_file), "", Fields(plan_file, ProjectError))
     entries = tuple(TuneEntry.from_checked(e, (str(plan_file), f"entries[{i}]")) for i, e in enumerate(doc["entries"]))
-    check_repeats(entries)
+    if repeats:
+        check_repeats(entries)
     return entries
 
 

@@ -37,13 +37,11 @@ def mixed(state: BuildState) -> list[FlytuneError]:
 
 def planned(state: BuildState) -> tuple[str, ...]:
     """The kernels of the project's tuning plan. A plan file the source tree lacks (an sdist that left
-    it out) is a warning; one that is there and invalid is an error."""
+    it out) is a warning; one that is there and invalid is an error; a shape it repeats is a warning
+    (`flytune tune` refuses it; the build tunes nothing, and releases before that rule built it)."""
     proj = state.project
     if not proj.tune_plan:
-        try:
-            project_mod.check_repeats(proj.tune_entries)
-        except FlytuneError as e:
-            state.reject(e)
+        _repeats(state, proj.tune_entries)
         return tuple(e.kernel for e in proj.tune_entries)
     try:  # the plan must be a regular file under the root: a link to /proc/self/environ is never read
         plan = fsutil.contained(proj.root, proj.tune_plan, error=ProjectError, file=proj.root / "pyproject.toml",
@@ -56,7 +54,16 @@ def planned(state: BuildState) -> tuple[str, ...]:
                               f"only the kernels that have artifacts")
         return ()
     try:
-        return tuple(e.kernel for e in project_mod.load_plan(proj.root, proj.tune_plan))
+        entries = project_mod.load_plan(proj.root, proj.tune_plan, repeats=False)
     except FlytuneError as e:
         state.reject(e)
         return ()
+    _repeats(state, entries)
+    return tuple(e.kernel for e in entries)
+
+
+def _repeats(state: BuildState, entries) -> None:
+    try:
+        project_mod.check_repeats(entries)
+    except FlytuneError as e:
+        state.warnings.append(f"{e} (`flytune tune` refuses it)")
