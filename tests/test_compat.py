@@ -504,3 +504,19 @@ def test_a_tune_state_of_an_earlier_fingerprint_form_resumes_where_the_code_is_t
         assert fingerprint.changed({**depends, "toolchain": now["toolchain"]}, now) is None
         assert fingerprint.changed({**depends, "toolchain": now["toolchain"], "source": "0" * 16}, now) == \
             "kernel source changed"
+
+
+def test_warmup_takes_the_reserve_an_earlier_release_took_and_says_once_it_does_nothing(recwarn):
+    # releases from 22099e0 to d2b06bc took `warmup(reserve_mib=...)`; a call written then still runs
+    import warnings
+
+    import flytune_build as ft
+    from flytune_build.runtime import warning
+
+    warning.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            ft.warmup(reserve_mib=256)   # every installed bundle (on this CPU, none compiles)
+    said = [str(w.message) for w in seen if "reserve_mib" in str(w.message)]
+    assert len(said) == 1 and "no longer does anything" in said[0]

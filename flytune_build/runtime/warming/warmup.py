@@ -113,7 +113,7 @@ class Report:
 
 
 def warmup(*distributions: str, background: bool = False, workers: int | None = None,
-           processes: bool | None = None, align_variants: bool = True):
+           processes: bool | None = None, align_variants: bool = True, reserve_mib: int | None = None):
     """Compile every bundled config for this device into Triton's caches and ready this process for
     its tuned shapes (see the module docstring).
 
@@ -122,7 +122,12 @@ def warmup(*distributions: str, background: bool = False, workers: int | None = 
     report, so a server can warm at import time while calls that arrive first compile as they would.
     `processes`: compile in forked processes (default: where the platform forks) or, False, on threads.
     `align_variants`: also compile the alignment variants the tuned keys' buckets need (`variants`).
+    `reserve_mib`: taken and ignored, with one warning (a release grew torch's caching allocator by it:
+    measured, first calls were no shorter, and the reserve was removed).
     """
+    if reserve_mib is not None:
+        warning.once("reserve_mib", "flytune: warmup(reserve_mib=...) no longer does anything (growing torch's "
+                                    "caching allocator ahead made first calls no shorter): remove it")
     distributions = arguments.names(distributions, "distributions")  # warmup(["a", "b"]): one list, no name
     workers = arguments.count(workers, "workers")
     background, align_variants = arguments.flag(background, "background"), arguments.flag(align_variants,
