@@ -314,10 +314,11 @@ class Autotuned(Kernel):
         self._stats = Stats()
 
     def reset(self) -> None:
-        """Forget decisions, counters and the offline index (tests; after changing the environment)."""
-        self._flights.reset(self._fresh_stats)  # with the memo: a decision is in both or neither
+        """Forget the offline index, then decisions and counters (tests; after changing the environment): a
+        decision that read the old index began before the reset of the flights, which drops it."""
         self._index.clear()
         self._scratch = ScratchCache(self.name)
+        self._flights.reset(self._fresh_stats)  # with the memo: a decision is in both or neither
 
 
 def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decision | None:
