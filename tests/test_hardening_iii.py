@@ -137,8 +137,9 @@ def test_a_bundle_whose_specialization_names_a_path_or_a_config_option_is_not_wa
     r = _warmup_json(site, tmp_path)
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["units"] == [] and doc["output"] == ""
-    (note,) = [n for n in doc["notes"] if "fixpkg.add" in n]
-    assert f"specialization.options.{option}" in note and "not warmed" in note
+    notes = [n for n in doc["notes"] if "fixpkg.add" in n]
+    assert len(notes) == 2   # each artifact served here (two keys), named
+    assert all(f"specialization.options.{option}" in n and "that artifact not warmed" in n for n in notes), notes
 
 
 def test_warmup_json_stays_json_when_a_compile_fails_and_prints(tmp_path):
@@ -732,3 +733,26 @@ def test_init_skips_a_fifo_named_like_a_module_and_ends(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mypkg")], capture_output=True, text=True,
                        timeout=60, env={**os.environ})
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr[-2000:]
+
+
+def test_one_artifact_whose_specialization_may_not_reach_the_compiler_leaves_the_kernels_others_warmed(tmp_path):
+    """An earlier release recorded an option outside the closed set in one artifact's specialization: the
+    warm-up leaves that artifact out, naming it, and plans the kernel's other artifacts (before the artifact
+    was served at all, the whole kernel stopped there)."""
+    from flytune_build.core import codec
+
+    site = _site(tmp_path)
+    bundle = site / "fixpkg" / "_flytune"
+    prov = bundle / "fixpkg.add.provenance.json"
+    doc = json.loads(prov.read_bytes())
+    h200 = Artifact("fixpkg.add", {"n": 100, "x": "float32"}, H200, Config({"BLOCK": 16})).address  # served here
+    doc["provenance"][h200]["specialization"]["options"]["ptx_version"] = None
+    data = codec.canonical(doc) + (b"\n" if prov.read_bytes().endswith(b"\n") else b"")
+    prov.write_bytes(data)
+    manifest = json.loads((bundle / "manifest.json").read_bytes())
+    manifest["kernels"]["fixpkg.add"]["provenance_sha256"] = hashlib.sha256(data).hexdigest()
+    (bundle / "manifest.json").write_bytes(codec.canonical(manifest) + b"\n")
+    out = json.loads(_warmup_json(site, tmp_path).stdout)
+    (note,) = [n for n in out["notes"] if "not warmed" in n]
+    assert "specialization.options.ptx_version" in note and "that artifact not warmed (its config is served)" in note
+    assert [len(u["keys"]) for u in out["units"]] == [1] and out["units"][0]["status"] == "compiled", out["units"]

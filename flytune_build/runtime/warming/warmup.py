@@ -306,7 +306,7 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
             continue
         for kernel, info in sorted(src.manifest.kernels.items()):
             try:
-                _add_units(units, src, info, dev)
+                _add_units(units, src, info, dev, notes)
             except (OSError, FlytuneError) as e:
                 notes.append(f"{src.label}: {kernel}: {getattr(e, 'strerror', None) or e}; not warmed")
     if not found:
@@ -324,8 +324,11 @@ def plan(distributions=(), dev: DeviceIdentity | None = None) -> tuple[list[Unit
     return sorted(units.values(), key=lambda u: (u.kernel, u.spec is not None, u.config.canonical())), notes
 
 
-def _add_units(units: dict, src: installed.Source, info: bundle.ShardInfo, dev: DeviceIdentity) -> None:
-    """One unit per (kernel, config, specialization) among `info`'s artifacts that `dev` is served."""
+def _add_units(units: dict, src: installed.Source, info: bundle.ShardInfo, dev: DeviceIdentity,
+               notes: list[str]) -> None:
+    """One unit per (kernel, config, specialization) among `info`'s artifacts that `dev` is served. An
+    artifact whose specialization may not reach the compiler (an earlier release recorded an option
+    outside the closed set) is left out, with a note naming it; the kernel's other artifacts are warmed."""
     shard, provenance = src.shard(info.kernel), src.provenance(info.kernel)  # capped reads (docs/security.md)
     prov_path = src.root / info.provenance
     accepted = {}
@@ -341,7 +344,12 @@ def _add_units(units: dict, src: installed.Source, info: bundle.ShardInfo, dev: 
         entry = provenance.get(art.address)
         spec = entry.get("specialization") if isinstance(entry, dict) else None
         if spec is not None:  # checked before it names anything to import (a bundle's bytes are data)
-            spec_format.check(spec, Fields(prov_path, BundleError), f"{art.address}.specialization", art.config.kwargs)
+            try:
+                spec_format.check(spec, Fields(prov_path, BundleError), f"{art.address}.specialization",
+                                  art.config.kwargs)
+            except BundleError as e:
+                notes.append(f"{src.label}: {info.kernel}: {e}; that artifact not warmed (its config is served)")
+                continue
         group = (art.kernel, art.config.canonical(), codec.canonical(spec) if spec is not None else None)
         unit = units.get(group)
         if unit is None:
