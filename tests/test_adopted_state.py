@@ -362,3 +362,14 @@ def test_a_cache_that_keeps_nothing_launches_the_calls_own_decision_and_never_se
     adapter.adopt(k, name="st.add")
     assert call(k, 100) == 64 and call(k, 100) == 64
     assert ft.stats()["st.add"]["calls"]["offline"] == 2 and ft.stats()["st.add"]["calls"]["search"] == 0
+    # under 0 with no artifact, each call is decided anew, and the key's one decision serves them all: one
+    # decision, told once, nothing kept per call (before: a new one on every retry of every call)
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
+    ft.reset_stats()
+    events = []
+    with ft.on_decision(events.append):
+        for _ in range(5):
+            call(k, 50)
+    adopted = k.flytune_adopted
+    assert len(events) == 1 and len(adopted._stats.decisions) == 1 and len(adopted.objects) == 1
+    assert ft.stats()["st.add"]["calls"]["heuristic"] == 5

@@ -52,12 +52,12 @@ from . import hits, triton_search
 from .triton_keys import artifact_key, call_key, optional_keys, seed_key
 
 TRITON_SEARCHES = object()  # the search tier's answer: Triton runs its own search for this call
-_ADOPTED: weakref.WeakSet = weakref.WeakSet()  # every Adopted: its `seeding` lock re-made in a forked child
+_ADOPTED: weakref.WeakSet = weakref.WeakSet()  # every Adopted: its `deciding` lock re-made in a forked child
 
 
 def _after_fork() -> None:
     for adopted in list(_ADOPTED):
-        adopted.seeding, adopted.deciding = threading.Lock(), threading.RLock()
+        adopted.deciding = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -90,17 +90,15 @@ class Adopted(Kernel):
         self.public, self.tuner, self.validate = public, tuner, validate
         self.offline: dict[tuple, Seed] = {}   # artifact key (items, sorted) -> its best bundled artifact
         self.seeded: dict[int, Decision] = {}  # id(a triton.Config flytune put in Triton's cache) -> decision
+        self.firsts: dict[tuple, tuple] = {}   # artifact key (items) -> (object, decision) of the "first" tier
         self.objects: list = []                # those objects, kept alive so their ids stay theirs
         self.searching = triton_search.Patches(tuner)  # the timers that search runs with
-        self.local = Calls()
+        self.local, self._reseed = Calls(), True
         self.hits = hits.Hits(tuner)           # the decided calls' hits, Triton's `run` skipped
-        self._reseed = True
-        self.stale = False                     # the offline tier is read again before the next decision
-        self.seeding = threading.Lock()        # held while it is (re-made in a forked child: `_after_fork`)
-        self.deciding = threading.RLock()      # held while a key is decided (`wrap_prune`; re-made there too)
+        self.stale = False                     # the offline tier is read again (under `deciding`) before a decision
+        self.deciding = threading.RLock()      # held while a key is decided, primed, forgotten (re-made in a fork)
         _ADOPTED.add(self)
-        # a cache that is no dict (FlagGems' LibTuner keeps it in sqlite) cannot be seeded: Triton's own
-        # tuning serves such a kernel, which is still registered and reported
+        # a cache that is no dict (FlagGems' LibTuner: sqlite) cannot be seeded: Triton's own tuning serves it
         self.seedable = isinstance(tuner.cache, dict)
 
     @property
@@ -118,8 +116,7 @@ class Adopted(Kernel):
         return self._stats.served
 
     def stats(self) -> dict:
-        """The counters (`Kernel.stats`), and how hits are dispatched: `fast` (flytune's memo, Triton's
-        `run` skipped) or why Triton's `run` serves them."""
+        """The counters (`Kernel.stats`); `dispatch`: `fast` (flytune's memo), or why Triton's `run` serves hits."""
         return {**super().stats(), "dispatch": self.hits.refused or "fast"}
 
     @classmethod
@@ -129,7 +126,8 @@ class Adopted(Kernel):
         if adopted is None:
             adopted = cls(public, tuner, name, validate)
             adopted.hits.watch()
-            per_thread_nargs(tuner)
+            vars(tuner).setdefault("nargs", None)   # as after a call of Triton's (hits never set it)
+            per_thread_nargs(adopted)
             tuner.run = hits.wrapped_run(adopted, tuner.run)   # a hit of flytune's memo, or Triton's `run`
             tuner.prune_configs = adopted.wrap_prune(tuner.prune_configs)
             tuner.warmup = hits.wrapped_warmup(adopted, tuner.warmup)
@@ -161,7 +159,7 @@ class Adopted(Kernel):
                 chosen: list = []
                 tiers = {"search": lambda: self.search(key),
                          "offline": lambda: self.from_offline(_items(key), kwargs, chosen, nargs),
-                         "first": lambda: self.first_config(key, original(kwargs), chosen)}
+                         "first": lambda: self.first_config(key, lambda: original(kwargs), chosen)}
                 d = self.decide(mode, key, tiers, can_search=mode == "search" or triton_search.can_time(tuner))
                 if d is TRITON_SEARCHES or not chosen:   # (none chosen: no tier answered, Triton's own)
                     return original(kwargs)
@@ -197,13 +195,16 @@ class Adopted(Kernel):
             self.remember(seed.obj, d)
         return d
 
-    def first_config(self, key: dict, pruned: list, chosen: list) -> Decision:
-        """The "first" tier: the first config after pruning, as Triton launches a single config."""
-        obj = copy.copy(first_candidate(pruned, self.configs))  # its own id: this decision's
-        chosen.append(obj)
-        d = Decision(Config.coerce(obj), "heuristic", key, first=True)
-        self.remember(obj, d)
-        return d
+    def first_config(self, key: dict, pruned, chosen: list) -> Decision:
+        """The "first" tier: the first config after pruning (`pruned()`), as Triton launches a single config;
+        the key's one decision until forgotten (a cache that kept nothing decides it again: the same one)."""
+        known = self.firsts.get(_items(key))
+        if known is None:
+            obj = copy.copy(first_candidate(pruned(), self.configs))  # its own id: this decision's
+            known = self.firsts[_items(key)] = obj, Decision(Config.coerce(obj), "heuristic", key, first=True)
+            self.remember(*known)
+        chosen.append(known[0])
+        return known[1]
 
     def prime_key(self, key: dict) -> Decision | None:
         """Decide an artifact key ahead (`flytune warmup`), by the mode's order from the offline tier alone:
@@ -302,6 +303,7 @@ class Adopted(Kernel):
                 del cache[k]
             self.seeded.clear()
             self.objects.clear()
+            self.firsts.clear()
             self.hits.invalidate()
 
     def forget_pack(self, d: Decision) -> None:
@@ -357,14 +359,17 @@ class ThreadNargs:
         obj.__dict__["flytune_nargs"].value = value
 
 
-_THREADED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # an Autotuner class -> its subclass
+_THREADED: dict = {}   # an Autotuner class -> its subclass (one per class, for the process's life)
 
 
-def per_thread_nargs(tuner) -> None:
-    """Make `tuner`'s `nargs` per thread (`ThreadNargs`): its class becomes a subclass of its own (same
-    name, same methods) holding that one descriptor. A class that defines `nargs` itself keeps it."""
+def per_thread_nargs(adopted: Adopted) -> None:
+    """Make the adopted Autotuner's `nargs` per thread (`ThreadNargs`) where flytune decides its keys by
+    Triton's pruning (a dict cache, more than one config): its class becomes a subclass of its own (same
+    name, same methods) holding that one descriptor. A class that defines `nargs` itself keeps it. (A read
+    of the descriptor costs about 0.2 us more than the attribute's: Triton's `run` pays it, a hit never.)"""
+    tuner = adopted.tuner
     cls = type(tuner)
-    if any("nargs" in vars(c) for c in cls.__mro__):
+    if not adopted.seedable or len(tuner.configs) <= 1 or any("nargs" in vars(c) for c in cls.__mro__):
         return
     local = threading.local()
     local.value = vars(tuner).pop("nargs", None)
@@ -373,7 +378,7 @@ def per_thread_nargs(tuner) -> None:
     if sub is None:
         sub = _THREADED[cls] = type(cls.__name__, (cls,), {"nargs": ThreadNargs(), "__module__": cls.__module__,
                                                            "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
-    tuner.__class__ = sub
+    object.__setattr__(tuner, "__class__", sub)   # past a class's own __setattr__
 
 
 def _usable(self: Adopted, here, idx: Index):
@@ -401,7 +406,7 @@ def _settled(self: Adopted) -> None:
     offline tier is read again where the settings or the device changed since it was (reset_stats, settle)."""
     settings.settle()
     if self.stale:
-        with self.seeding:   # one thread reads the tier again; the others wait for it, then decide from it
+        with self.deciding:   # one thread reads the tier again; the others wait for it, then decide from it
             if self.stale:
                 self.seed()
 
