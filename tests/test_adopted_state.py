@@ -373,3 +373,31 @@ def test_a_cache_that_keeps_nothing_launches_the_calls_own_decision_and_never_se
     adopted = k.flytune_adopted
     assert len(events) == 1 and len(adopted._stats.decisions) == 1 and len(adopted.objects) == 1
     assert ft.stats()["st.add"]["calls"]["heuristic"] == 5
+
+
+def test_a_call_failing_in_tritons_run_lets_go_of_its_arguments():
+    """Triton's `run` keeps the call's arguments (`nargs`, one per thread) until its end, which a failing
+    call never reaches: they are let go of there, so a thread whose call failed holds no tensor after it."""
+    import gc
+    import weakref
+
+    class Mine(dict):   # a dict of the library's own: every call takes Triton's `run`
+        pass
+    k = make()
+    k.cache = Mine()
+    adapter.adopt(k, name="st.fails")
+    kept = []
+
+    def failing(meta):
+        raise ZeroDivisionError("the grid failed")
+
+    def call_failing():
+        x, y, out, n = args_of(50)
+        kept.append(weakref.ref(x))
+        try:
+            k[failing](x, y, out, n)
+        except ZeroDivisionError:
+            return True
+    assert call_failing() and k.nargs is None
+    gc.collect()   # (the failed call's traceback holds its frames in a cycle)
+    assert kept[0]() is None

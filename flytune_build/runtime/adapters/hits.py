@@ -422,6 +422,9 @@ def _triton(tuner, original, local, args, kwargs, servable):
                 return original(*args, **kwargs), None, None
             except Seeded as seeded:
                 last = seeded
+            except BaseException:   # Triton's `run` failed before letting go of the call's arguments
+                _drop_nargs(tuner, args)
+                raise
             _drop_nargs(tuner, args)
             obj = servable(args, kwargs)
             if obj is not None:
