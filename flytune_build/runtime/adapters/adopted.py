@@ -66,7 +66,7 @@ os.register_at_fork(after_in_child=_after_fork)
 class Calls(threading.local):
     """What a call of an adopted kernel is doing, per thread (a call on another thread, or one nested in
     a hook, is another call)."""
-    call = None       # (args, kwargs) of the call going through Triton's `run`: Triton's `nargs` is shared
+    call = None       # (args, kwargs) of the call going through Triton's `run` (`nargs` may be shared)
     pending = None    # the key of the search Triton runs for the call
     warming = False   # inside Triton's `warmup`
 
@@ -198,10 +198,10 @@ class Adopted(Kernel):
     def first_config(self, key: dict, pruned, chosen: list) -> Decision:
         """The "first" tier: the first config after pruning (`pruned()`), as Triton launches a single config;
         the key's one decision until forgotten (a cache that kept nothing decides it again: the same one)."""
-        known = self.firsts.get(_items(key))
+        known = self.firsts.get(items := _items(key))
         if known is None:
             obj = copy.copy(first_candidate(pruned(), self.configs))  # its own id: this decision's
-            known = self.firsts[_items(key)] = obj, Decision(Config.coerce(obj), "heuristic", key, first=True)
+            known = self.firsts[items] = obj, Decision(Config.coerce(obj), "heuristic", key, first=True)
             self.remember(*known)
         chosen.append(known[0])
         return known[1]

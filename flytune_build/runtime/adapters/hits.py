@@ -47,7 +47,7 @@ class Seeded(Exception):
 
     def __init__(self, key, obj, decision=None):
         super().__init__(key)
-        self.key, self.obj, self.decision = key, obj, decision
+        self.obj, self.decision = obj, decision
 
 
 class Cache(dict):
@@ -422,10 +422,8 @@ def _triton(tuner, original, local, args, kwargs, servable):
                 return original(*args, **kwargs), None, None
             except Seeded as seeded:
                 last = seeded
-            except BaseException:   # Triton's `run` failed before letting go of the call's arguments
+            finally:   # seeded or failed, Triton's `run` never let go of the call's arguments
                 _drop_nargs(tuner, args)
-                raise
-            _drop_nargs(tuner, args)
             obj = servable(args, kwargs)
             if obj is not None:
                 return None, obj, last.decision if obj is last.obj else None
@@ -457,8 +455,8 @@ def _attributes(tuner):
 
 
 def _drop_nargs(tuner, args: tuple) -> None:
-    """Triton's `run` keeps the call's arguments (`nargs`) until its end, which a seeded call's never
-    reaches: let go of them (its tensors) where they are still this call's."""
+    """Triton's `run` keeps the call's arguments (`nargs`) until its end, which a seeded or failed call's
+    never reaches: let go of them (its tensors) where they are still this call's."""
     nargs = tuner.nargs
     if nargs is not None and len(nargs) == len(args) and all(a is b for a, b in zip(nargs.values(), args)):
         tuner.nargs = None
