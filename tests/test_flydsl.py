@@ -149,9 +149,10 @@ def test_rocm_options_of_an_artifact_are_exported_to_flydsl_and_read_back(tmp_pa
 
 
 @pytest.mark.parametrize("option, value, rule", [("waves_per_eu", 99, "integer 0..16"), ("kpack", 4, "1 or 2"),
-                                                 ("launch_pdl", True, "cuda backend")])
+                                                 ("launch_pdl", True, "cuda backend"),
+                                                 ("num_warps", 12, "power of two")])
 def test_import_refuses_a_backend_option_verify_would_refuse_and_writes_nothing(tmp_path, option, value, rule):
-    """Every importer checks a config's backend compiler options as `verify` does (core.options.backend_problems):
+    """Every importer checks a config's backend compiler options as `verify` does (core.options.config_problems):
     a FlyDSL file whose `waves_per_eu` no ROCm Triton takes, or holding a CUDA-only option, is refused naming it."""
     (written,), _ = fly.export([hip_artifact()], tmp_path / "in")
     doc = json.loads(written.read_text())

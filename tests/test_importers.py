@@ -140,6 +140,8 @@ MALFORMED = [  # (file name, document, field named, rule fragment)
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": 16}, "64", "must be an object"),
     ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "matrix_instr_nonkdim": 16}},
      "64.matrix_instr_nonkdim", "compiler option of Triton's hip backend"),
+    ("E=8,N=64,device_name=NVIDIA_H200.json", {"64": {**CONFIGS["1"], "num_warps": 6}}, "64.num_warps",
+     "compiles only a power of two"),   # as the build refuses it (core.options.config_problems)
     ("E=8,N=64,device_name=NVIDIA_H200.json", [1, 2], "<document>", "must be an object"),
     ("E=8,N=64,device_name=NVIDIA_H200.json", {}, "<document>", "holds no batch size"),
     ("E=x,N=64,device_name=NVIDIA_H200.json", {"1": CONFIGS["1"]}, "<file name>", "E=x"),

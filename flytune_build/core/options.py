@@ -131,8 +131,7 @@ def foreign_kwarg(kwargs: Mapping[str, Any], backend: str) -> tuple[str, tuple[s
 def backend_problems(kwargs: Mapping[str, Any], backend: str) -> list[tuple[str, str]]:
     """(kwarg name, the rule it breaks) for each backend compiler option among `kwargs` that holds a value
     the option does not take (`BACKEND_VALUES`: `kpack: 4`), then for the first that `backend` refuses at
-    launch (`foreign_kwarg`: an MI300X's `waves_per_eu` on an H200). The one check every reader of a
-    config applies: the build and `verify` (core.verification) and every importer (vLLM, SGLang, FlyDSL)."""
+    launch (`foreign_kwarg`: an MI300X's `waves_per_eu` on an H200); part of `config_problems`."""
     out = []
     for name in sorted(BACKEND_VALUES.keys() & kwargs.keys()):
         must = bad_backend_value(name, kwargs[name])
@@ -155,6 +154,14 @@ def device_problems(num_warps: int, backend: str) -> list[tuple[str, str]]:
     if backend != "interpreter" and num_warps & (num_warps - 1):
         return [("num_warps", f"is {num_warps}, but Triton's {backend} backend compiles only a power of two")]
     return []
+
+
+def config_problems(kwargs: Mapping[str, Any], num_warps: int, backend: str) -> list[tuple[str, str]]:
+    """(name, the rule it breaks) for a config's kwargs (`backend_problems`) and its own options
+    (`device_problems`) on a device of `backend`: the one check every reader of a device's config applies,
+    the build and `verify` (core.verification) and every importer (vLLM, SGLang, FlyDSL) alike. No kwarg
+    shares an option's name (`Config` refuses it), so a name says which it is."""
+    return backend_problems(kwargs, backend) + device_problems(num_warps, backend)
 
 
 def check(values: Mapping[str, Any], f: Fields, path: str = "") -> tuple:

@@ -189,13 +189,12 @@ def backend_options(artifacts: list[Artifact], where: Where) -> Findings:
     """No config carries another backend's compiler option (`options.BACKEND_KWARGS`): an MI300X's
     `waves_per_eu` in an H200's artifact is refused by Triton at launch, so it is refused here; nor a
     value the option does not take (`options.BACKEND_VALUES`: `kpack: 4`), nor a `num_warps` the device's
-    backend cannot compile (`options.device_problems`)."""
+    backend cannot compile (`options.config_problems`, every importer's check too)."""
     found = Findings()
     for a in artifacts:
-        for name, rule in options.backend_problems(a.config.kwargs, a.device.backend):
-            found.reject(ArtifactError(rule, file=where(a), field=f"config.kwargs.{name}"), a)
-        for name, rule in options.device_problems(a.config.num_warps, a.device.backend):
-            found.reject(ArtifactError(rule, file=where(a), field=f"config.{name}"), a)
+        for name, rule in options.config_problems(a.config.kwargs, a.config.num_warps, a.device.backend):
+            field = f"config.kwargs.{name}" if name in a.config.kwargs else f"config.{name}"
+            found.reject(ArtifactError(rule, file=where(a), field=field), a)
     return found
 
 

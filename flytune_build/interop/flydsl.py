@@ -91,7 +91,7 @@ def from_flydsl(path: str | Path, *, name: str | None = None) -> Artifact:
     body = dict(f.mapping(doc["config"], "config"))  # `waves_per_eu` stays among the kwargs, as Triton takes it
     num_warps = body.pop("num_warps", 4)
     config = Config.from_json({"kwargs": body, "num_warps": num_warps}, f)
-    for option, rule in options.backend_problems(config.kwargs, device.backend):  # as verify checks it
+    for option, rule in options.config_problems(config.kwargs, config.num_warps, device.backend):  # as verify
         f.fail(f"config.{option}", rule)
     return Artifact(kernel, key, device, config, {"ranking": "imported", "source": f"flydsl:{path.name}"[:1024]})
 

@@ -183,11 +183,12 @@ def config_of(body: dict, f: Fields, m: str, backend: str) -> Config:
             f.fail(path, "must be a kernel parameter name (a Python identifier)")
         else:
             kwargs[name] = f.scalar(value, path)
-    for name, rule in compiler_options.backend_problems(kwargs, backend):
-        f.fail(f"{m}.{name}", rule if compiler_options.bad_backend_value(name, kwargs[name]) else
-               f"{rule}: pass the device the file was tuned on with --device")
     options.setdefault("num_stages", DEFAULT_STAGES[backend])
-    return Config(kwargs, **options)
+    config = Config(kwargs, **options)
+    for name, rule in compiler_options.config_problems(kwargs, config.num_warps, backend):
+        fix = name not in kwargs or compiler_options.bad_backend_value(name, kwargs[name])
+        f.fail(f"{m}.{name}", rule if fix else f"{rule}: pass the device the file was tuned on with --device")
+    return config
 
 
 def triton_of_directory(path: Path) -> str | None:
