@@ -181,15 +181,28 @@ class Checking:
             return configs
 
         def timing(*args, config, **meta):
+            caught: list = []   # what Triton's timer raised, which its `_bench` may take as infinitely slow
             try:
-                return timed(*args, config=config, **meta)
+                with _watched(tuner, caught):
+                    t = timed(*args, config=config, **meta)
             except Exception as e:
-                if isinstance(e, FlytuneError):
-                    raise
-                # what Triton does not take for a failed config (the interpreter's static_assert, a launch
-                # error) ends its search: the job fails naming the config
-                raise SearchError(f"{Config.coerce(config)} failed where Triton timed it, which ends Triton's "
-                                  f"search: {one_line(e)}", field="configs") from None
+                return failed(config, e)
+            if caught and not math.isfinite(float(t[0] if isinstance(t, (list, tuple)) else t)):
+                self.errors.setdefault(Config.coerce(config), f"{type(caught[-1]).__name__}: {caught[-1]}")
+            return t
+
+        def failed(config, e: Exception):
+            """A config that failed: as Triton's `_bench` takes it, infinitely slow with its error recorded
+            (out of resources, a compile-time assertion, ptxas), else the end of Triton's search."""
+            if isinstance(e, FlytuneError):
+                raise e
+            if isinstance(e, _triton_skips()):
+                self.errors.setdefault(Config.coerce(config), f"{type(e).__name__}: {e}")
+                return [math.inf] * 3
+            # what Triton does not take for a failed config (the interpreter's static_assert, a launch
+            # error) ends its search: the job fails naming the config
+            raise SearchError(f"{Config.coerce(config)} failed where Triton timed it, which ends Triton's "
+                              f"search: {one_line(e)}", field="configs") from None
 
         def bench_checked(*args, config, **meta):
             if self.call_site is None or not self._open(args, meta):
@@ -200,8 +213,11 @@ class Checking:
                 self.errors[Config.coerce(config)] = f"WrongOutput: {e}"
                 self.check.restore()
                 return [math.inf] * 3
-            except Exception:  # noqa: BLE001 - the timing fails it with its own error, as Triton would
-                pass
+            except outputs.ReferenceUnchecked:
+                raise
+            except Exception as e:  # noqa: BLE001 - it failed where the check launched it: never timed unchecked
+                self.check.restore()
+                return failed(config, e)
             self.check.restore()
             try:
                 return timing(*args, config=config, **meta)
@@ -262,6 +278,43 @@ class Checking:
         if self.check is not None:
             return self.check.record(cands)
         return self.checked or None
+
+
+def _triton_skips() -> tuple:
+    """The errors Triton's `_bench` takes for an infinitely slow config rather than the end of its search."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    return OutOfResources, CompileTimeAssertionFailure, PTXASError
+
+
+class _watched:
+    """Triton's timer of the Autotuner (its `do_bench`, Triton's or one set for the search) wrapped for a
+    while so that what it raises is kept in `caught` (Triton's `_bench` turns some errors into an infinite
+    time with no word of why; the candidate then says why)."""
+
+    def __init__(self, tuner, caught: list):
+        self.tuner, self.caught = tuner, caught
+
+    def __enter__(self):
+        tuner, caught = self.tuner, self.caught
+        self.had, self.old = "do_bench" in vars(tuner), vars(tuner).get("do_bench")
+        inner = tuner.do_bench
+
+        def do_bench(fn, *args, **kwargs):
+            try:
+                return inner(fn, *args, **kwargs)
+            except Exception as e:
+                caught.append(e)
+                raise
+        tuner.do_bench = do_bench
+        return self
+
+    def __exit__(self, *exc):
+        if self.had:
+            self.tuner.do_bench = self.old
+        else:
+            vars(self.tuner).pop("do_bench", None)
 
 
 def _by_config(configs) -> dict:

@@ -23,8 +23,16 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
   graph, so a kernel launched on tensors that require grad, on their views (made in no_grad mode too),
   or inside `torch.autograd.Function.forward`/`backward` on tensors saved for backward, is checked as
   any other, and its caller's backward runs as it would unchecked;
-- every tensor argument is compared after the launch: integer and bool tensors exactly, floating ones
-  within the tolerance of their dtype (`TOLERANCES`) or the plan entry's `rtol`/`atol`; NaN equals NaN;
+- every tensor the call passes is compared after the launch (a tuple argument's items and a tensor
+  descriptor's base too: `placement.members`): integer and bool tensors exactly, floating ones within the
+  tolerance of their dtype (`TOLERANCES`; a complex one, its parts') or the plan entry's `rtol`/`atol`;
+  NaN equals NaN; and the bytes of their storages within GUARD_BYTES around them that no argument spans
+  (the rest of a buffer an output is a slice of) must be as found: a store past a view (a missing mask)
+  is a wrong output, and is undone;
+- a config whose launch fails where the check launches it is never timed (its error is its candidate's);
+  where the comparison itself fails (no memory for its copies), that config and every later one go
+  unchecked and `provenance.outputs.note` says from which, or, under a reference function, the search
+  fails (`ReferenceUnchecked`);
 - a candidate that differs raises `WrongOutput` where it is timed: it times as infinity, can never win,
   and `provenance.candidates[i].error` says where it differed; `provenance.outputs` records the
   reference config (or, as `function`, the reference function's name) and the tolerances (or, in
@@ -54,7 +62,9 @@ from . import session
 TOLERANCES = {"float64": (1e-7, 1e-9), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3),
               "bfloat16": (1.6e-2, 1e-2)}
 LOW_PRECISION = (1.25e-1, 1.25e-1)   # the float8 kinds and any other narrow float
+COMPLEX = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}   # a part's tolerance
 MAX_BYTES = 2 << 30                  # tensor bytes a call may pass and still be checked
+GUARD_BYTES = 1 << 20                # bytes of a storage watched on each side of the call's tensors' spans
 
 
 class WrongOutput(Exception):
@@ -67,6 +77,11 @@ class Unrestorable(Exception):
 
 class ReferenceSearchError(TuneError):
     """A reference function started a search of a tuned kernel: it would check a kernel against itself."""
+
+
+class ReferenceUnchecked(TuneError):
+    """A candidate's outputs could not be compared with the plan's reference function's (the comparison
+    itself failed): the plan asked for this check, so the search fails rather than go on unchecked."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,7 @@ def policy() -> Policy | None:
 def tolerance(dtype: Any, p: Policy) -> tuple[float, float]:
     """(rtol, atol) for a floating tensor of `dtype` under `p`."""
     name = str(dtype).rpartition(".")[2]
-    rtol, atol = TOLERANCES.get(name, LOW_PRECISION)
+    rtol, atol = TOLERANCES.get(COMPLEX.get(name, name), LOW_PRECISION)
     return (rtol if p.rtol is None else p.rtol), (atol if p.atol is None else p.atol)
 
 
@@ -117,11 +132,13 @@ class Check:
         self.found = {}
         for n, t in self.raw.items():
             self.memory[n], self.found[n] = _restorable(n, t)
+        self.guards = _guards(self.raw)   # (label, bytes of a storage no tensor spans, their copy): unwritten
         self.reference: Config | None = None   # the reference config, where no function is the reference
         self.expected: dict[str, Any] | None = None   # None: nothing to compare with
         self.note: str | None = None
         self.skipped: dict[str, str] = {}   # tensors that cannot be compared: name -> why (the rest are)
         self.rejected: list[Config] = []
+        self.broken: str | None = None      # why the check stopped part-way (its comparison failed): unchecked since
 
     @property
     def against(self) -> str:
@@ -138,6 +155,8 @@ class Check:
             for n, t in self.memory.items():
                 if t is not None:
                     t.copy_(self.found[n])
+            for _, memory, found in self.guards:
+                memory.copy_(found)
 
     def _expect(self) -> None:
         """The reference's outputs, as the call's tensors now hold them; a tensor whose values cannot be
@@ -163,6 +182,10 @@ class Check:
                 self.launch(cfg)
             except Exception as e:  # noqa: BLE001 - the next config is the reference; this one's search fails it
                 errors.append(f"{cfg}: {type(e).__name__}: {e}"[:300])
+                continue
+            outside = self.outside()
+            if outside is not None:   # a reference that writes outside the call's tensors checks nothing
+                errors.append(f"{cfg}: `{outside[0]}`: {outside[1]}"[:300])
                 continue
             self.reference = cfg
             self._expect()
@@ -197,34 +220,62 @@ class Check:
                             f"{self.note.removeprefix('not checked: ')}")
 
     def __call__(self, cfg: Config) -> None:
-        """Launch `cfg` on the inputs as found and raise `WrongOutput` unless its outputs are the reference's."""
-        if self.expected is None or cfg == self.reference:  # the reference config's outputs are the expected
-            if self.expected is None:
+        """Launch `cfg` on the inputs as found and raise `WrongOutput` unless its outputs are the reference's;
+        the launch's own error is the config's. Where the comparison itself fails (no memory for its copies),
+        this config and every later one go unchecked (`broken`, which the record says), or, where the plan
+        names a reference function, the search fails (`ReferenceUnchecked`): the check never fails a config
+        for its own failure, nor passes one silently."""
+        if self.expected is None or self.broken is not None or cfg == self.reference:
+            if self.expected is None or self.broken is not None:   # (the reference's outputs are the expected)
                 self.launch(cfg)
             return
         self.restore()
         self.launch(cfg)
-        for n, want in self.expected.items():
-            why = differs(self.raw[n], want, self.policy)
-            if why is not None:
-                self.rejected.append(cfg)
-                raise WrongOutput(f"`{n}` differs from the reference {self.against}'s: {why}")
+        try:
+            why = next(((f"`{n}` differs from the reference {self.against}'s", w) for n, want in self.expected.items()
+                        if (w := differs(self.raw[n], want, self.policy)) is not None), None)
+            if why is None and (outside := self.outside()) is not None:
+                why = f"`{outside[0]}`", outside[1]
+        except Exception as e:  # noqa: BLE001 - the comparison's failure, not the config's
+            self.broken = f"not checked from {cfg} on: its comparison failed: {type(e).__name__}: {e}"[:480]
+            if self.policy.reference is not None:
+                raise ReferenceUnchecked(f"the outputs of {cfg} cannot be compared with the reference function "
+                                         f"{self.policy.reference_name}'s: {type(e).__name__}: {e}") from None
+            return
+        if why is not None:
+            self.rejected.append(cfg)
+            raise WrongOutput(f"{why[0]}: {why[1]}")
 
-    def screen(self, configs: Sequence[Config]) -> dict[Config, str]:
-        """Each config checked once: {config: why} of those whose outputs differ (a config that fails to
-        launch is left to the timing, which records its own error). The inputs are restored after."""
-        wrong = {}
+    def outside(self) -> tuple[str, str] | None:
+        """(label, why) where the last launch wrote into the bytes around the call's tensors (`guards`: a
+        store past its view, as a missing mask makes; the caller's memory, which `restore` puts back)."""
+        import torch
+
+        for label, memory, found in self.guards:
+            if not torch.equal(memory, found):
+                side, _, name = label.partition(" ")
+                at = (memory != found).nonzero()
+                return name.strip("`"), (f"a store outside the tensor: its storage {side} its view changed (bytes "
+                                         f"{int(at[0])}-{int(at[-1])} of the {memory.numel()} watched there), as "
+                                         f"a missing mask writes")
+        return None
+
+    def screen(self, configs: Sequence[Config]) -> dict[Config, Exception]:
+        """Each config checked once: {config: its error} of those whose outputs differ (`WrongOutput`) or
+        whose launch failed here (its own error: a config that failed once is never timed as if it had
+        passed). The inputs are restored after."""
+        failed = {}
         try:
             for cfg in configs:
                 try:
                     self(cfg)
-                except WrongOutput as e:
-                    wrong[cfg] = str(e)
-                except Exception:  # noqa: BLE001 - timing fails it with its own error
-                    pass
+                except ReferenceUnchecked:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the config's: its candidate carries the error
+                    failed[cfg] = e.with_traceback(None)   # (its frames held the check's copies)
         finally:
             self.restore()
-        return wrong
+        return failed
 
     def record(self, candidates: Sequence[Any]) -> dict:
         """`provenance.outputs`."""
@@ -234,8 +285,11 @@ class Check:
             {"reference": self.reference.to_json()}
         out = {**against, "rtol": self.policy.rtol, "atol": self.policy.atol,
                "rejected": sum(1 for c in candidates if c.config in self.rejected)}
+        notes = [self.broken] if self.broken is not None else []
         if self.skipped:  # compared what could be: the rest named, and why
-            out["note"] = ("not compared: " + "; ".join(f"`{n}` ({why})" for n, why in self.skipped.items()))[:500]
+            notes.append("not compared: " + "; ".join(f"`{n}` ({why})" for n, why in self.skipped.items()))
+        if notes:
+            out["note"] = "; ".join(notes)[:500]
         return out
 
 
@@ -260,7 +314,7 @@ def start(kernel, site, configs: Sequence[Config], launch: Callable[[Config], No
     if not p.check:
         return None, {"note": "not checked: the plan entry says check = false"}
     bound = site.bound
-    tensors = {n: v for n, v in bound.items() if _is_tensor(v)}
+    tensors = _tensors(bound)
     why = None
     size = sum(t.numel() * t.element_size() for t in tensors.values())
     if not tensors:
@@ -351,6 +405,38 @@ def _restorable(name: str, t) -> tuple[Any, Any]:
         raise Unrestorable(f"`{name}` cannot be put back as found: {type(e).__name__}: {e}"[:400]) from None
 
 
+def _guards(raw: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(label, bytes, their copy) for the bytes within GUARD_BYTES around the call's tensors' spans that no
+    tensor of the call spans, in each storage (a slice of a larger buffer: the rest is the caller's, or
+    another's). Never memory another argument spans: a kernel writes those legitimately."""
+    import torch
+
+    from . import placement
+
+    storages: dict[int, list] = {}
+    for n, t in raw.items():
+        if t.numel() and t.layout == torch.strided:
+            storages.setdefault(t.untyped_storage().data_ptr(), []).append((t.data_ptr(), placement.span_end(t), n, t))
+    out = []
+    for base, spans in storages.items():
+        spans.sort(key=lambda s: s[:2])
+        end_of_storage = base + spans[0][3].untyped_storage().nbytes()
+        covered = base   # the end of what the spans so far cover
+        windows = []     # (from, to or None: up to the next span, the tensor beside it, which side of it)
+        for lo, hi, n, t in spans:
+            if lo > covered:
+                windows.append((max(covered, lo - GUARD_BYTES), lo, n, t, "before"))
+            covered = max(covered, hi)
+            windows.append((covered, None, n, t, "after"))
+        for lo, hi, n, t, side in windows:
+            if hi is None:
+                hi = min([lo + GUARD_BYTES, end_of_storage] + [s[0] for s in spans if s[0] >= lo])
+            if hi > lo and not any(s[0] < hi and lo < s[1] for s in spans):
+                memory = placement.span_bytes(torch, t, lo, hi)
+                out.append((f"{side} `{n}`", memory, memory.clone()))
+    return out
+
+
 def _same(a, b) -> bool:
     """Whether two tensors hold the same bytes (NaN equal to NaN)."""
     import torch
@@ -358,8 +444,20 @@ def _same(a, b) -> bool:
     return bool(torch.equal(a, b)) or (a.dtype.is_floating_point and bool(torch.isclose(a, b, 0, 0, True).all()))
 
 
-def _is_tensor(v: Any) -> bool:
-    return hasattr(v, "dtype") and hasattr(v, "copy_") and hasattr(v, "clone") and hasattr(v, "numel")
+def _tensors(bound: dict) -> dict[str, Any]:
+    """Every tensor the call passes, by label (`placement.members`: a tuple's items, a tensor descriptor's
+    base too), each once: what a kernel can write through is compared and put back."""
+    import torch
+
+    from . import placement
+
+    out, seen = {}, set()
+    for n, v in bound.items():
+        for label, t in placement.members(torch, v, n):
+            if id(t) not in seen:
+                seen.add(id(t))
+                out[label] = t
+    return out
 
 
 def differs(got, want, p: Policy) -> str | None:

@@ -91,22 +91,24 @@ def _placeable(t) -> bool:
     return t.is_cuda
 
 
-def _members(torch, v):
-    """The tensors an argument holds: itself, a tuple's items (Triton's tuple arguments), a tensor
-    descriptor's `base` (triton.tools.tensor_descriptor.TensorDescriptor and the like)."""
+def members(torch, v, name: str = ""):
+    """(label, tensor) for each tensor an argument named `name` holds: itself (`name`), a tuple's items
+    (Triton's tuple arguments: `name[0]`), a tensor descriptor's `base` (`name.base`:
+    triton.tools.tensor_descriptor.TensorDescriptor and the like). Placement and the output check
+    (`outputs.start`) alike: what a kernel can write through is what each of them handles."""
     if isinstance(v, torch.Tensor):
-        yield v
+        yield name, v
     elif isinstance(v, (tuple, list)):
-        for item in v:
-            yield from _members(torch, item)
+        for i, item in enumerate(v):
+            yield from members(torch, item, f"{name}[{i}]")
     elif dataclasses.is_dataclass(v) and not isinstance(v, type) and isinstance(getattr(v, "base", None), torch.Tensor):
-        yield v.base
+        yield f"{name}.base", v.base
 
 
 def _device_tensors(torch, values) -> list:
     seen, out = set(), []
     for v in values:
-        for t in _members(torch, v):
+        for _, t in members(torch, v):
             if _placeable(t) and id(t) not in seen:
                 seen.add(id(t))
                 out.append(t)
@@ -124,7 +126,7 @@ def _hook_reaches(torch, hooks, groups) -> bool:
             return True
         for v in seen:
             for item in (v.values() if isinstance(v, dict) else (v,)):
-                for t in _members(torch, item):
+                for _, t in members(torch, item):
                     if t.numel() and any(lo < span_end(t) and t.data_ptr() < hi for lo, hi in ranges):
                         return True
     return False

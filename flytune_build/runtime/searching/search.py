@@ -305,16 +305,16 @@ def _synthetic(kernel, key: dict, configs: list[Config], launch: Callable[[Confi
 
 
 def _measured(kernel, configs: list[Config], launch: callbacks.Launcher, shipped, placements: placement.Placements,
-              wrong: dict[Config, str], default: Config | None = None):
+              wrong: dict[Config, Exception], default: Config | None = None):
     """Screening passes and finalist rounds each time a config on its next placement (`placement`);
-    a config whose outputs were wrong (`wrong`: config -> why) is not timed."""
+    a config the output check failed (`wrong`: config -> its error, `outputs.Check.screen`) is not timed."""
     measure = dataclasses.replace(_measurement(kernel, configs, launch), placements=len(placements),
                                   placement_note=placements.note)
     screen = measure.bench(bench.SCREEN_FRACTION * measure.screen_passes)
 
     def screened(cfg: Config) -> float:
         if cfg in wrong:
-            raise outputs.WrongOutput(wrong[cfg])
+            raise wrong[cfg]
         return screen(launch.at(cfg))
     candidates = _timed(configs, screened)
     for _ in range(measure.screen_passes - 1):  # interleaved passes, the least kept: a burst of load hits one
