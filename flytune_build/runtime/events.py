@@ -62,14 +62,15 @@ def on_decision(callback: Callable[[dict], object]) -> Subscription:
     return sub
 
 
-def announce(kernel: str, d: Decision) -> None:
-    """One decision made: printed with FLYTUNE_PRINT_AUTOTUNING=1, then told to every subscriber (the
+def announce(kernel: str, d: Decision, miss: bool = True) -> None:
+    """One decision made: printed with FLYTUNE_PRINT_AUTOTUNING=1, recorded where FLYTUNE_MISSES asks (`miss`
+    False: a search a tuning run made on purpose, `recording`'s), then told to every subscriber (the
     autotuner and adopted kernels call this once per key)."""
     s = settings.current()
     if s.print_autotuning:
         level = f" level={d.level}" if d.level else ""
         print(f"[flytune] {kernel} key={d.key} tier={d.first_tier}{level} config={d.config}", file=sys.stderr)
-    if s.misses is not None:
+    if s.misses is not None and miss:
         from . import device
         from .serving import misses
 

@@ -69,6 +69,7 @@ class Calls(threading.local):
     call = None       # (args, kwargs) of the call going through Triton's `run` (`nargs` may be shared)
     pending = None    # the key of the search Triton runs for the call
     warming = False   # inside Triton's `warmup`
+    recorded = None   # (key, seconds, calls) of the search `recording` ran for the call, until it picks (`recorded`)
 
 
 @dataclass
@@ -242,20 +243,32 @@ class Adopted(Kernel):
             return tier
         self.searching.restore()
         seconds = getattr(self.tuner, "bench_time", None)
+        if not self.reseed:   # `recording`: its selection picks the config served, then tells it (`recorded`)
+            self.local.recorded = key, seconds, int(launched)
+            return None
         config = Config.coerce(winner := self.tuner.best_config if obj is None else obj)
-        if seconds is None:  # Triton's disk cache (cache_results) answered: a winner searched here before
-            d = Decision(config, "scratch", key, calls=int(launched))
-        else:
-            self._stats.searched(seconds)
-            d = Decision(config, "scratch", key, first_tier="search", calls=int(launched))
-            s = settings.current()
-            if s.autotune == "search" and s.emit_dir and self.reseed:  # FLYTUNE_AUTOTUNE=1: as a ported kernel
-                d.artifact = triton_search.winner_artifact(self.tuner, self.name, bench.ranking(), key, args, kwargs,
-                                                           winner)
-                d.artifact.save(s.emit_dir)
-        self._stats.decisions.append(d)
+        d = self.searched(config, key, seconds, int(launched))
+        s = settings.current()
+        if seconds is not None and s.autotune == "search" and s.emit_dir:  # FLYTUNE_AUTOTUNE=1: as a ported kernel
+            d.artifact = triton_search.winner_artifact(self.tuner, self.name, bench.ranking(), key, args, kwargs, winner)
+            d.artifact.save(s.emit_dir)
         events.announce(self.name, d)
         return None
+
+    def searched(self, config: Config, key: dict, seconds: float | None, calls: int) -> Decision:
+        """The decision of a search Triton ran for `key` (`seconds` None: its disk cache answered), counted."""
+        if seconds is not None:
+            self._stats.searched(seconds)
+        d = Decision(config, "scratch", key, first_tier="search" if seconds is not None else None, calls=calls)
+        self._stats.decisions.append(d)
+        return d
+
+    def recorded(self, winner) -> None:
+        """The search `recording` ran for this thread's call is served by `winner` (flytune's selection over
+        Triton's timings): counted and told as that config, and no miss (a tuning run searched it)."""
+        found, self.local.recorded = self.local.recorded, None
+        if found is not None:
+            events.announce(self.name, self.searched(Config.coerce(winner), *found), miss=False)
 
     def failure(self, args: tuple, kwargs: dict, e: Exception) -> Decision | None:
         """The decision of flytune's that served a failing call, else None (Triton's own: the error stands)."""
@@ -271,29 +284,8 @@ class Adopted(Kernel):
 
     def seed(self) -> int:
         """Read the best artifact per Triton key for this device (the earliest source, then the best
-        match level) into the offline tier; returns how many it holds."""
-        if not self.seedable:
-            self.stale = False
-            self.fallback(f"its Autotuner keeps its cache in a {type(self.tuner.cache).__name__}, not a dict: "
-                          f"flytune cannot seed it, and Triton's own tuning serves every call")
-            return 0
-        here, idx, offline = device.current(), Index(), {}
-        best: dict[tuple, tuple] = {}
-        for rank, art, level, origin, pack in _usable(self, here, idx):
-            tk = seed_key(self.tuner, art.key)
-            if tk not in best or rank < best[tk][0]:
-                best[tk] = (rank, art, level, origin, pack)
-        for problem in idx.problems:
-            self.fallback(f"artifact ignored: {problem}")
-        self.forget()
-        for tk, (_, art, level, origin, pack) in best.items():
-            if tk not in self.tuner.cache:  # else Triton already decided this key in this process
-                offline[_items(art.key)] = Seed(art, level, origin, pack=pack)
-        self.offline, self.stale = offline, False   # whole: a thread deciding meanwhile read the old one
-        if not best and idx.other_devices:
-            self.fallback(f"no artifact matches this device ({here}); bundled for: "
-                          f"{', '.join(sorted(idx.other_devices))}")
-        return len(offline)
+        match level) into the offline tier; returns how many it holds (`_seeded`)."""
+        return _seeded(self)
 
     def forget(self) -> None:
         """Take what flytune put into Triton's cache out of it (after a decision in flight): decided again."""
@@ -379,6 +371,32 @@ def per_thread_nargs(adopted: Adopted) -> None:
         sub = _THREADED[cls] = type(cls.__name__, (cls,), {"nargs": ThreadNargs(), "__module__": cls.__module__,
                                                            "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
     object.__setattr__(tuner, "__class__", sub)   # past a class's own __setattr__
+
+
+def _seeded(self: Adopted) -> int:
+    """`Adopted.seed`: the offline tier read whole, then put in place (a thread deciding meanwhile read the old one)."""
+    if not self.seedable:
+        self.stale = False
+        self.fallback(f"its Autotuner keeps its cache in a {type(self.tuner.cache).__name__}, not a dict: "
+                      f"flytune cannot seed it, and Triton's own tuning serves every call")
+        return 0
+    here, idx, offline = device.current(), Index(), {}
+    best: dict[tuple, tuple] = {}
+    for rank, art, level, origin, pack in _usable(self, here, idx):
+        tk = seed_key(self.tuner, art.key)
+        if tk not in best or rank < best[tk][0]:
+            best[tk] = (rank, art, level, origin, pack)
+    for problem in idx.problems:
+        self.fallback(f"artifact ignored: {problem}")
+    self.forget()
+    for tk, (_, art, level, origin, pack) in best.items():
+        if tk not in self.tuner.cache:  # else Triton already decided this key in this process
+            offline[_items(art.key)] = Seed(art, level, origin, pack=pack)
+    self.offline, self.stale = offline, False   # whole: a thread deciding meanwhile read the old one
+    if not best and idx.other_devices:
+        self.fallback(f"no artifact matches this device ({here}); bundled for: "
+                      f"{', '.join(sorted(idx.other_devices))}")
+    return len(offline)
 
 
 def _usable(self: Adopted, here, idx: Index):

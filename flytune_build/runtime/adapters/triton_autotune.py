@@ -22,6 +22,8 @@ tensors were passed in, finds the artifact; its config is put under the call's T
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 
 from ...core.artifact import Artifact
 from ...core.errors import DeclarationError, UsageError
@@ -53,27 +55,48 @@ def recording(kernel, name: str):
     a tuning session that checks outputs (`flytune tune`) each candidate's outputs are checked first
     (`triton_search.Checking`): one that differs from the reference is never timed and cannot win.
     The block patches the Autotuner itself: every thread's call of the kernel meanwhile is searched and
-    captured, and a second block on the same kernel (nested, or on another thread) is a UsageError."""
+    captured, one call at a time (Triton's search and flytune's selection read the Autotuner's own state:
+    its timings, its `best_config`), and a second block on the same kernel (nested, or on another thread)
+    is a UsageError. A process forked meanwhile by another thread than the block's has the kernel as it
+    was before the block (no thread of the child would end it)."""
     tuner = autotuner_of(kernel)
     if not isinstance(tuner.cache, dict):  # set aside and restored below, as a dict
         raise DeclarationError(f"keeps its Autotuner's cache in a {type(tuner.cache).__name__}, not a dict: its "
                                f"searches cannot be recorded", file=name, field="cache")
-    mine = object()
-    if _RECORDING.setdefault(id(tuner), mine) is not mine:   # one step under the GIL: one block wins
+    block = _Block()
+    if _RECORDING.setdefault(id(tuner), block) is not block:   # one step under the GIL: one block wins
         raise UsageError(f"{name}: its searches are already being recorded (a `recording` block on this or "
                          f"another thread patches the Autotuner itself): one block at a time per kernel")
     try:
-        with _recorded(kernel, tuner, name) as captured:
+        with _recorded(kernel, tuner, name, block) as captured:
             yield captured
     finally:
-        del _RECORDING[id(tuner)]
+        _RECORDING.pop(id(tuner), None)
+
+
+class _Block:
+    """One `recording` block: its thread, and what puts the Autotuner back as it was (`undo`, once)."""
+
+    def __init__(self):
+        self.thread, self.undo = threading.get_ident(), None
 
 
 _RECORDING: dict = {}   # id(an Autotuner) -> the `recording` block that holds it
 
 
+def _after_fork() -> None:
+    """A child forked by another thread than a block's has no thread to end that block: undone here."""
+    for key, block in list(_RECORDING.items()):
+        if block.thread != threading.get_ident() and block.undo is not None:
+            block.undo()
+            _RECORDING.pop(key, None)
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 @contextlib.contextmanager
-def _recorded(kernel, tuner, name: str):
+def _recorded(kernel, tuner, name: str, block: _Block):
     captured: list[Artifact] = []
     ranking = bench.ranking()
     patches = Patches(tuner)
@@ -82,17 +105,23 @@ def _recorded(kernel, tuner, name: str):
     adopted = vars(tuner).get("flytune_adopted")
     if adopted is not None:
         adopted.reseed = False
+
+    def undo() -> None:
+        block.undo = None
+        patches.restore()
+        tuner.cache.clear()
+        tuner.cache.update(saved_cache)
+        if adopted is not None:
+            adopted.reseed = True
+    block.undo = undo
     try:
         patches.set("cache_results", False)
         timed_as_flytune(tuner, name, ranking, patches)
         patches.set("run", _capturing(tuner, name, ranking, captured, Checking(tuner, patches, heuristics(kernel, tuner))))
         yield captured
     finally:
-        patches.restore()
-        tuner.cache.clear()
-        tuner.cache.update(saved_cache)
-        if adopted is not None:
-            adopted.reseed = True
+        if block.undo is not None:
+            undo()
 
 
 def heuristics(kernel, tuner) -> frozenset:
@@ -110,23 +139,28 @@ def heuristics(kernel, tuner) -> frozenset:
 
 def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checking):
     original = tuner.run  # the class's, or the wrapper `adopt` installed
+    adopted = vars(tuner).get("flytune_adopted")
+    serial = threading.RLock()   # one call at a time (a call nested in a hook on the same thread, too)
 
     def run(*args, **kwargs):
-        before = set(tuner.cache)
-        checking.call(args, kwargs)
-        try:
-            ret = original(*args, **kwargs)
-            new = [k for k in tuner.cache if k not in before]
-            if new:
-                key = call_artifact_key(tuner, args, kwargs)
-                picked = select(tuner, name, ranking, key, args, kwargs, checking)
-                tuner.cache[new[-1]] = tuner.best_config = picked.winner   # later calls run flytune's winner too
-                launched = checking.launch_winner(picked.winner, args, kwargs)
-                ret = ret if launched is None else launched
-                art = winner_artifact(tuner, name, ranking, key, args, kwargs, picked.winner, picked)
-                captured.append(art)
-                search.report(search.Found(name, art, picked.candidates, picked.selection.winner))
-        finally:
-            checking.close()
-        return ret
+        with serial:
+            before = set(tuner.cache)
+            checking.call(args, kwargs)
+            try:
+                ret = original(*args, **kwargs)
+                new = [k for k in tuner.cache if k not in before]
+                if new:
+                    key = call_artifact_key(tuner, args, kwargs)
+                    picked = select(tuner, name, ranking, key, args, kwargs, checking)
+                    tuner.cache[new[-1]] = tuner.best_config = picked.winner   # later calls run flytune's winner too
+                    if adopted is not None:   # counted and told as the config it serves, not Triton's pick
+                        adopted.recorded(picked.winner)
+                    launched = checking.launch_winner(picked.winner, args, kwargs)
+                    ret = ret if launched is None else launched
+                    art = winner_artifact(tuner, name, ranking, key, args, kwargs, picked.winner, picked)
+                    captured.append(art)
+                    search.report(search.Found(name, art, picked.candidates, picked.selection.winner))
+            finally:
+                checking.close()
+            return ret
     return run

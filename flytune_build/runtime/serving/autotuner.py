@@ -490,9 +490,11 @@ def reset_stats() -> None:
     settings.reload()
     TIER.reset()
     device.reset()
+    misses = sys.modules.get("flytune_build.runtime.serving.misses")   # where imported at all
+    if misses is not None:   # before the kernels: a decision made meanwhile is in the new log, its calls counted
+        misses.reset()
     registry.reset()
-    for loaded in ("flytune_build.runtime.inductor", "flytune_build.runtime.serving.misses"):  # where imported at all
-        module = sys.modules.get(loaded)
-        if module is not None:
-            module.reset()
+    inductor = sys.modules.get("flytune_build.runtime.inductor")
+    if inductor is not None:
+        inductor.reset()
     warning.reset()

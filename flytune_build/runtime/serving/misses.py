@@ -28,13 +28,14 @@ State: `_pending` (one `Log`) is this process's: its recorded decisions, each wi
 decision already counted, the keys it saw dropped, whether a lock wait timed out, its writer thread.
 `_lock` guards the log's entries and thread; `_registered` says the exit's `flush` is registered (an
 atexit function a forked child inherits; a multiprocessing child, which ends in os._exit, flushes as
-its finalizers run). A forked child (os.register_at_fork) gets a new `Log` of the same decisions with
+its finalizers run, whether this module was imported before its fork or first in it). A forked child (os.register_at_fork) gets a new `Log` of the same decisions with
 every call so far and every decision counted as the parent's, no writer thread, no dropped keys, no
 timeout, and a fresh `_lock`: nothing it would count twice.
 """
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import threading
 from dataclasses import dataclass, field
@@ -113,6 +114,8 @@ def record(kernel: str, d, device: str) -> None:
             _start(log)
         if not _registered:
             atexit.register(flush)
+            if multiprocessing.parent_process() is not None:   # a multiprocessing child this module was first
+                _flush_at_child_exit(None)                      # imported in (a pool's worker): it ends in os._exit
             _registered = True
 
 
@@ -210,15 +213,9 @@ def _warn(path: str, why: str) -> None:
                  f"FLYTUNE_MISSES ({path}): cannot record this process's misses now ({why}); the kernels run as before")
 
 
-def _before_fork() -> None:
-    _lock.acquire()  # the child copies the log whole, never halfway through `record`
-
-
-def _after_fork_in_parent() -> None:
-    _lock.release()
-
-
 def _after_fork_in_child() -> None:
+    """No lock is held across the fork (another at-fork hook may wait meanwhile, `warming.forks`): the log's
+    entries are a list, appended in one step under the GIL, and the child counts each as the parent's."""
     global _pending, _lock
     parent, _pending, _lock = _pending, _pending.forked(), threading.Lock()
     parent.closed = True  # the parent's writer thread does not exist here; nothing may wait on it
@@ -230,6 +227,5 @@ def _flush_at_child_exit(_) -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 multiprocessing_util.register_after_fork(flush, _flush_at_child_exit)

@@ -81,7 +81,7 @@ class ScratchCache:
         a lock held past LOCK_TIMEOUT, a lock path that is a symlink) is one warning, and the winner
         is kept in memory for this process; the call that searched it never fails for it."""
         try:
-            self._loaded["entries"] = self._write(key, value)
+            self._write(key, value)
         except (OSError, FlytuneError) as e:  # filelock's Timeout is an OSError
             reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
             warning.once(("scratch-write", str(self.path.parent)),
@@ -89,7 +89,9 @@ class ScratchCache:
                          f"{reason}); searched winners are kept in memory for this process only")
             self.entries()[key] = value
 
-    def _write(self, key: str, value: Any) -> dict[str, Any]:
+    def _write(self, key: str, value: Any) -> None:
+        """The file's entries and this one written, and kept as this process's (under the lock: another
+        thread's write after this one's is never undone in memory by this one's older read)."""
         from filelock import FileLock
 
         path = self.path
@@ -102,4 +104,4 @@ class ScratchCache:
             entries[key] = value
             atomic_write(path, codec.canonical({"format": FORMAT_VERSION, "kernel": self.kernel,
                                                 "entries": entries}))
-        return entries
+            self._loaded["entries"] = entries
