@@ -42,6 +42,22 @@ def test_a_flytune_table_under_another_name_is_refused_naming_it(tmp_path, title
     assert e.value.field == named and "did you mean `tool.flytune`?" in str(e.value)
 
 
+@pytest.mark.parametrize("title", ["[tool.flytun]", "[tool.Flytune]", "[tool.flytune_build]", "[flytune]"])
+def test_a_misspelled_main_table_beside_its_tune_table_is_named_not_blamed_on_a_missing_field(tmp_path, title):
+    """`flytune init` writes [tool.flytune] and [tool.flytune.tune]: the second makes [tool.flytune] exist
+    whatever the first is called, so a misspelled first is named, in the build, `verify` and `tune` alike."""
+    proj = make_project(tmp_path / "p")
+    (proj / "pyproject.toml").write_text((proj / "pyproject.toml").read_text() + '\n[tool.flytune.tune]\nrep = 50\n')
+    retitle(proj, "[tool.flytune]\n", f"{title}\n")
+    with pytest.raises(ProjectError) as e:
+        pipeline.run(proj, out=io.StringIO())
+    assert e.value.field == title.strip("[]") and "did you mean `tool.flytune`?" in str(e.value)
+    assert "Field `tool.flytune.sources` is required" in str(e.value) and f"rename {title} to [tool.flytune]" in str(e.value)
+    for command in (("verify", str(proj)), ("tune", "--project", str(proj), "--allow-ci")):
+        r = flytune(*command)
+        assert r.returncode != 0 and f"Field `{title.strip('[]')}` is not a table flytune reads" in r.stdout + r.stderr
+
+
 def test_another_tools_table_leaves_a_project_without_flytune_to_its_backend(tmp_path):
     proj = make_project(tmp_path / "p", tool=False)
     (proj / "pyproject.toml").write_text((proj / "pyproject.toml").read_text() + '\n[tool.flynt]\nline-length = 99\n')

@@ -238,8 +238,16 @@ def load(root: str | Path) -> Project | None:
     if table is None:
         return None
     name = doc.get("project", {}).get("name") if isinstance(doc.get("project"), dict) else None
-    proj = parse(table, root=root, file=root / "pyproject.toml", name=name if isinstance(name, str) else None,
-                 doc=doc)
+    try:
+        proj = parse(table, root=root, file=root / "pyproject.toml", name=name if isinstance(name, str) else None,
+                     doc=doc)
+    except ProjectError as e:   # `[tool.flytun]` beside the `[tool.flytune.tune]` that makes [tool.flytune] exist
+        close = misnamed(doc)
+        if close is None:
+            raise
+        raise ProjectError(f"is not a table flytune reads (did you mean `tool.flytune`?), so [tool.flytune] is "
+                           f"incomplete (Field `{e.field}` {e.rule}): rename [{close}] to [tool.flytune]",
+                           file=root / "pyproject.toml", field=close) from None
     check_owned(proj, doc)
     return proj
 
@@ -269,7 +277,7 @@ TYPO = 0.8  # difflib's ratio from which a tool table is `flytune` misspelled (`
 
 def misnamed(doc: dict) -> str | None:
     """The dotted name of the table in `doc` that is `[tool.flytune]` misnamed, where `doc` has no
-    `[tool.flytune]`: a `tool` key within a typo of `flytune` or starting with it (`flytune-build`), or
+    `[tool.flytune]` or an incomplete one (`load`): a `tool` key within a typo of `flytune` or starting with it (`flytune-build`), or
     a `flytune` table outside `tool` (`[tools.flytune]`, `[flytune]`); None where there is none."""
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
     keys = {_folded(k): k for k in tool if k != "flytune" and isinstance(tool[k], dict)}  # `[tool.FLYTUNE]`, `ﬂytune`
