@@ -70,7 +70,7 @@ def test_tune_returns_outcomes_prints_nothing_and_a_re_tune_keeps_every_winner(t
     ({"kernels": ["sample_pkg.nope"]}, "not in the tuning plan"),
     ({"repeat": 0}, "repeat must be an integer from 1 to 100, not 0"),
     ({"repeat": 30_000}, "repeat must be an integer from 1 to 100, not 30000"),
-    ({"min_improvement": -1}, "min_improvement must be a percentage"),
+    ({"min_improvement": -1}, "Field `min_improvement` must be a percentage from 0 to below 1000, not -1"),
     ({"executor": "inprocess", "job_timeout": 5}, "cannot do to itself"),
     ({"executor": "spark"}, "must be one of inprocess, local, ray"),
 ])

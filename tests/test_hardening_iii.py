@@ -230,6 +230,18 @@ def test_a_bare_string_where_a_list_of_paths_goes_is_refused_and_nothing_is_touc
     lambda ft: ft.tune(".", plan=["a.toml"]),
     lambda ft: ft.warmup(["dist-a", "dist-b"]),
     lambda ft: ft.warmup(workers=0),
+    lambda ft: ft.warmup(processes="x"),
+    lambda ft: ft.tune(".", min_improvement="abc"),
+    lambda ft: ft.tune(".", min_improvement=5000),
+    lambda ft: ft.tune(".", ranking="bogus"),   # before: the whole search ran, then every artifact was refused
+    lambda ft: ft.tune(".", output=""),         # before: the default output, silently
+    lambda ft: ft.tune(""),
+    lambda ft: ft.verify(""),                   # before: the current directory, as "" never means on the CLI
+    lambda ft: ft.verify(".", strict="yes"),
+    lambda ft: ft.inspect(""),
+    lambda ft: ft.diff("", "."),
+    lambda ft: ft.fmt([""]),
+    lambda ft: ft.merge([""], "OUT"),
 ])
 def test_every_public_function_refuses_an_argument_of_the_wrong_shape(call):
     import flytune_build as ft

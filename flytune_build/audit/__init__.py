@@ -15,6 +15,7 @@ def verify(path, *, strict: bool = False, deep: bool = False, execute: bool = Fa
     artifact against its kernel; `execute` also runs each one that matches this device. Prints nothing."""
     from . import source
 
+    strict, deep, execute = (arguments.flag(v, n) for v, n in ((strict, "strict"), (deep, "deep"), (execute, "execute")))
     return source.verify(str(arguments.path(path, "path")), strict=strict, deep=deep, execute=execute)
 
 

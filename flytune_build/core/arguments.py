@@ -3,7 +3,7 @@ takes a list of paths or names, a time limit or a count goes through them.
 
 A bare string where a list goes is refused, never iterated (`merge("AB", "OUT")` would merge `A` and
 `B`); a time limit is a finite number of seconds above zero (`nan` would mean none, `-1` fail every job);
-a count is a positive integer. The errors are `ArgumentTypeError` (a TypeError) for a wrong type and
+a count is a positive integer; a path is never empty. The errors are `ArgumentTypeError` (a TypeError) for a wrong type and
 `UsageError` (a ValueError) for a value out of range: the CLI's exit code 2 either way.
 """
 from __future__ import annotations
@@ -26,9 +26,20 @@ def names(value: Any, name: str) -> list[str]:
 
 
 def path(value: Any, name: str) -> Any:
-    """`value`, one path (str or os.PathLike); a list or anything else is refused."""
+    """`value`, one path (str or os.PathLike); a list or anything else is refused, and so is an empty one
+    (as the CLI refuses `--output ""`: it never means the current directory, which is ".")."""
     if isinstance(value, (bytes, bytearray)) or not isinstance(value, (str, os.PathLike)):
         raise ArgumentTypeError(f"must be a path (a str or os.PathLike), not {type(value).__name__}", field=name)
+    if os.fspath(value) == "":
+        raise UsageError("is an empty path: it never means the current directory (pass \".\" for that)", field=name)
+    return value
+
+
+def choice(value: Any, name: str, choices: tuple) -> Any:
+    """`value`, one of `choices` (None: the default, where it is one of them)."""
+    if value not in choices:
+        raise UsageError(f"must be one of {', '.join(map(str, (c for c in choices if c is not None)))}, not "
+                         f"{value!r}", field=name)
     return value
 
 
@@ -81,4 +92,6 @@ def _items(value: Any, name: str, what: str, types: tuple) -> list:
     for i, item in enumerate(items):
         if isinstance(item, (bytes, bytearray)) or not isinstance(item, types):
             raise ArgumentTypeError(f"must hold {what}, not {type(item).__name__} ({item!r})", field=f"{name}[{i}]")
+        if what == "paths":
+            path(item, f"{name}[{i}]")
     return items

@@ -48,6 +48,8 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     if kernels is not None and not isinstance(kernels, str):
         kernels = arguments.names(kernels, "kernels")
     plan = plan if plan is None else arguments.path(plan, "plan")
+    margin = MIN_IMPROVEMENT_PCT if min_improvement is None else arguments.percent(min_improvement, "min_improvement")
+    ranking = arguments.choice(ranking, "ranking", (None, *settings.RANKINGS))
     if output is not None:
         _check_output(Path(arguments.path(output, "output")))
         project_mod.check_output_template(str(output), codec.Fields(None, UsageError), "output")
@@ -64,14 +66,11 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
     if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
         raise UsageError(f"repeat must be an integer from 1 to {MAX_REPEAT}, not {repeat!r} (each repetition "
                          f"searches every shape again)")
-    margin = MIN_IMPROVEMENT_PCT if min_improvement is None else float(min_improvement)
-    if not 0 <= margin < 1000:
-        raise UsageError(f"min_improvement must be a percentage >= 0, not {min_improvement}")
     if settings.current().ci and not allow_ci and (ranking or settings.current().ranking) != "synthetic":
         raise UsageError("refusing to tune where CI is set: shared runners do not choose winners (tune on the "
                          "intended GPU; allow_ci=True or --allow-ci overrides)")
-    options = Options(executor or "inprocess", workers, address, job_timeout, resume, ranking,
-                      str(Path(output).resolve()) if output else None, repeat, margin)
+    options = Options("inprocess" if executor is None else executor, workers, address, job_timeout, resume, ranking,
+                      str(Path(output).resolve()) if output is not None else None, repeat, margin)
     load_references(proj.root, entries)  # a plan naming a reference that cannot be used is refused first
     fingerprints = fingerprint.of_plan(proj.root, entries)
     for note in missed_notes if reporter is not None else ():  # told as every note is: the text output has them

@@ -130,6 +130,7 @@ def warmup(*distributions: str, background: bool = False, workers: int | None = 
                                     "caching allocator ahead made first calls no shorter): remove it")
     distributions = arguments.names(distributions, "distributions")  # warmup(["a", "b"]): one list, no name
     workers = arguments.count(workers, "workers")
+    processes = processes if processes is None else arguments.flag(processes, "processes")
     background, align_variants = arguments.flag(background, "background"), arguments.flag(align_variants,
                                                                                         "align_variants")
     if background:
