@@ -313,3 +313,13 @@ def test_inspect_of_a_project_gives_the_bytes_of_its_artifacts(tmp_path):
     assert r.stdout.splitlines()[-1] == f"  2 artifact(s), {size} bytes" and size > 0
     doc = json.loads(flytune("inspect", "--json", proj).stdout)
     assert doc["bytes"] == size and len(doc["sizes"]) == 2
+
+
+def test_a_setup_that_returns_no_call_names_the_setup_the_field_and_the_fix_said_once(tmp_path):
+    proj = planned(tmp_path, entry("fixpkg.add", (100, 200), setup="fixpkg.setups:returns_none"))
+    (proj / "fixpkg" / "setups.py").write_text(SETUPS + "\n\ndef returns_none(n):\n    return None\n")
+    r = tune(proj, tmp_path)   # progress on: its line names the failed job, the reason is said once at the end
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"{proj / 'tune' / 'plan.toml'}: Field `entries[0].setup` names 'fixpkg.setups:returns_none', which "
+            f"returned NoneType: a setup returns the call to time") in r.stderr, r.stderr
+    assert r.stderr.count("returned NoneType") == 1 and "Traceback" not in r.stderr   # n=200: "the same error as"

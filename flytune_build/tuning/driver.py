@@ -335,7 +335,8 @@ class Driver:
         first = self.failed_as.setdefault((job.entry.kernel, job.entry.setup, job.entry.autotuner, reason), job)
         reason = reason if first is job else f"the same error as {first.label()}"  # an entry's jobs alike: said once
         self.outcomes[job.id] = [Outcome(job, "failed", worker, host, reason=reason)]
-        self.progress.finished(f"FAILED {job.label()} on {worker}@{host}: {reason}", failed=True)
+        # the reason is the run's error at its end, and the table's: the progress line names the job alone
+        self.progress.finished(f"FAILED {job.label()} on {worker}@{host} (the error is said at the end)", failed=True)
 
     def _publish_failures(self) -> None:
         for job, reason in self.publisher.take_failures() if self.publisher else ():

@@ -84,7 +84,12 @@ def run(root: Path, entry: TuneEntry, shape: dict) -> list[Tuned]:
 
     file, path = entry.origin or (str(Path(root) / "pyproject.toml"), "")
     reference = load_reference(root, entry)
-    call = load_setup(entry.setup, file, f"{path}.setup" if path else "setup")(**shape)
+    field = f"{path}.setup" if path else "setup"
+    call = load_setup(entry.setup, file, field)(**shape)
+    if not callable(call):   # a setup returns the call to time, which it has built, not its result
+        raise ProjectError(f"names {entry.setup!r}, which returned {type(call).__name__}: a setup "
+                           f"returns the call to time (`return lambda: kernel[grid](...)`), not what the call "
+                           f"returns", file=file, field=field)
     policy = outputs.Policy(entry.check, entry.rtol, entry.atol, reference, entry.reference, kernel=entry.kernel)
     with session.opened(check=policy, collect=True) as tuned:
         found = tuned.found[-1]
