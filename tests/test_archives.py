@@ -170,3 +170,20 @@ def test_unreadable_archive_is_a_tar_error(tmp_path):
     with pytest.raises(tarfile.TarError):
         archive.extract(bad, tmp_path / "out")
     assert os.path.exists(bad)
+
+
+@pytest.mark.parametrize("head", [b"", b"\0" * 4096, b"PK\x03\x04 not a tar", b"\x1f\x8b\x08 a gzip header, then nothing"])
+def test_an_sdist_that_is_no_tar_archive_is_said_so_at_once(tmp_path, head):
+    """A file of zeros (preallocated, half downloaded) was read to its end by xz as padding before "r:*"
+    gave up: a minute per 200 MB, then "no top-level directory". Its first bytes decide, once."""
+    path = tmp_path / "z.tar.gz"
+    with open(path, "wb") as f:
+        f.write(head)
+        if head == b"\0" * 4096:
+            f.truncate(64 << 20)   # sparse: 64 MiB of zeros
+    src = audit.verify(str(path))
+    (err,) = src.errors
+    assert "is not a readable sdist" in str(err) and str(path) in str(err)
+    assert ("is not a tar archive" in str(err)) == (not head.startswith(b"\x1f\x8b")), err
+    with pytest.raises(tarfile.TarError):
+        archive.extract(path, tmp_path / "out")

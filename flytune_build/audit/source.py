@@ -279,8 +279,10 @@ def _sdist(path: Path) -> Source:
 
 def _check_sdist_size(path: Path) -> None:
     """Refuse, before unpacking anything, an sdist that would unpack past the caps (a tar bomb)."""
+    from ..dist import archive
+
     total = count = 0
-    with tarfile.open(path, "r:*") as tf:
+    with archive.open_tar(path) as tf:
         for m in tf:
             count += 1
             total += max(m.size, 0) if m.isreg() else 0

@@ -19,10 +19,26 @@ class UnsafeMember(tarfile.TarError):
     """A member the safe extraction refuses (what `tarfile.FilterError` is on newer Pythons)."""
 
 
+MAGIC = ((b"\x1f\x8b", "gz"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))   # what each compression begins with
+
+
+def open_tar(archive: str | os.PathLike) -> tarfile.TarFile:
+    """`archive` opened by what its first bytes say it is (gzip, bzip2, xz, or a plain tar: `ustar` at
+    byte 257), else a `tarfile.ReadError` saying so. `tarfile`'s "r:*" tries each decompressor in turn, and
+    xz reads a file of zeros (a preallocated or half-downloaded sdist) to its end as padding: a minute
+    per 200 MB, then "no top-level directory"."""
+    with open(archive, "rb") as f:
+        head = f.read(512)
+    mode = next((m for magic, m in MAGIC if head.startswith(magic)), None)
+    if mode is None and head[257:262] != b"ustar":
+        raise tarfile.ReadError(f"is not a tar archive (gzip, bzip2, xz or plain): it begins {head[:8]!r}")
+    return tarfile.open(archive, f"r:{mode}" if mode else "r:")
+
+
 def extract(archive: str | os.PathLike, dest: str | os.PathLike) -> None:
     """Unpack the tar archive `archive` (any compression) into `dest`, refusing unsafe members."""
     Path(dest).mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "r:*") as tf:
+    with open_tar(archive) as tf:
         if hasattr(tarfile, "data_filter"):
             tf.extractall(dest, filter="data")
         else:
