@@ -140,7 +140,7 @@ def tune(proj: Path, tmp_path: Path, ranking: str) -> dict:
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     docs = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
-    return {d["kernel"]: d for d in docs}
+    return {d["kernel"]: d for d in docs} | {"stdout": r.stdout}
 
 
 def errors(doc: dict) -> dict:
@@ -178,6 +178,8 @@ def test_a_config_triton_skips_as_out_of_resources_says_why(reached):
     doc = reached["reachpkg.kept"]
     assert doc["config"]["kwargs"]["BLOCK"] != 64
     assert errors(doc)[64].startswith("OutOfResources: "), errors(doc)
+    assert "skipped: reachpkg.kept n=100: 1 of 3 candidates failed where they ran" in reached["stdout"]   # the table says so
+    assert "refused: reachpkg.past n=100: 1 of 3 candidates gave a wrong output" in reached["stdout"]
 
 
 def test_a_store_past_the_view_is_undone_the_callers_buffer_as_found():
@@ -235,3 +237,10 @@ def test_complex_outputs_take_their_parts_tolerance():
     assert outputs.tolerance(torch.complex128, outputs.Policy()) == outputs.TOLERANCES["float64"]
     z = torch.ones(4, dtype=torch.complex64)
     assert "4 of 4 elements" in outputs.differs(z * 1.1, z, outputs.Policy())
+
+
+def test_a_search_whose_outputs_were_not_checked_says_so_in_the_tune_summary(tmp_path):
+    proj = project(tmp_path / "p", "flakypkg", FLAKY,
+                   '{ kernel = "flakypkg.add", setup = "flakypkg:add", shapes = [{ n = 100 }], check = false }')
+    got = tune(proj, tmp_path, "synthetic")
+    assert "unchecked: flakypkg.add n=100: not checked: the plan entry says check = false" in got["stdout"]

@@ -125,6 +125,11 @@ def summary(report) -> str:
             which = "" if o.change.startswith("kept") else " (the artifact written records which, and how)"
             lines.append(printable(f"refused: {o.job.label()}: {o.wrong[0]} of {o.wrong[1]} candidates gave a wrong "
                                    f"output in this search{which}"))
+        if o.failed_candidates:
+            lines.append(printable(f"skipped: {o.job.label()}: {o.failed_candidates} of {o.wrong[1]} candidates failed "
+                                   f"where they ran (the artifact written records each one's error)"))
+        if o.unchecked and o.status == "tuned":
+            lines.append(printable(f"unchecked: {o.job.label()}: {o.unchecked}"))
     for o in report.failed:
         on = f" on {o.job.device}" if several else ""
         lines.append(printable(f"failed: {o.job.label()}{on}: {o.reason}"))

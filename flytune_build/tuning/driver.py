@@ -418,11 +418,16 @@ def received(job: Job, slot: Slot, results) -> list[tuple[Outcome, Artifact, byt
         ranking = (art.provenance or {}).get("ranking")
         checked = (art.provenance or {}).get("outputs") or {}   # the output check's record (core.choice)
         wrong = checked.get("rejected") if isinstance(checked, dict) else None
+        note = checked.get("note") if isinstance(checked, dict) else None
+        cands = (art.provenance or {}).get("candidates") or ()
+        failed = sum(1 for c in cands if isinstance(c, dict) and c.get("error")
+                     and not str(c["error"]).startswith("WrongOutput"))
         out.append((Outcome(job, "tuned", slot.name, slot.host, dict(art.key), r["winner"], r["time_ms"], r["margin"],
                             change=r["change"], stable=stable,
                             confidence=float(confidence) if isinstance(confidence, (int, float)) else None,
                             resolved=chosen.get("resolved") if isinstance(chosen.get("resolved"), bool) else None,
-                            ranking=ranking if isinstance(ranking, str) else None, wrong=(wrong if isinstance(wrong, int) else 0, len((art.provenance or {}).get("candidates") or ()))),
+                            ranking=ranking if isinstance(ranking, str) else None, wrong=(wrong if isinstance(wrong, int) else 0, len(cands)),
+                            unchecked=note if isinstance(note, str) else None, failed_candidates=failed),
                     art, data if r["write"] else None))
     return out
 

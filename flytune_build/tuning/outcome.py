@@ -30,6 +30,8 @@ class Outcome:
     ranking: str | None = None       # provenance.ranking: `synthetic` times are ranks, not milliseconds
     retuned: str | None = None       # why a job an earlier run finished ran again (`fingerprint.changed`)
     wrong: tuple[int, int] = (0, 0)  # (candidates the output check refused, candidates): said with the table
+    unchecked: str | None = None     # provenance.outputs.note: what of the outputs was not checked, and why
+    failed_candidates: int = 0       # candidates that failed otherwise (a launch, a compile): said with the table
 
     def to_json(self) -> dict:
         j = self.job
@@ -38,7 +40,8 @@ class Outcome:
                 "change": self.change, "stability": None if self.stable is None else self.stable.to_json(),
                 "confidence": self.confidence, "resolved": self.resolved, "worker": self.worker, "host": self.host,
                 "reason": self.reason, "ranking": self.ranking, "retuned": self.retuned,
-                "wrong_outputs": self.wrong[0]}
+                "wrong_outputs": self.wrong[0], "failed_candidates": self.failed_candidates,
+                "outputs_note": self.unchecked}
 
 
 def _number(x: float | None) -> float | None:
