@@ -401,3 +401,17 @@ def test_a_call_failing_in_tritons_run_lets_go_of_its_arguments():
     assert call_failing() and k.nargs is None
     gc.collect()   # (the failed call's traceback holds its frames in a cycle)
     assert kept[0]() is None
+
+
+def test_two_artifacts_of_one_key_with_different_configs_seed_neither_and_say_so(tmp_path, monkeypatch):
+    d = tmp_path / "arts"
+    for n, block in ((100, 16), (100.0, 64), (200, 64)):   # 100 and 100.0: one key to Python and to Triton
+        Artifact("st.clash", {"n": n, "x": "float32", "y": "float32", "out": "float32"}, INTERPRETER,
+                 Config({"BLOCK": block}, num_warps=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
+    ft.reset_stats()
+    k = make()
+    with pytest.warns(ft.FlytuneWarning, match=r"and different configs: neither is served"):
+        assert adapter.adopt(k, name="st.clash") == 1   # n=200 alone
+    assert call(k, 200) == 64

@@ -681,3 +681,25 @@ def test_stats_tell_the_default_callback_from_the_first_config():
     s = ft.stats()
     assert s["t.firstcfg.default"]["calls"]["heuristic"] == 1 and s["t.firstcfg.default"]["first_config"] == 0
     assert s["t.firstcfg.first"]["calls"]["heuristic"] == 2 and s["t.firstcfg.first"]["first_config"] == 2
+
+
+def test_two_artifacts_of_one_key_with_different_configs_in_a_directory_serve_neither_and_say_so(tmp_path, monkeypatch):
+    """`n = 100` and `n = 100.0` are one key to Python: `flytune verify` refuses the pair as a conflict, and
+    the runtime serves neither (before: the first file listed, silently)."""
+    d = tmp_path / "arts"
+    Artifact("t.clash", {"x": "float32", "n": 100}, INTERPRETER, Config({"BLOCK": 16}, num_warps=1)).save(d)
+    Artifact("t.clash", {"x": "float32", "n": 100.0}, INTERPRETER, Config({"BLOCK": 64}, num_warps=1)).save(d)
+    Artifact("t.clash", {"x": "float32", "n": 200}, INTERPRETER, Config({"BLOCK": 64}, num_warps=1)).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "0")
+    reset_stats()
+    k = make_add("t.clash", default=lambda a: Config({"BLOCK": 32}))
+    x = torch.randn(100)
+    with pytest.warns(FlytuneWarning, match=r"one key \({'x': 'float32', 'n': 100(\.0)?}\) and different configs: neither "
+                                           r"is served"):
+        k[lambda m: (triton.cdiv(100, m["BLOCK"]),)](x, x, torch.empty_like(x), 100)
+    assert k.decision(x, x, x, 100).tier == "heuristic" and k.decision(x, x, x, 100).config.kwargs["BLOCK"] == 32
+    y = torch.randn(200)
+    k[lambda m: (triton.cdiv(200, m["BLOCK"]),)](y, y, torch.empty_like(y), 200)
+    assert k.decision(y, y, y, 200).tier == "offline"   # the other keys serve as before
+    assert k.decision(y, y, y, 200).config.kwargs["BLOCK"] == 64

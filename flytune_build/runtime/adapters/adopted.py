@@ -382,10 +382,17 @@ def _seeded(self: Adopted) -> int:
         return 0
     here, idx, offline = device.current(), Index(), {}
     best: dict[tuple, tuple] = {}
+    clashes: dict[tuple, list] = {}   # Triton key -> files of one identity and rank with other configs
     for rank, art, level, origin, pack in _usable(self, here, idx):
         tk = seed_key(self.tuner, art.key)
         if tk not in best or rank < best[tk][0]:
             best[tk] = (rank, art, level, origin, pack)
+            clashes.pop(tk, None)
+        elif rank == best[tk][0] and art.device == best[tk][1].device and art.config != best[tk][1].config:
+            clashes.setdefault(tk, [best[tk][1].filename]).append(art.filename)   # `n = 100`, `n = 100.0`
+    for tk, names in clashes.items():   # as `flytune verify` refuses both: neither serves
+        idx.problems.append(f"{' and '.join(names)}: one key ({dict(best.pop(tk)[1].key)}) and different configs: "
+                            f"neither is served (`flytune verify` names the conflict)")
     for problem in idx.problems:
         self.fallback(f"artifact ignored: {problem}")
     self.forget()

@@ -16,7 +16,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ...core import bundle, installed, serving, settings
+from ...core import bundle, codec, installed, serving, settings
 from ...core.artifact import Artifact
 from ...core.device import DeviceIdentity
 from ...core.errors import ArtifactError, FlytuneError
@@ -269,7 +269,9 @@ class OfflineTier:
                     idx: Index):
         levels: dict[DeviceIdentity, str | None] = {}
         axis_set = set(axes)
-        found: dict[str, tuple[list, list]] = {}
+        found: dict[str, dict[tuple, Hit]] = {}
+        first_device: dict[tuple, DeviceIdentity] = {}   # (level, key) -> the device of its first file
+        clashes: dict[tuple, list[str]] = {}   # (level, key) -> the files of one identity with other configs
         for doc, dev, origin, name in self.documents(src, kernel, idx):
             key = doc["key"]
             if key.keys() != axis_set:
@@ -279,11 +281,19 @@ class OfflineTier:
                 levels[dev] = _served_level(src, dev, device, idx)
             level = levels[dev]
             if level is not None:
-                keys, hits = found.setdefault(level, ([], []))
-                keys.append(tuple([key[a] for a in axes]))
-                hits.append(Hit(doc["config"], level, origin, doc, name))
-        for level, (keys, hits) in found.items():
-            yield level, keys, hits  # within a group, the first file wins (core.serving.best)
+                hits, at = found.setdefault(level, {}), tuple([key[a] for a in axes])
+                if at not in hits:
+                    first_device[level, at] = dev
+                first = hits.setdefault(at, Hit(doc["config"], level, origin, doc, name))
+                if first.source is not doc and first_device.setdefault((level, at), dev) == dev and \
+                        codec.canonical(first.config) != codec.canonical(doc["config"]):
+                    clashes.setdefault((level, at), [first.name]).append(name)   # `n = 100` and `n = 100.0`: one key
+        for (level, at), names in clashes.items():   # as `flytune verify` refuses both: neither serves
+            del found[level][at]
+            idx.problems.append(f"{' and '.join(map(str, names))}: one key ({dict(zip(axes, at))}) and different "
+                                f"configs: neither is served (`flytune verify` names the conflict)")
+        for level, hits in found.items():   # within a group, the first file wins (core.serving.best)
+            yield level, list(hits), list(hits.values())
 
     def kernels(self, src: installed.Source) -> list[str]:
         """The kernel names `src` holds artifacts for (a directory's, from its file names)."""
