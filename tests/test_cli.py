@@ -558,3 +558,25 @@ def test_tune_on_a_cpu_without_the_interpreter_says_how_to_tune_there(tmp_path):
                 TRITON_INTERPRET=0, FLYTUNE_DEVICE="cuda:sm_90:132:NVIDIA H200")
     assert r.returncode == 2 and "TRITON_INTERPRET=1 flytune tune --ranking synthetic" in r.stderr, r.stderr
     assert "FLYTUNE_DEVICE" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_an_output_directory_that_cannot_take_a_file_is_refused_before_any_work(tmp_path, monkeypatch):
+    """An existing directory on a read-only mount (or full) was found only when the first winner was
+    written, after every search; it is written once when the run starts (a file made and removed)."""
+    import errno
+    import tempfile
+
+    from flytune_build.core import fsutil
+    from flytune_build.core.errors import OutputError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    assert fsutil.output_directory(out) == out and list(out.iterdir()) == []   # the probe leaves nothing
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)   # a read-only mount, as root cannot be made one here
+    with pytest.raises(OutputError, match="cannot be an output directory: a file cannot be written in it "
+                                          r"\(Read-only file system\)") as e:
+        fsutil.output_directory(out)
+    assert e.value.file == str(out)

@@ -138,7 +138,9 @@ def remove_unchanged(path: str | os.PathLike, data: bytes) -> None:
 
 
 def output_directory(path: str | os.PathLike) -> Path:
-    """`path`, made a directory if it is not one; an OutputError naming it when it cannot be."""
+    """`path`, made a directory if it is not one, and written once (a file made and removed: a directory
+    that exists but cannot take a file, read-only or full, is found before any work, not after it); an
+    OutputError naming it when it cannot be."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -147,6 +149,13 @@ def output_directory(path: str | os.PathLike) -> Path:
         raise not_a_directory(path, blocker) from None
     except OSError as e:
         raise OutputError(f"cannot be an output directory: {e.strerror or e}", file=path) from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".flytune-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"cannot be an output directory: a file cannot be written in it ({e.strerror or e})",
+                          file=path) from None
     return path
 
 
