@@ -254,6 +254,20 @@ def test_fmt_loses_no_artifact_whatever_the_names(tmp_path, layout):
     assert flytune("fmt", d).stdout.strip() == "flytune: 0 file(s) rewritten"
 
 
+def test_fmt_refuses_a_symbolic_link_it_would_replace_with_a_file_and_rewrites_nothing(tmp_path):
+    a, b = artifact(100, 32), artifact(200, 32)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "made.json").write_text(json.dumps(a.to_json(), indent=2))
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "stray.json").write_text(json.dumps(b.to_json(), indent=2))
+    (d / "linked.json").symlink_to(tmp_path / "elsewhere" / "made.json")
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    r = flytune("fmt", d)
+    assert r.returncode == 1 and "linked.json: is a symbolic link" in r.stderr, r.stdout + r.stderr
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before and (d / "linked.json").is_symlink()
+
+
 def test_fmt_names_the_input_that_is_not_a_directory(tmp_path):
     artifact(100, 32).save(tmp_path / "arts")
     r = flytune("fmt", tmp_path / "arts", f"{tmp_path}/./arts", tmp_path / "does-not-exist")

@@ -10,6 +10,8 @@ read from it (`fsutil.unchanged`, `fsutil.remove_unchanged`): one changed meanwh
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,7 +107,12 @@ def read_directory(directory: Path) -> tuple[Plan, list[FlytuneError]]:
     files, and identities that conflict (two files one would overwrite with the other)."""
     found, origin, plan = [], {}, Plan()
     files, errors = artifactdir.read_all(directory)  # bounded listing, capped regular-file reads
+    links = {path for path, _ in files if path.is_symlink()}
+    errors += [InputError(f"is a symbolic link (to {os.readlink(path)}): `fmt` rewrites files in place and would "
+                          f"replace the link with a file; put the file itself here", file=path) for path in sorted(links)]
     for path, data in files:
+        if path in links:
+            continue
         try:
             art = Artifact.from_bytes(data, file=path, check_name=False)
         except FlytuneError as e:
