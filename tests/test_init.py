@@ -181,7 +181,7 @@ def test_init_of_a_project_with_several_packages_asks_which(tmp_path, capsys):
 def test_init_checks_a_target_by_the_rule_tool_flytune_follows_before_writing(tmp_path, capsys):
     root = package(tmp_path)
     before = snapshot(root)
-    assert init(root, "--target", "sm 90") == 1
+    assert init(root, "--target", "sm 90") == 2   # a flag's bad value: a usage error, as `--target ''` is
     assert "Field `--target[0]` must be" in capsys.readouterr().err
     assert snapshot(root) == before
 

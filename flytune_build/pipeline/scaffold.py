@@ -26,7 +26,7 @@ from ..core import fsutil
 from ..core import project as project_mod
 from ..core.artifact import KERNEL_NAME, KERNEL_NAME_MAX
 from ..core.codec import Fields
-from ..core.errors import InputError, OutputError, ProjectError
+from ..core.errors import InputError, OutputError, ProjectError, UsageError
 from ..core.fsutil import atomic_write
 from ..core.target import parse_targets
 from . import pyproject_text as toml_text
@@ -64,7 +64,7 @@ def scaffold(root: str | Path = ".", *, package: str | None = None, targets: tup
     those of the table `force` replaces, where it declares valid ones, else the interpreter."""
     root = Path(root).resolve()
     if targets is not None:
-        parse_targets(list(targets), Fields(None, InputError), "--target")  # the rule [tool.flytune] targets follow
+        parse_targets(list(targets), Fields(None, UsageError), "--target")  # the rule [tool.flytune] targets follow
     pyproject = root / "pyproject.toml"
     if not root.is_dir():
         raise InputError(f"{'is not a directory' if os.path.lexists(root) else 'does not exist'}: pass --project the "
