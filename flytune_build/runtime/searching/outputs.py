@@ -415,8 +415,11 @@ def _guards(raw: dict[str, Any]) -> list[tuple[str, Any, Any]]:
 
     storages: dict[int, list] = {}
     for n, t in raw.items():
-        if t.numel() and t.layout == torch.strided:
-            storages.setdefault(t.untyped_storage().data_ptr(), []).append((t.data_ptr(), placement.span_end(t), n, t))
+        try:
+            if t.numel() and t.layout == torch.strided:
+                storages.setdefault(t.untyped_storage().data_ptr(), []).append((t.data_ptr(), placement.span_end(t), n, t))
+        except Exception:  # noqa: BLE001 - a tensor without a plain storage (a subclass): compared, not guarded
+            continue
     out = []
     for base, spans in storages.items():
         spans.sort(key=lambda s: s[:2])
