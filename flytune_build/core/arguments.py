@@ -8,7 +8,9 @@ a count is a positive integer; a path is never empty. The errors are `ArgumentTy
 """
 from __future__ import annotations
 
+import decimal
 import math
+import numbers
 import os
 from typing import Any
 
@@ -73,9 +75,10 @@ def flag(value: Any, name: str) -> bool:
 
 
 def percent(value: Any, name: str) -> float:
-    """`value` as a percentage: a finite number from 0 to below 1000."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """`value` as a percentage: a finite number from 0 to below 1000 (a numpy scalar or a Decimal too)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
         raise ArgumentTypeError(f"must be a number (a percentage), not {type(value).__name__}", field=name)
+    value = float(value)
     if not (math.isfinite(value) and 0 <= value < 1000):
         raise UsageError(f"must be a percentage from 0 to below 1000, not {value!r}", field=name)
     return float(value)

@@ -243,7 +243,7 @@ def load(root: str | Path) -> Project | None:
                      doc=doc)
     except ProjectError as e:   # `[tool.flytun]` beside the `[tool.flytune.tune]` that makes [tool.flytune] exist
         close = misnamed(doc)
-        if close is None:
+        if close is None or not _holds_missing(doc, close, e):
             raise
         raise ProjectError(f"is not a table flytune reads (did you mean `tool.flytune`?), so [tool.flytune] is "
                            f"incomplete (Field `{e.field}` {e.rule}): rename [{close}] to [tool.flytune]",
@@ -265,6 +265,15 @@ def parse(table: Any, *, root: Path, file: object = None, name: str | None = Non
     packs = tuple(sorted({normalize(p) for p in v["packs"]}))
     return Project(root, package, tuple(v["sources"]), v["targets"], coverage, v["triton"], v["strict"], entries,
                    tune["plan"], tune["output"], tune["warmup"], tune["rep"], name, packs=packs)
+
+
+def _holds_missing(doc: dict, close: str, e: ProjectError) -> bool:
+    """Whether `e` says a field of [tool.flytune] is required and the table `close` holds that field."""
+    table: Any = doc
+    for part in close.split("."):
+        table = table.get(part) if isinstance(table, dict) else None
+    name = str(e.field or "").rpartition(".")[2]
+    return isinstance(table, dict) and name in table and str(e.rule).startswith("is required")
 
 
 def _folded(name: str) -> str:

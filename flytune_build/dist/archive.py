@@ -24,14 +24,18 @@ MAGIC = ((b"\x1f\x8b", "gz"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))   # what
 
 def open_tar(archive: str | os.PathLike) -> tarfile.TarFile:
     """`archive` opened by what its first bytes say it is (gzip, bzip2, xz, or a plain tar: `ustar` at
-    byte 257), else a `tarfile.ReadError` saying so. `tarfile`'s "r:*" tries each decompressor in turn, and
-    xz reads a file of zeros (a preallocated or half-downloaded sdist) to its end as padding: a minute
-    per 200 MB, then "no top-level directory"."""
+    byte 257); an empty file or one of zeros refused at once (`tarfile.ReadError`); anything else as
+    tarfile reads it. `tarfile`'s "r:*" tries each decompressor in turn, and xz reads a file of zeros (a
+    preallocated or half-downloaded sdist) to its end as padding: a minute per 200 MB, then "no top-level
+    directory"."""
     with open(archive, "rb") as f:
         head = f.read(512)
     mode = next((m for magic, m in MAGIC if head.startswith(magic)), None)
-    if mode is None and head[257:262] != b"ustar":
-        raise tarfile.ReadError(f"is not a tar archive (gzip, bzip2, xz or plain): it begins {head[:8]!r}")
+    if mode is None and not head.strip(b"\0"):
+        raise tarfile.ReadError("is not a tar archive: it is empty" if not head else "is not a tar archive: it "
+                                "begins with zero bytes (a file preallocated, or not downloaded whole?)")
+    if mode is None and head[257:262] != b"ustar":   # an old v7 tar, lzma-alone: tarfile tries each
+        return tarfile.open(archive, "r:*")
     return tarfile.open(archive, f"r:{mode}" if mode else "r:")
 
 

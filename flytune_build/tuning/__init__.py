@@ -47,9 +47,10 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
         arguments.count(workers, "workers")  # the type, by the one rule; the range is the executor's to say
     if kernels is not None and not isinstance(kernels, str):
         kernels = arguments.names(kernels, "kernels")
-    plan = plan if plan is None else arguments.path(plan, "plan")
+    plan = None if plan is None or plan == "" else arguments.path(plan, "plan")   # "": the default, as ever
     margin = MIN_IMPROVEMENT_PCT if min_improvement is None else arguments.percent(min_improvement, "min_improvement")
     ranking = arguments.choice(ranking, "ranking", (None, *settings.RANKINGS))
+    output = None if output == "" else output   # the default, as every release read it (never the current directory)
     if output is not None:
         _check_output(Path(arguments.path(output, "output")))
         project_mod.check_output_template(str(output), codec.Fields(None, UsageError), "output")

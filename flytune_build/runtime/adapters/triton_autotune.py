@@ -75,21 +75,26 @@ def recording(kernel, name: str):
 
 
 class _Block:
-    """One `recording` block: its thread, and what puts the Autotuner back as it was (`undo`, once)."""
+    """One `recording` block: its thread, what puts the Autotuner back as it was (`undo`, once), and the
+    lock its calls take one at a time (`serial`; new in a child, where its holder may be no thread)."""
 
     def __init__(self):
-        self.thread, self.undo = threading.get_ident(), None
+        self.thread, self.undo, self.serial = threading.get_ident(), None, threading.RLock()
 
 
 _RECORDING: dict = {}   # id(an Autotuner) -> the `recording` block that holds it
 
 
 def _after_fork() -> None:
-    """A child forked by another thread than a block's has no thread to end that block: undone here."""
+    """A child forked by another thread than a block's has no thread to end that block: undone here. A
+    block the forking thread holds goes on in the child, its calls' lock new (another thread's call may
+    have held it: that thread is not in the child)."""
     for key, block in list(_RECORDING.items()):
         if block.thread != threading.get_ident() and block.undo is not None:
             block.undo()
             _RECORDING.pop(key, None)
+        else:
+            block.serial = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -117,7 +122,8 @@ def _recorded(kernel, tuner, name: str, block: _Block):
     try:
         patches.set("cache_results", False)
         timed_as_flytune(tuner, name, ranking, patches)
-        patches.set("run", _capturing(tuner, name, ranking, captured, Checking(tuner, patches, heuristics(kernel, tuner))))
+        patches.set("run", _capturing(tuner, name, ranking, captured, Checking(tuner, patches, heuristics(kernel, tuner)),
+                                      block))
         yield captured
     finally:
         if block.undo is not None:
@@ -137,13 +143,12 @@ def heuristics(kernel, tuner) -> frozenset:
     return frozenset(names)
 
 
-def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checking):
+def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checking, block: _Block):
     original = tuner.run  # the class's, or the wrapper `adopt` installed
     adopted = vars(tuner).get("flytune_adopted")
-    serial = threading.RLock()   # one call at a time (a call nested in a hook on the same thread, too)
 
     def run(*args, **kwargs):
-        with serial:
+        with block.serial:   # one call at a time (a call nested in a hook on the same thread, too)
             before = set(tuner.cache)
             checking.call(args, kwargs)
             try:

@@ -406,38 +406,57 @@ def _restorable(name: str, t) -> tuple[Any, Any]:
 
 
 def _guards(raw: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(label, bytes, their copy) for the bytes within GUARD_BYTES around the call's tensors' spans that no
-    tensor of the call spans, in each storage (a slice of a larger buffer: the rest is the caller's, or
-    another's). Never memory another argument spans: a kernel writes those legitimately."""
+    """(label, bytes, their copy) for the bytes within GUARD_BYTES around the call's tensors, in each
+    tensor's storage, that no tensor of the call spans (a slice of a larger buffer: the rest is the
+    caller's, or another's). Never memory any argument spans, through whatever storage object (numpy
+    views of one buffer, DLPack): a kernel writes those legitimately. Windows that meet are one."""
     import torch
 
     from . import placement
 
-    storages: dict[int, list] = {}
+    spans, storages = [], {}   # every tensor's (device, from, to); (device, storage base) -> (its end, tensors)
     for n, t in raw.items():
         try:
-            if t.numel() and t.layout == torch.strided:
-                storages.setdefault(t.untyped_storage().data_ptr(), []).append((t.data_ptr(), placement.span_end(t), n, t))
+            if not t.numel() or t.layout != torch.strided:
+                continue
+            lo, hi, storage = t.data_ptr(), placement.span_end(t), t.untyped_storage()
+            where = (t.device, storage.data_ptr())
+            end = where[1] + storage.nbytes()
         except Exception:  # noqa: BLE001 - a tensor without a plain storage (a subclass): compared, not guarded
             continue
+        spans.append((t.device, lo, hi))
+        storages.setdefault(where, (end, []))[1].append((lo, hi, n, t))
     out = []
-    for base, spans in storages.items():
-        spans.sort(key=lambda s: s[:2])
-        end_of_storage = base + spans[0][3].untyped_storage().nbytes()
-        covered = base   # the end of what the spans so far cover
-        windows = []     # (from, to or None: up to the next span, the tensor beside it, which side of it)
-        for lo, hi, n, t in spans:
-            if lo > covered:
-                windows.append((max(covered, lo - GUARD_BYTES), lo, n, t, "before"))
-            covered = max(covered, hi)
-            windows.append((covered, None, n, t, "after"))
-        for lo, hi, n, t, side in windows:
-            if hi is None:
-                hi = min([lo + GUARD_BYTES, end_of_storage] + [s[0] for s in spans if s[0] >= lo])
-            if hi > lo and not any(s[0] < hi and lo < s[1] for s in spans):
-                memory = placement.span_bytes(torch, t, lo, hi)
-                out.append((f"{side} `{n}`", memory, memory.clone()))
+    for (dev, base), (end, mine) in storages.items():
+        taken = sorted((lo, hi) for d, lo, hi in spans if d == dev and lo < end and hi > base)
+        free = []
+        for lo, hi, n, t in sorted(mine, key=lambda m: m[:2]):
+            for a, b, side in ((max(base, lo - GUARD_BYTES), lo, "before"), (hi, min(end, hi + GUARD_BYTES), "after")):
+                free += [(x, y, n, t, side) for x, y in _uncovered(a, b, taken)]
+        merged: list[list] = []
+        for x, y, n, t, side in sorted(free, key=lambda w: w[:2]):
+            if merged and x <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], y)
+            else:
+                merged.append([x, y, n, t, side])
+        for x, y, n, t, side in merged:
+            memory = placement.span_bytes(torch, t, x, y)
+            out.append((f"{side} `{n}`", memory, memory.clone()))
     return out
+
+
+def _uncovered(lo: int, hi: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [lo, hi) no interval of `taken` (sorted) covers."""
+    out = []
+    for a, b in taken:
+        if b <= lo or a >= hi:
+            continue
+        if a > lo:
+            out.append((lo, a))
+        lo = max(lo, b)
+        if lo >= hi:
+            return out
+    return out + [(lo, hi)] if lo < hi else out
 
 
 def _same(a, b) -> bool:
