@@ -323,6 +323,14 @@ def test_a_directory_gemm_artifact_inductor_would_not_look_up_is_refused_with_a_
      "whole number"),
     (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "BLOCK_M": 2**40}), "config.kwargs.BLOCK_M", "at most"),
     (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "BLOCK_K": 256}), "config.kwargs.EVEN_K", "read past K"),
+    # what Inductor derives from the call itself: its lookup merges an entry over its own first config
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "EVEN_K": 1}), "config.kwargs.EVEN_K", "true or false"),
+    (KEY, gemm.config_of("triton::mm", {**{k: v for k, v in TRITON_MM.items() if k != "EVEN_K"}, "BLOCK_K": 256}),
+     "config.kwargs.EVEN_K", "is not set"),
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "ACC_TYPE": "tl.float16"}), "config.kwargs.ACC_TYPE",
+     "accumulates torch.float32 inputs in tl.float32"),
+    (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "ALLOW_TF32": False}), "config.kwargs.ALLOW_TF32",
+     "passed by Inductor itself"),
     (KEY, gemm.config_of("decompose_k", {"k_split": "4"}), "config.kwargs.k_split", "whole number"),
     (KEY.replace("[64, 128]", "[٦٤, 128]"), None, f"key.{inductor.AXIS}", "must be the key Inductor"),
     (KEY.replace("+mm", "+alpha=1\n+mm"), None, f"key.{inductor.AXIS}", "must be the key Inductor"),
@@ -723,3 +731,11 @@ def test_strict_in_a_real_compile_reaches_the_caller_as_a_tier_miss_error(monkey
         with fti.serve():
             compile_addmm([], monkeypatch)
     assert type(raised.value.__cause__).__name__ == "InductorError"
+
+
+def test_the_persistent_tma_templates_own_kwargs_pass_the_build():
+    """Inductor's persistent-TMA heuristic adds two lower-case kwargs of its own (`TMATemplateConfigMixin`):
+    a harvest on an H100 with `enable_persistent_tma_matmul` writes them, and the build takes them."""
+    kw = {**TRITON_MM, "tma_load_for_template_epilogue": True, "transpose_discontiguous_tensor_descriptors_override": None}
+    art = gemm_artifact(KEY, gemm.config_of("triton::mm_persistent_tma", kw))
+    assert not verification.check([art], lambda a: a.filename).errors

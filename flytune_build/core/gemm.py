@@ -41,7 +41,13 @@ TEMPLATES = (*TRITON, *ATEN, *SUBGRAPH)
 ENTRY_FIELDS = ("template_id", "template_hash")   # a table entry's own fields, beside the template's kwargs
 # a Triton GEMM template takes its constexprs (upper case) and these launch and heuristic kwargs
 TRITON_KWARGS = ("hint_override", "kpack", "matrix_instr_nonkdim", "waves_per_eu", "num_consumer_groups",
-                 "num_buffers_warp_spec", "tma_store")
+                 "num_buffers_warp_spec", "tma_store", "tma_load_for_template_epilogue",  # persistent TMA's two
+                 "transpose_discontiguous_tensor_descriptors_override")
+# kwargs Inductor passes a template itself (an entry holding one fails Inductor's lowering: "multiple values")
+INDUCTOR_OWN = ("ALLOW_TF32",)
+# the accumulator Inductor derives from the inputs' dtype (its `acc_type`): an entry's ACC_TYPE must be it
+ACC_TYPES = {"torch.float16": "tl.float32", "torch.bfloat16": "tl.float32", "torch.float32": "tl.float32",
+             "torch.float64": "tl.float64"}
 _CONSTEXPR = re.compile(r"[A-Z][A-Z0-9_]*")
 _POW2 = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
 MAX_BLOCK = 1 << 20  # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL): no block size is larger
@@ -127,6 +133,37 @@ def _value_problem(name: str, value: Any) -> str | None:
             f"not {value!r}: Inductor writes it into the kernel's source")
 
 
+def _derived_problems(key_value: Any, own: dict) -> list[tuple[str, str]]:
+    """What a Triton template's entry sets that Inductor derives from the call itself, set otherwise: its
+    lookup merges an entry over its own first config, so a kwarg the entry leaves out is that config's."""
+    out = []
+    for name in INDUCTOR_OWN:
+        if name in own:
+            out.append((f"config.kwargs.{name}", "is passed by Inductor itself (from torch's settings): an entry "
+                                                 "holding it fails Inductor's lowering; remove it"))
+    even = own.get("EVEN_K")
+    if "EVEN_K" in own and type(even) is not bool:
+        out.append(("config.kwargs.EVEN_K", f"must be true or false, not {even!r} (Triton reads any number but 0 "
+                                            f"as true)"))
+    elif even is not False and (k := _k_of(key_value)) is not None and k % own.get("BLOCK_K", 1):
+        what = "is true" if even else "is not set (Inductor's lookup then takes its own config's, true where K is)"
+        out.append(("config.kwargs.EVEN_K", f"{what}, but the key's K ({k}) is not a multiple of BLOCK_K "
+                                            f"({own.get('BLOCK_K')}): the kernel would read past K unmasked; "
+                                            f"set it false"))
+    acc, dtype = own.get("ACC_TYPE"), _dtype_of(key_value)
+    if acc is not None and dtype in ACC_TYPES and acc != ACC_TYPES[dtype]:
+        out.append(("config.kwargs.ACC_TYPE", f"is {acc!r}, but Inductor accumulates {dtype} inputs in "
+                                              f"{ACC_TYPES[dtype]}"))
+    return out
+
+
+def _dtype_of(key: Any) -> str | None:
+    """The dtype of a GEMM key's first input."""
+    m = KEY.fullmatch(key) if isinstance(key, str) else None
+    inputs = _INPUTS.findall(m["inputs"]) if m else []
+    return inputs[0][0] if inputs else None
+
+
 def _k_of(key: Any) -> int | None:
     """The K of a GEMM key (the last size of the op's first matrix), where its op has one K."""
     m = KEY.fullmatch(key) if isinstance(key, str) else None
@@ -182,10 +219,7 @@ def problems(key_value: Any, config: Config, key_field: str) -> list[tuple[str, 
                                                      f"and {', '.join(TRITON_KWARGS)})"))
             elif (why := _value_problem(name, value)) is not None:
                 out.append((f"config.kwargs.{name}", why))
-        if not out and own.get("EVEN_K") is True and (k := _k_of(key_value)) is not None and \
-                k % own.get("BLOCK_K", 1):
-            out.append(("config.kwargs.EVEN_K", f"is true, but the key's K ({k}) is not a multiple of BLOCK_K "
-                                                f"({own['BLOCK_K']}): the kernel would read past K unmasked"))
+        out += _derived_problems(key_value, own) if not out else []
     else:
         takes = SUBGRAPH.get(template, ())
         for name, value in own.items():
