@@ -739,3 +739,28 @@ def test_the_persistent_tma_templates_own_kwargs_pass_the_build():
     kw = {**TRITON_MM, "tma_load_for_template_epilogue": True, "transpose_discontiguous_tensor_descriptors_override": None}
     art = gemm_artifact(KEY, gemm.config_of("triton::mm_persistent_tma", kw))
     assert not verification.check([art], lambda a: a.filename).errors
+
+
+def test_a_shipped_choice_inductor_cannot_build_fails_naming_its_artifact(tmp_path, monkeypatch):
+    """Inductor drops a template choice it cannot build (`choice_or_none`: None) without a word: a shipped
+    one would reach its select as no choice at all, counted as served. It fails, naming the artifact."""
+    from flytune_build import inductor as fti
+    from flytune_build.core.errors import ArtifactError
+    from flytune_build.runtime.inductor import hooks
+
+    gemm_artifact(config=gemm.config_of("triton::mm", TRITON_MM)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+
+    class Declined:   # a KernelTemplateChoice whose ChoiceCaller its template declined to make
+        choice = None
+
+    class Template:
+        def __init__(self, uid):
+            self.uid, self.src_hash = uid, None
+    monkeypatch.setattr(hooks, "lookup_choices", lambda table, inputs, templates, op: [Declined()])
+    with fti.serve() as s:
+        with pytest.raises(ArtifactError, match="choice triton::mm cannot be built by Inductor") as e:
+            s.finalize(lambda *a, **k: [], None, {}, FakeInputs(), [Template("triton::mm")], "mm")
+    assert e.value.file and e.value.field == "config"   # the artifact that shipped it
+    assert s.stats()["gemm"]["offline"] == 0

@@ -23,7 +23,7 @@ import contextvars
 import math
 
 from ...core import gemm, settings
-from ...core.errors import FlytuneError, TierMissError
+from ...core.errors import ArtifactError, FlytuneError, TierMissError
 from .. import warning
 from ..serving.kernel import must_hit
 from . import hooks
@@ -110,12 +110,30 @@ def serve(serving, here: list, original, handler, template_choices, kernel_input
         if low.shipped.entry.get("template_id") in offered:  # the lowering's entry, as a one-key table
             got = hooks.lookup_choices({key: [low.shipped.entry]}, kernel_inputs, templates, op_name)
             if got:
+                _built(low, got)
                 low.served = list(got)
                 low.made += got
                 return got
     out = original(handler, template_choices, kernel_inputs, templates, op_name, *args, **kwargs)
     low.made += out
     return out
+
+
+def _built(low: Lowering, got: list) -> None:
+    """Each shipped choice built now, as Inductor builds it (`KernelTemplateChoice.choice`, cached): one it
+    cannot build (a kwarg it passes itself, a config its template refuses for this matmul) is the
+    artifact's failure, named, never an empty select or Inductor's bare error."""
+    shipped = low.shipped
+    for ktc in got:
+        try:
+            made = getattr(ktc, "choice", True)
+        except Exception as e:  # noqa: BLE001 - Inductor's error, told as the artifact's
+            made, why = None, f"{type(e).__name__}: {e}"
+        else:
+            why = "its template declined the config for this matmul"
+        if made is None:
+            raise ArtifactError(f"the {gemm.describe(low.key)} choice {shipped.entry.get('template_id')} cannot be "
+                                f"built by Inductor ({why})"[:600], file=shipped.origin, field="config")
 
 
 def select(serving, original, cache, name, choices, *args, **kwargs):
