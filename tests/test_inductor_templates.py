@@ -332,6 +332,7 @@ def test_a_directory_gemm_artifact_inductor_would_not_look_up_is_refused_with_a_
     (KEY, gemm.config_of("triton::mm", {**TRITON_MM, "ALLOW_TF32": False}), "config.kwargs.ALLOW_TF32",
      "passed by Inductor itself"),
     (KEY, gemm.config_of("decompose_k", {"k_split": "4"}), "config.kwargs.k_split", "whole number"),
+    (KEY, gemm.config_of("decompose_k", {"k_split": 7}), "config.kwargs.k_split", "does not divide the key's K (128)"),
     (KEY.replace("[64, 128]", "[٦٤, 128]"), None, f"key.{inductor.AXIS}", "must be the key Inductor"),
     (KEY.replace("+mm", "+alpha=1\n+mm"), None, f"key.{inductor.AXIS}", "must be the key Inductor"),
 ])

@@ -228,6 +228,9 @@ def problems(key_value: Any, config: Config, key_field: str) -> list[tuple[str, 
                                                      f"{', '.join(takes) or 'none'})"))
             elif type(value) is not int or not 1 <= value <= MAX_INT:
                 out.append((f"config.kwargs.{name}", f"must be a whole number from 1 to {MAX_INT}, not {value!r}"))
+            elif name == "k_split" and (k := _k_of(key_value)) is not None and k % value:
+                out.append((f"config.kwargs.{name}", f"is {value}, which does not divide the key's K ({k}): "
+                                                     f"Inductor splits K only into equal parts"))
         if (config.num_warps, config.num_stages) != (DEFAULTS["num_warps"], DEFAULTS["num_stages"]):
             out.append(("config", f"sets num_warps or num_stages, which {template} (not a Triton template) "
                                   f"does not take"))
