@@ -254,8 +254,8 @@ def test_a_benchmarked_gemm_choice_is_counted_and_said_once_on_close(bundle_dir)
 
     serving = fti.serve().open()
     assert len(lower(serving, 2)) == 2
-    with pytest.warns(FlytuneWarning, match=r"0 GEMM choice\(s\) served, 1 benchmarked by Inductor \(not in the "
-                                            r"bundle: mm float32 \[64, 128\] \[128, 256\]\)"):
+    with pytest.warns(FlytuneWarning, match=r"0 GEMM choice\(s\) served, 1 benchmarked by Inductor \(not served "
+                                            r"from the bundle: mm float32 \[64, 128\] \[128, 256\]\)"):
         serving.close()
     assert ft.stats()["torch.compile"]["gemm_autotuned"] == ["mm float32 [64, 128] [128, 256]"]
 
@@ -765,3 +765,39 @@ def test_a_shipped_choice_inductor_cannot_build_fails_naming_its_artifact(tmp_pa
             s.finalize(lambda *a, **k: [], None, {}, FakeInputs(), [Template("triton::mm")], "mm")
     assert e.value.file and e.value.field == "config"   # the artifact that shipped it
     assert s.stats()["gemm"]["offline"] == 0
+
+
+def test_a_torch_whose_template_changed_says_so_once_not_once_per_matmul(tmp_path, monkeypatch):
+    """After a torch upgrade changed the mm template's source (another template_hash), Inductor's lookup takes
+    none of the bundle's entries: one warning for the template, then the close summary (before: one per key)."""
+    import warnings
+
+    from flytune_build import inductor as fti
+    from flytune_build.runtime.inductor import hooks
+
+    shapes = [((M, K), (K, n)) for n in (256, 512, 1024)]
+    for (m, k), (_, n) in shapes:
+        key = f"((torch.float32, [{m}, {k}], [{k}, 1]), (torch.float32, [{k}, {n}], [{n}, 1]))+mm"
+        gemm_artifact(key, gemm.config_of("triton::mm", TRITON_MM, "ab" * 32)).save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    monkeypatch.setattr(hooks, "lookup_choices", lambda *a: None)   # Inductor's answer to another template_hash
+
+    class Template:
+        def __init__(self, uid):
+            self.uid, self.src_hash = uid, "cd" * 32
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with fti.serve() as s:
+            for shape in shapes:
+                ktcs = [object(), object()]
+                s.finalize(lambda *a, **k: ktcs, None, {}, FakeInputs(shape), [Template("triton::mm")], "mm")
+                choices = []
+                for ktc in ktcs:
+                    c = _Choice("c")
+                    c.annotations["ktc"] = ktc
+                    choices.append(c)
+                s.select(lambda cache, name, c, *a, **k: c, None, "mm", choices)
+    texts = [str(w.message) for w in said]
+    assert sum("did not take the choice the bundle holds" in t for t in texts) == 1, texts
+    assert any("3 benchmarked by Inductor (not served from the bundle" in t for t in texts), texts

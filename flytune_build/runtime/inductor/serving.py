@@ -241,8 +241,8 @@ class Serving:
                    f"Inductor (not in the bundle{': ' + names if names else ''})")
         if g_hits or g_tuned:
             g_names = "; ".join(s["gemm_autotuned"][:3]) + ("; ..." if g_tuned > 3 else "")
-            message += (f"; {g_hits} GEMM choice(s) served, {g_tuned} benchmarked by Inductor (not in the bundle"
-                        f"{': ' + g_names if g_names else ''})")
+            message += (f"; {g_hits} GEMM choice(s) served, {g_tuned} benchmarked by Inductor (not served from the "
+                        f"bundle{': ' + g_names if g_names else ''})")
         message += where + drift
         warning.once(("inductor", message), message)
 

@@ -157,19 +157,21 @@ def select(serving, original, cache, name, choices, *args, **kwargs):
         choices = [c for c in choices if any(ktc_of(c) is k for k in low.served)]
         serving.decided(Kernel(op, key, "offline", shipped.entry, shipped.origin, shipped.level, "gemm"))
         return original(cache, name, choices, *args, **kwargs)
-    if shipped is not None:
-        warning.once(("inductor-gemm-unserved", shipped.origin, key), (
-            f"{shipped.origin}: the {gemm.describe(key)} choice {shipped.entry.get('template_id')} is not served: "
-            f"Inductor's lookup did not take it (this lowering offers none of its template's configs, or the "
-            f"template's source changed since the harvest: another template_hash)"))
+    untaken = (f"Inductor's lookup did not take the choice the bundle holds for it ({shipped.origin}: "
+               f"{shipped.entry.get('template_id')}; this lowering offers none of its template's configs, or the "
+               f"template's source changed since the harvest: another template_hash)") if shipped is not None else None
+    if untaken is not None:   # one warning per template and hash: a torch that changed a template leaves every key so
+        warning.once(("inductor-gemm-unserved", shipped.entry.get("template_id"), shipped.entry.get("template_hash")),
+                     f"{gemm.describe(key)}: {untaken}; the other shipped choices of this template Inductor does not "
+                     f"take are counted when the serving closes, not said again")
     if len(choices) > 1:
         mode = settings.current().autotune
         if must_hit(mode):
+            held = untaken if untaken is not None else f"is not in any installed bundle for {serving.device.spec()}"
             raise TierMissError(
-                f"FLYTUNE_AUTOTUNE={mode}: Inductor GEMM choice {gemm.describe(key)} (lookup key {key}) is not in "
-                f"any installed bundle for {serving.device.spec()}: Inductor would benchmark {len(choices)} "
-                f"choices; harvest it on this device (`flytune harvest --mode max-autotune-no-cudagraphs`) or "
-                f"unset {mode}", field="FLYTUNE_AUTOTUNE")
+                f"FLYTUNE_AUTOTUNE={mode}: Inductor GEMM choice {gemm.describe(key)} (lookup key {key}): {held}; "
+                f"Inductor would benchmark {len(choices)} choices; harvest it on this device (`flytune harvest "
+                f"--mode max-autotune-no-cudagraphs`) or unset {mode}", field="FLYTUNE_AUTOTUNE")
         serving.decided(Kernel(op, key, "autotune", kind="gemm"))
     elif choices:
         serving.decided(Kernel(op, key, "single", kind="gemm"))
