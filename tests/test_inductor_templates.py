@@ -764,6 +764,9 @@ def test_a_shipped_choice_inductor_cannot_build_fails_naming_its_artifact(tmp_pa
         with pytest.raises(ArtifactError, match="choice triton::mm cannot be built by Inductor") as e:
             s.finalize(lambda *a, **k: [], None, {}, FakeInputs(), [Template("triton::mm")], "mm")
     assert e.value.file and e.value.field == "config"   # the artifact that shipped it
+    from flytune_build.runtime.inductor import templates
+
+    assert templates._lowering.get() is None   # noqa: SLF001 - the failed lowering is over: no later compile meets it
     assert s.stats()["gemm"]["offline"] == 0
 
 
@@ -782,6 +785,9 @@ def test_a_torch_whose_template_changed_says_so_once_not_once_per_matmul(tmp_pat
     monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
     monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
     monkeypatch.setattr(hooks, "lookup_choices", lambda *a: None)   # Inductor's answer to another template_hash
+    import flytune_build as ft
+
+    ft.reset_stats()   # the warnings given so far: another test's may have said this template's
 
     class Template:
         def __init__(self, uid):
@@ -801,3 +807,22 @@ def test_a_torch_whose_template_changed_says_so_once_not_once_per_matmul(tmp_pat
     texts = [str(w.message) for w in said]
     assert sum("did not take the choice the bundle holds" in t for t in texts) == 1, texts
     assert any("3 benchmarked by Inductor (not served from the bundle" in t for t in texts), texts
+
+
+def test_two_compile_entries_shipping_other_choices_for_one_matmul_say_which_is_served(tmp_path, monkeypatch):
+    import warnings
+
+    from flytune_build import inductor as fti
+
+    gemm_artifact(config=gemm.config_of("aten::mm", {}), kernel="mylib.block").save(tmp_path)
+    gemm_artifact(config=gemm.config_of("triton::mm", TRITON_MM), kernel="mylib.mlp").save(tmp_path)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
+    monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        s = fti.serve()
+    s.close()
+    (served,) = s.gemm.values()
+    assert (served.kernel, served.entry["template_id"]) == ("mylib.block", "aten::mm")   # the first by name
+    assert any("mylib.mlp-" in str(w.message) and "differs from" in str(w.message) and "mylib.block, served" in
+               str(w.message) for w in said), [str(w.message) for w in said]

@@ -478,6 +478,10 @@ def _shipped(kernels: tuple[str, ...], dev: DeviceIdentity
                 (shipped, inductor.table_entry(config))
             if key not in into:
                 into[key] = Shipped(entry, name, hit.origin, hit.level, hit.document().get("provenance"))
+            elif into[key].entry != entry and into[key].kernel != name:   # two compile entries, one lookup key
+                problems.append(f"{hit.origin}: its choice for {gemm.describe(key) if gemm.is_key(key) else key} "
+                                f"differs from {into[key].origin}'s ({into[key].kernel}, served: the first of the "
+                                f"entries by name)")
     return shipped, choices, other, problems
 
 

@@ -132,6 +132,7 @@ def _built(low: Lowering, got: list) -> None:
         else:
             why = "its template declined the config for this matmul"
         if made is None:
+            _lowering.set(None)   # this lowering ends here: a later compile's same matmul is a new one
             raise ArtifactError(f"the {gemm.describe(low.key)} choice {shipped.entry.get('template_id')} cannot be "
                                 f"built by Inductor ({why})"[:600], file=shipped.origin, field="config")
 
