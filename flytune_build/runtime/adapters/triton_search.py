@@ -307,6 +307,7 @@ class _watched:
             except Exception as e:
                 caught.append(e)
                 raise
+        do_bench.restore = lambda: self.__exit__()   # `recording` undone in a forked child mid-timing (`undo`)
         tuner.do_bench = do_bench
         return self
 
