@@ -153,6 +153,8 @@ def _capturing(tuner, name: str, ranking: str, captured: list, checking: Checkin
     def run(*args, **kwargs):
         with block.serial:   # one call at a time (a call nested in a hook on the same thread, too)
             before = set(tuner.cache)
+            if adopted is not None:   # what an earlier call that failed meanwhile left is not this call's
+                adopted.local.recorded = None
             checking.call(args, kwargs)
             try:
                 ret = original(*args, **kwargs)
