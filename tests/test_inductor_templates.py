@@ -752,21 +752,24 @@ def test_a_shipped_choice_inductor_cannot_build_fails_naming_its_artifact(tmp_pa
     gemm_artifact(config=gemm.config_of("triton::mm", TRITON_MM)).save(tmp_path)
     monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(tmp_path))
     monkeypatch.setenv("FLYTUNE_DEVICE", H200.spec())
-
-    class Declined:   # a KernelTemplateChoice whose ChoiceCaller its template declined to make
-        choice = None
+    declined = object()   # the shipped KernelTemplateChoice, which Inductor then drops
 
     class Template:
         def __init__(self, uid):
             self.uid, self.src_hash = uid, None
-    monkeypatch.setattr(hooks, "lookup_choices", lambda table, inputs, templates, op: [Declined()])
+    monkeypatch.setattr(hooks, "lookup_choices", lambda table, inputs, templates, op: [declined])
+    aten = [object(), object()]
     with fti.serve() as s:
+        s.finalize(lambda *a, **k: aten, None, {}, FakeInputs(), [Template("aten::mm")], "mm")   # Inductor's own
+        assert s.finalize(lambda *a, **k: 1 / 0, None, {}, FakeInputs(), [Template("triton::mm")], "mm") == [declined]
+        choices = []
+        for ktc in aten:   # what Inductor's select gets: the shipped choice dropped
+            c = _Choice("aten")
+            c.annotations["ktc"] = ktc
+            choices.append(c)
         with pytest.raises(ArtifactError, match="choice triton::mm cannot be built by Inductor") as e:
-            s.finalize(lambda *a, **k: [], None, {}, FakeInputs(), [Template("triton::mm")], "mm")
+            s.select(lambda cache, name, c, *a, **k: c, None, "mm", choices)
     assert e.value.file and e.value.field == "config"   # the artifact that shipped it
-    from flytune_build.runtime.inductor import templates
-
-    assert templates._lowering.get() is None   # noqa: SLF001 - the failed lowering is over: no later compile meets it
     assert s.stats()["gemm"]["offline"] == 0
 
 
@@ -824,5 +827,5 @@ def test_two_compile_entries_shipping_other_choices_for_one_matmul_say_which_is_
     s.close()
     (served,) = s.gemm.values()
     assert (served.kernel, served.entry["template_id"]) == ("mylib.block", "aten::mm")   # the first by name
-    assert any("mylib.mlp-" in str(w.message) and "differs from" in str(w.message) and "mylib.block, served" in
+    assert any("mylib.mlp-" in str(w.message) and "differs from" in str(w.message) and "which is served" in
                str(w.message) for w in said), [str(w.message) for w in said]

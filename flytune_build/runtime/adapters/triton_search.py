@@ -312,6 +312,9 @@ class _watched:
         return self
 
     def __exit__(self, *exc):
+        if getattr(self, "done", False):   # once: a forked child's `undo` may have put it back already
+            return
+        self.done = True
         if self.had:
             self.tuner.do_bench = self.old
         else:

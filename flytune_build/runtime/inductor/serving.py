@@ -478,10 +478,9 @@ def _shipped(kernels: tuple[str, ...], dev: DeviceIdentity
                 (shipped, inductor.table_entry(config))
             if key not in into:
                 into[key] = Shipped(entry, name, hit.origin, hit.level, hit.document().get("provenance"))
-            elif into[key].entry != entry and into[key].kernel != name:   # two compile entries, one lookup key
-                problems.append(f"{hit.origin}: its choice for {gemm.describe(key) if gemm.is_key(key) else key} "
-                                f"differs from {into[key].origin}'s ({into[key].kernel}, served: the first of the "
-                                f"entries by name)")
+            elif gemm.is_key(key) and into[key].entry != entry and into[key].kernel != name:   # one matmul, two entries
+                problems.append(f"{hit.origin}: its choice for {gemm.describe(key)} differs from {into[key].origin}'s "
+                                f"({into[key].kernel}, the first compile entry by name, which is served)")
     return shipped, choices, other, problems
 
 

@@ -110,31 +110,12 @@ def serve(serving, here: list, original, handler, template_choices, kernel_input
         if low.shipped.entry.get("template_id") in offered:  # the lowering's entry, as a one-key table
             got = hooks.lookup_choices({key: [low.shipped.entry]}, kernel_inputs, templates, op_name)
             if got:
-                _built(low, got)
                 low.served = list(got)
                 low.made += got
                 return got
     out = original(handler, template_choices, kernel_inputs, templates, op_name, *args, **kwargs)
     low.made += out
     return out
-
-
-def _built(low: Lowering, got: list) -> None:
-    """Each shipped choice built now, as Inductor builds it (`KernelTemplateChoice.choice`, cached): one it
-    cannot build (a kwarg it passes itself, a config its template refuses for this matmul) is the
-    artifact's failure, named, never an empty select or Inductor's bare error."""
-    shipped = low.shipped
-    for ktc in got:
-        try:
-            made = getattr(ktc, "choice", True)
-        except Exception as e:  # noqa: BLE001 - Inductor's error, told as the artifact's
-            made, why = None, f"{type(e).__name__}: {e}"
-        else:
-            why = "its template declined the config for this matmul"
-        if made is None:
-            _lowering.set(None)   # this lowering ends here: a later compile's same matmul is a new one
-            raise ArtifactError(f"the {gemm.describe(low.key)} choice {shipped.entry.get('template_id')} cannot be "
-                                f"built by Inductor ({why})"[:600], file=shipped.origin, field="config")
 
 
 def select(serving, original, cache, name, choices, *args, **kwargs):
@@ -156,6 +137,10 @@ def select(serving, original, cache, name, choices, *args, **kwargs):
         return original(cache, name, theirs, *args, **kwargs)
     if low.served:
         choices = [c for c in choices if any(ktc_of(c) is k for k in low.served)]
+        if not choices:   # Inductor dropped the shipped choice, built as it selects it (`choice_or_none`: None)
+            raise ArtifactError(f"the {gemm.describe(key)} choice {shipped.entry.get('template_id')} cannot be "
+                                f"built by Inductor (its template declined the config for this matmul): it is not "
+                                f"among the choices Inductor selects from", file=shipped.origin, field="config")
         serving.decided(Kernel(op, key, "offline", shipped.entry, shipped.origin, shipped.level, "gemm"))
         return original(cache, name, choices, *args, **kwargs)
     untaken = (f"Inductor's lookup did not take the choice the bundle holds for it ({shipped.origin}: "

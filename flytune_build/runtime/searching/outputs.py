@@ -420,14 +420,14 @@ def _guards(raw: dict[str, Any]) -> list[tuple[str, Any, Any]]:
             if not t.numel() or t.layout != torch.strided:
                 continue
             lo, hi, storage = t.data_ptr(), placement.span_end(t), t.untyped_storage()
-            where = (t.device, storage.data_ptr())
-            end = where[1] + storage.nbytes()
+            where = (t.device, storage.data_ptr(), storage.nbytes())   # two storages may share a start
+            end = where[1] + where[2]
         except Exception:  # noqa: BLE001 - a tensor without a plain storage (a subclass): compared, not guarded
             continue
         spans.append((t.device, lo, hi))
         storages.setdefault(where, (end, []))[1].append((lo, hi, n, t))
     out = []
-    for (dev, base), (end, mine) in storages.items():
+    for (dev, base, _), (end, mine) in storages.items():
         taken = sorted((lo, hi) for d, lo, hi in spans if d == dev and lo < end and hi > base)
         free = []
         for lo, hi, n, t in sorted(mine, key=lambda m: m[:2]):
