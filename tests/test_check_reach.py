@@ -244,3 +244,24 @@ def test_a_search_whose_outputs_were_not_checked_says_so_in_the_tune_summary(tmp
                    '{ kernel = "flakypkg.add", setup = "flakypkg:add", shapes = [{ n = 100 }], check = false }')
     got = tune(proj, tmp_path, "synthetic")
     assert "unchecked: flakypkg.add n=100: not checked: the plan entry says check = false" in got["stdout"]
+
+
+def test_a_store_between_a_column_slices_rows_is_refused_and_undone():
+    """An output that is a column slice of a wider buffer (one head of a fused QKV): a config that writes the
+    columns beside it (a missing N mask) writes between the slice's rows, inside the bytes it spans."""
+    import torch
+
+    parent = torch.zeros(8, 64)
+    out = parent[:, :16]
+
+    def launch(cfg):
+        out.fill_(1.0)
+        if cfg.kwargs["B"] == 2:
+            parent[:7, 16:32] = 1.0   # the next columns, never past the slice's last row
+    check = outputs.Check({"out": out}, launch, outputs.Policy())
+    check.find_reference([Config({"B": 1})])
+    with pytest.raises(outputs.WrongOutput, match="`out`: a store outside the tensor: its storage between its "
+                                                  "elements changed"):
+        check(Config({"B": 2}))
+    check.restore()
+    assert float(parent[:, 16:].abs().sum()) == 0.0 and float(out.sum()) == 0.0   # as found

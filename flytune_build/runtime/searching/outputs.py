@@ -26,7 +26,7 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
 - every tensor the call passes is compared after the launch (a tuple argument's items and a tensor
   descriptor's base too: `placement.members`): integer and bool tensors exactly, floating ones within the
   tolerance of their dtype (`TOLERANCES`; a complex one, its parts') or the plan entry's `rtol`/`atol`;
-  NaN equals NaN; and the bytes of their storages within GUARD_BYTES around them that no argument spans
+  NaN equals NaN; and the bytes of their storages within `guards.GUARD_BYTES` around them that no argument spans
   (the rest of a buffer an output is a slice of) must be as found: a store past a view (a missing mask)
   is a wrong output, and is undone;
 - a config whose launch fails where the check launches it is never timed (its error is its candidate's);
@@ -56,7 +56,7 @@ from typing import Any
 
 from ...core.config import Config
 from ...core.errors import TuneError, foreign_failure, one_line
-from . import session
+from . import guards, session
 
 # (rtol, atol) by dtype name; a dtype not listed and not floating compares exactly
 TOLERANCES = {"float64": (1e-7, 1e-9), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3),
@@ -64,7 +64,6 @@ TOLERANCES = {"float64": (1e-7, 1e-9), "float32": (1e-4, 1e-5), "float16": (1e-2
 LOW_PRECISION = (1.25e-1, 1.25e-1)   # the float8 kinds and any other narrow float
 COMPLEX = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}   # a part's tolerance
 MAX_BYTES = 2 << 30                  # tensor bytes a call may pass and still be checked
-GUARD_BYTES = 1 << 20                # bytes of a storage watched on each side of the call's tensors' spans
 
 
 class WrongOutput(Exception):
@@ -132,7 +131,7 @@ class Check:
         self.found = {}
         for n, t in self.raw.items():
             self.memory[n], self.found[n] = _restorable(n, t)
-        self.guards = _guards(self.raw)   # (label, bytes of a storage no tensor spans, their copy): unwritten
+        self.guards = guards.around(self.raw)   # (name, where, bytes, their copy, which of them): never written
         self.reference: Config | None = None   # the reference config, where no function is the reference
         self.expected: dict[str, Any] | None = None   # None: nothing to compare with
         self.note: str | None = None
@@ -155,7 +154,7 @@ class Check:
             for n, t in self.memory.items():
                 if t is not None:
                     t.copy_(self.found[n])
-            for _, memory, found in self.guards:
+            for _, _, memory, found, _ in self.guards:
                 memory.copy_(found)
 
     def _expect(self) -> None:
@@ -251,13 +250,14 @@ class Check:
         store past its view, as a missing mask makes; the caller's memory, which `restore` puts back)."""
         import torch
 
-        for label, memory, found in self.guards:
-            if not torch.equal(memory, found):
-                side, _, name = label.partition(" ")
-                at = (memory != found).nonzero()
-                return name.strip("`"), (f"a store outside the tensor: its storage {side} its view changed (bytes "
-                                         f"{int(at[0])}-{int(at[-1])} of the {memory.numel()} watched there), as "
-                                         f"a missing mask writes")
+        for name, where, memory, found, which in self.guards:
+            changed = memory != found
+            if which is not None:
+                changed &= which
+            if bool(changed.any()):
+                at = changed.nonzero()
+                return name, (f"a store outside the tensor: its storage {where} changed (bytes {int(at[0])}-"
+                              f"{int(at[-1])} of the {memory.numel()} watched there), as a missing mask writes")
         return None
 
     def screen(self, configs: Sequence[Config]) -> dict[Config, Exception]:
@@ -403,60 +403,6 @@ def _restorable(name: str, t) -> tuple[Any, Any]:
         return memory, found
     except Exception as e:  # noqa: BLE001 - the check cannot put it back: `start` says so, unchecked
         raise Unrestorable(f"`{name}` cannot be put back as found: {type(e).__name__}: {e}"[:400]) from None
-
-
-def _guards(raw: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(label, bytes, their copy) for the bytes within GUARD_BYTES around the call's tensors, in each
-    tensor's storage, that no tensor of the call spans (a slice of a larger buffer: the rest is the
-    caller's, or another's). Never memory any argument spans, through whatever storage object (numpy
-    views of one buffer, DLPack): a kernel writes those legitimately. Windows that meet are one."""
-    import torch
-
-    from . import placement
-
-    spans, storages = [], {}   # every tensor's (device, from, to); (device, storage base) -> (its end, tensors)
-    for n, t in raw.items():
-        try:
-            if not t.numel() or t.layout != torch.strided:
-                continue
-            lo, hi, storage = t.data_ptr(), placement.span_end(t), t.untyped_storage()
-            where = (t.device, storage.data_ptr(), storage.nbytes())   # two storages may share a start
-            end = where[1] + where[2]
-        except Exception:  # noqa: BLE001 - a tensor without a plain storage (a subclass): compared, not guarded
-            continue
-        spans.append((t.device, lo, hi))
-        storages.setdefault(where, (end, []))[1].append((lo, hi, n, t))
-    out = []
-    for (dev, base, _), (end, mine) in storages.items():
-        taken = sorted((lo, hi) for d, lo, hi in spans if d == dev and lo < end and hi > base)
-        free = []
-        for lo, hi, n, t in sorted(mine, key=lambda m: m[:2]):
-            for a, b, side in ((max(base, lo - GUARD_BYTES), lo, "before"), (hi, min(end, hi + GUARD_BYTES), "after")):
-                free += [(x, y, n, t, side) for x, y in _uncovered(a, b, taken)]
-        merged: list[list] = []
-        for x, y, n, t, side in sorted(free, key=lambda w: w[:2]):
-            if merged and x <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], y)
-            else:
-                merged.append([x, y, n, t, side])
-        for x, y, n, t, side in merged:
-            memory = placement.span_bytes(torch, t, x, y)
-            out.append((f"{side} `{n}`", memory, memory.clone()))
-    return out
-
-
-def _uncovered(lo: int, hi: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of [lo, hi) no interval of `taken` (sorted) covers."""
-    out = []
-    for a, b in taken:
-        if b <= lo or a >= hi:
-            continue
-        if a > lo:
-            out.append((lo, a))
-        lo = max(lo, b)
-        if lo >= hi:
-            return out
-    return out + [(lo, hi)] if lo < hi else out
 
 
 def _same(a, b) -> bool:
