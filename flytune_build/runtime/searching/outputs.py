@@ -26,9 +26,9 @@ Invariants (pinned by tests/test_selection.py and tests/test_reference.py):
 - every tensor the call passes is compared after the launch (a tuple argument's items and a tensor
   descriptor's base too: `placement.members`): integer and bool tensors exactly, floating ones within the
   tolerance of their dtype (`TOLERANCES`; a complex one, its parts') or the plan entry's `rtol`/`atol`;
-  NaN equals NaN; and the bytes of their storages within `guards.GUARD_BYTES` around them that no argument spans
-  (the rest of a buffer an output is a slice of) must be as found: a store past a view (a missing mask)
-  is a wrong output, and is undone;
+  NaN equals NaN; and the bytes `guards.around` watches (around each tensor, and between a column slice's
+  rows, that no argument spans) must be as found: a store past a view (a missing mask) is a wrong output,
+  and is undone;
 - a config whose launch fails where the check launches it is never timed (its error is its candidate's);
   where the comparison itself fails (no memory for its copies), that config and every later one go
   unchecked and `provenance.outputs.note` says from which, or, under a reference function, the search
