@@ -265,3 +265,17 @@ def test_a_store_between_a_column_slices_rows_is_refused_and_undone():
         check(Config({"B": 2}))
     check.restore()
     assert float(parent[:, 16:].abs().sum()) == 0.0 and float(out.sum()) == 0.0   # as found
+
+
+def test_verify_warns_once_per_kernel_of_winners_chosen_unchecked_but_not_where_the_plan_said_so():
+    from flytune_build.core import verification
+    from flytune_build.core.artifact import Artifact
+    from flytune_build.core.device import INTERPRETER
+
+    def art(n, note):
+        return Artifact("reachpkg.big", {"n": n}, INTERPRETER, Config({"BLOCK": 16}, num_warps=1),
+                        {"outputs": {"note": note}})
+    too_big = "not checked: the call's tensors take 3.0 GiB, over 2 GiB"
+    found = verification.check([art(1, too_big), art(2, too_big), art(3, verification.DELIBERATE)], lambda a: a.filename)
+    (said,) = [w for w in found.warnings if "provenance.outputs.note" in w]
+    assert "3.0 GiB" in said and "(and 1 more of its artifacts)" in said and not found.errors

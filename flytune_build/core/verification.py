@@ -81,7 +81,7 @@ def check(artifacts: list[Artifact], where: Where, declared: Declaration | None 
     itself; `rankings` (a warning unless `verify --strict`, never a build's rejection) is run apart."""
     found = key_axes(artifacts, where).merge(conflicts(artifacts, where)).merge(file_names(artifacts, where))
     found.merge(backend_options(artifacts, where)).merge(inductor_configs(artifacts, where))
-    found.merge(chosen(artifacts, where)).merge(specializations(artifacts, where))
+    found.merge(chosen(artifacts, where)).merge(specializations(artifacts, where)).merge(unchecked(artifacts, where))
     if declared is not None:
         if with_toolchain:
             found.merge(toolchain(artifacts, where, declared))
@@ -209,6 +209,27 @@ def specializations(artifacts: list[Artifact], where: Where) -> Findings:
             found.warnings.append(f"{where(a)}: Field `provenance.specialization.options.{name}` {problem}: its "
                                   f"config is served, but `flytune warmup` does not compile it ahead (re-tune to "
                                   f"record a specialization this release warms)")
+    return found
+
+
+DELIBERATE = "not checked: the plan entry says check = false"   # no warning: the plan chose it
+
+
+def unchecked(artifacts: list[Artifact], where: Where) -> Findings:
+    """One warning per kernel whose winners were tuned without their outputs checked where the plan asked
+    for the check (`provenance.outputs.note`: tensors too large to copy, none that can be put back, no
+    config that launched for the reference): nothing a tune could not check passes a build in silence."""
+    found, by_kernel = Findings(), {}
+    for a in artifacts:
+        outputs = (a.provenance or {}).get("outputs")
+        note = outputs.get("note") if isinstance(outputs, dict) else None
+        if isinstance(note, str) and note.startswith("not checked") and note != DELIBERATE:
+            by_kernel.setdefault(a.kernel, []).append((a, note))
+    for kernel, arts in sorted(by_kernel.items()):
+        a, note = arts[0]
+        more = f" (and {len(arts) - 1} more of its artifacts)" if len(arts) > 1 else ""
+        found.warnings.append(f"{where(a)}: Field `provenance.outputs.note` says {note!r}{more}: {kernel}'s winner "
+                              f"was chosen without its outputs checked")
     return found
 
 
