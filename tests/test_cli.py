@@ -364,7 +364,7 @@ def test_diff_and_fmt_exit_nonzero_on_missing_inputs(tmp_path):
     assert r.returncode == 1 and "missing" in r.stdout
     assert flytune("diff", tmp_path / "old", tmp_path / "old").returncode == 0
     r = flytune("fmt", tmp_path / "old", tmp_path / "missing")
-    assert r.returncode == 1 and r.stderr == f"flytune: error: {tmp_path / 'missing'}: is not a directory of artifact files\n"
+    assert r.returncode == 1 and r.stderr == f"flytune: error: {tmp_path / 'missing'}: is not a directory of artifact files (it does not exist)\n"
     assert "rewrote" not in r.stdout  # every input is checked before anything is rewritten
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import bundle, codec, fsutil
-from .errors import ArtifactError, FlytuneError
+from .errors import ArtifactError, FlytuneError, InputError
 
 MAX_FILES = fsutil.MAX_ENTRIES
 SUFFIX = ".json"
@@ -44,6 +44,13 @@ def listing(directory: str | os.PathLike, *, prefix: str = "", error=ArtifactErr
     except OSError as e:
         raise error(f"cannot be listed: {e.strerror or e}", file=directory) from None
     return sorted(out, key=lambda p: p.name)
+
+
+def not_a_directory(path: str | os.PathLike) -> InputError:
+    """The error of a command given `path` for a directory of artifact files that it is not (`fmt`,
+    `merge`, `upgrade`), saying where it does not exist at all."""
+    gone = "" if os.path.lexists(path) else " (it does not exist)"
+    return InputError(f"is not a directory of artifact files{gone}", file=path)
 
 
 def within_bundle(root: str | os.PathLike, rel: str) -> bool:

@@ -37,7 +37,7 @@ def fmt(paths) -> Formatted:
     paths = arguments.paths(paths, "paths")  # fmt("AB") would rewrite A and B
     for given in paths:  # every input checked before anything is rewritten
         if not Path(given).is_dir():
-            raise InputError("is not a directory of artifact files", file=given)
+            raise artifactdir.not_a_directory(given)
     directories = list(dict.fromkeys(Path(d).resolve() for d in paths))  # a directory named twice: once
     plans, errors = [], []
     for d in directories:

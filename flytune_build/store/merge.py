@@ -80,7 +80,7 @@ def read(dirs: list[Path]) -> dict[str, list[Found]]:
     by_address: dict[str, list[Found]] = {}
     for d in dirs:
         if not d.is_dir():
-            raise InputError("is not a directory of artifact files", file=d)
+            raise artifactdir.not_a_directory(d)
         for path in artifactdir.listing(d):  # bounded; each file read capped, regular files only
             data = artifactdir.read(path)
             art = Artifact.from_bytes(data, file=path)

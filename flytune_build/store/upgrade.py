@@ -42,7 +42,7 @@ def upgrade(directory) -> Upgraded:
     """Rewrite the artifacts of `directory` under each kernel's one axis set (see the module docstring)."""
     root = Path(directory)
     if not root.is_dir():
-        raise InputError("is not a directory of artifact files", file=directory)
+        raise artifactdir.not_a_directory(directory)
     report = Upgraded()
     found: list[tuple[Path, Artifact]] = []
     read = artifactdir.read_all(root, recursive=True)  # contained, bounded, regular files only (as verify DIR)
