@@ -105,3 +105,20 @@ def flytune_wheel(tmp_path_factory):
             assert r.returncode == 0, r.stderr
     (whl,) = out.glob("flytune_build-*.whl")
     return whl
+
+
+@pytest.fixture
+def serialised_launches(monkeypatch):
+    """Triton's interpreter keeps a launch's grid in process globals: launches on two threads are
+    serialised (a GPU needs no such lock; flytune's own state is what threaded tests are about). A test
+    module takes it with `pytestmark = pytest.mark.usefixtures("serialised_launches")`."""
+    import threading
+
+    from triton.runtime import interpreter
+
+    lock, call = threading.RLock(), interpreter.GridExecutor.__call__
+
+    def serialised(self, *args, **kwargs):
+        with lock:
+            return call(self, *args, **kwargs)
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialised)

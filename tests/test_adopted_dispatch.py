@@ -19,10 +19,10 @@ def _hook(nargs):
     HOOKED.append((nargs["n"], nargs["BLOCK"]))
 
 
-def make(pre_hook=None):
+def make(pre_hook=None, do_bench=None):
     configs = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=pre_hook) for b in (16, 32, 64)]
 
-    @triton.autotune(configs=configs, key=["n"])
+    @triton.autotune(configs=configs, key=["n"], do_bench=do_bench)
     @triton.jit
     def add(x, y, out, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -8,7 +8,6 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.runtime import interpreter
 
 import flytune_build as ft
 from flytune_build import triton as adapter
@@ -19,16 +18,7 @@ from flytune_build.runtime.adapters import adopted as adopted_module
 from test_adopted_dispatch import make  # an adopted add kernel of three configs, keyed on n
 
 
-@pytest.fixture(autouse=True)
-def _serialised_launches(monkeypatch):
-    """Triton's interpreter keeps a launch's grid in process globals: launches on two threads are
-    serialised here (a GPU needs no such lock; flytune's own state is what these tests are about)."""
-    lock, call = threading.RLock(), interpreter.GridExecutor.__call__
-
-    def serialised(self, *args, **kwargs):
-        with lock:
-            return call(self, *args, **kwargs)
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialised)
+pytestmark = pytest.mark.usefixtures("serialised_launches")   # conftest: the interpreter's launches, one at a time
 
 
 def args_of(n):

@@ -14,29 +14,19 @@ import time
 import pytest
 import torch
 import triton
-import triton.language as tl
 from conftest import python_env
-from triton.runtime import interpreter
 
 import flytune_build as ft
 from flytune_build import triton as adapter
 from flytune_build.core.artifact import Artifact
 from flytune_build.core.config import Config
 from flytune_build.core.device import INTERPRETER
+from test_adopted_dispatch import make  # an add kernel of three configs, keyed on n
 
 WANT = {100: 16, 200: 32, 300: 64, 400: 16, 500: 32, 600: 64}   # each shape's fastest block, by the timer below
 
 
-@pytest.fixture(autouse=True)
-def _serialised_launches(monkeypatch):
-    """Triton's interpreter keeps a launch's grid in process globals: launches on two threads are
-    serialised here (a GPU needs no such lock; flytune's own state is what these tests are about)."""
-    lock, call = threading.RLock(), interpreter.GridExecutor.__call__
-
-    def serialised(self, *args, **kwargs):
-        with lock:
-            return call(self, *args, **kwargs)
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialised)
+pytestmark = pytest.mark.usefixtures("serialised_launches")   # conftest: the interpreter's launches, one at a time
 
 
 def timer(times):
@@ -50,17 +40,6 @@ def timer(times):
     return do_bench
 
 
-def make(do_bench):
-    @triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)], key=["n"],
-                     do_bench=do_bench)
-    @triton.jit
-    def add(x, y, out, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
-    return add
-
-
 def call(k, n):
     x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
     k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, out, n)
@@ -71,7 +50,7 @@ def call(k, n):
 def test_a_block_recording_many_threads_captures_each_keys_own_winner_once(monkeypatch):
     monkeypatch.setenv("FLYTUNE_AUTOTUNE", "auto")
     ft.reset_stats()
-    k = make(timer(lambda n, b: 1.0 if WANT[n] == b else 10.0))
+    k = make(do_bench=timer(lambda n, b: 1.0 if WANT[n] == b else 10.0))
     adapter.adopt(k, name="rs.threads")
     errors = []
 
@@ -97,7 +76,7 @@ def test_a_recorded_search_is_told_as_the_config_it_serves_and_is_no_miss(tmp_pa
     monkeypatch.setenv("FLYTUNE_MISSES", str(tmp_path / "misses.json"))
     ft.reset_stats()
     # 32 is Triton's minimum, within flytune's margin of the first config timed (16), which flytune keeps
-    k = make(timer(lambda n, b: {16: 1.00, 32: 0.99, 64: 5.0}[b]))
+    k = make(do_bench=timer(lambda n, b: {16: 1.00, 32: 0.99, 64: 5.0}[b]))
     adapter.adopt(k, name="rs.told")
     events = []
     with ft.on_decision(events.append), adapter.recording(k, "rs.told") as captured:
@@ -120,7 +99,7 @@ def test_a_child_forked_while_another_thread_records_has_the_kernel_as_before_th
              Config({"BLOCK": 64}, num_warps=1)).save(tmp_path / "arts")
     ft.reset_stats()
     timed = []
-    k = make(lambda fn, quantiles=None: (timed.append(1), fn(), [1.0] * 3)[2])
+    k = make(do_bench=lambda fn, quantiles=None: (timed.append(1), fn(), [1.0] * 3)[2])
     assert adapter.adopt(k, name="rs.fork") == 1
     inside, leave = threading.Event(), threading.Event()
 

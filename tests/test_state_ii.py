@@ -23,16 +23,7 @@ N = 50
 WAIT = 120  # seconds: only a broken build waits this long
 
 
-@pytest.fixture(autouse=True)
-def serialised(monkeypatch):
-    from triton.runtime import interpreter
-
-    launching, call = threading.RLock(), interpreter.GridExecutor.__call__
-
-    def serialised_call(self, *args, **kwargs):
-        with launching:
-            return call(self, *args, **kwargs)
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialised_call)
+pytestmark = pytest.mark.usefixtures("serialised_launches")   # conftest: the interpreter's launches, one at a time
 
 
 def add(k, n=N):

@@ -159,18 +159,22 @@ def _derived_problems(key_value: Any, own: dict) -> list[tuple[str, str]]:
 
 def _dtype_of(key: Any) -> str | None:
     """The dtype of a GEMM key's first input."""
-    m = KEY.fullmatch(key) if isinstance(key, str) else None
-    inputs = _INPUTS.findall(m["inputs"]) if m else []
+    _, inputs = _inputs_of(key)
     return inputs[0][0] if inputs else None
 
 
 def _k_of(key: Any) -> int | None:
     """The K of a GEMM key (the last size of the op's first matrix), where its op has one K."""
-    m = KEY.fullmatch(key) if isinstance(key, str) else None
-    at = K_INPUT.get(m["op"]) if m else None
-    inputs = _INPUTS.findall(m["inputs"]) if at is not None else []
+    op, inputs = _inputs_of(key)
+    at = K_INPUT.get(op)
     sizes = inputs[at][1].split(", ") if at is not None and at < len(inputs) and inputs[at][1] else []
     return int(sizes[-1]) if sizes else None
+
+
+def _inputs_of(key: Any) -> tuple[str | None, list]:
+    """(op, [(dtype, sizes, strides)] of its inputs) of a GEMM key; (None, []) where it is none."""
+    m = KEY.fullmatch(key) if isinstance(key, str) else None
+    return (m["op"], _INPUTS.findall(m["inputs"])) if m else (None, [])
 
 
 def key_problems(value: Any, field: str) -> list[tuple[str, str]]:

@@ -222,6 +222,13 @@ def best(groups: Iterable[tuple[tuple, list, list]]) -> dict:
     return out
 
 
+def conflict(files: Iterable[str], key: Mapping[str, Any]) -> str:
+    """What the runtime says of artifact files of one identity and rank holding different configs for `key`
+    (`n = 100` and `n = 100.0` are one key): neither serves, as `flytune verify` refuses the pair."""
+    return (f"{' and '.join(map(str, files))}: one key ({dict(key)}) and different configs: neither is served "
+            f"(`flytune verify` names the conflict)")
+
+
 def config_time(provenance: Any, config: dict) -> float | None:
     """The time (ms) a tuning run measured for `config`, from the candidates its provenance records;
     None when it did not record one (or recorded no finite one)."""

@@ -390,9 +390,8 @@ def _seeded(self: Adopted) -> int:
             clashes.pop(tk, None)
         elif rank == best[tk][0] and art.device == best[tk][1].device and art.config != best[tk][1].config:
             clashes.setdefault(tk, [best[tk][1].filename]).append(art.filename)   # `n = 100`, `n = 100.0`
-    for tk, names in clashes.items():   # as `flytune verify` refuses both: neither serves
-        idx.problems.append(f"{' and '.join(names)}: one key ({dict(best.pop(tk)[1].key)}) and different configs: "
-                            f"neither is served (`flytune verify` names the conflict)")
+    for tk, names in clashes.items():
+        idx.problems.append(serving.conflict(names, best.pop(tk)[1].key))
     for problem in idx.problems:
         self.fallback(f"artifact ignored: {problem}")
     self.forget()

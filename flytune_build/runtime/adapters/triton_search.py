@@ -294,7 +294,7 @@ class _watched:
     time with no word of why; the candidate then says why)."""
 
     def __init__(self, tuner, caught: list):
-        self.tuner, self.caught = tuner, caught
+        self.tuner, self.caught, self.done = tuner, caught, False
 
     def __enter__(self):
         tuner, caught = self.tuner, self.caught
@@ -312,7 +312,7 @@ class _watched:
         return self
 
     def __exit__(self, *exc):
-        if getattr(self, "done", False):   # once: a forked child's `undo` may have put it back already
+        if self.done:   # once: a forked child's `undo` may have put it back already
             return
         self.done = True
         if self.had:

@@ -282,16 +282,14 @@ class OfflineTier:
             level = levels[dev]
             if level is not None:
                 hits, at = found.setdefault(level, {}), tuple([key[a] for a in axes])
-                if at not in hits:
-                    first_device[level, at] = dev
                 first = hits.setdefault(at, Hit(doc["config"], level, origin, doc, name))
-                if first.source is not doc and first_device.setdefault((level, at), dev) == dev and \
-                        codec.canonical(first.config) != codec.canonical(doc["config"]):
+                if first.source is doc:
+                    first_device[level, at] = dev
+                elif first_device[level, at] == dev and codec.canonical(first.config) != codec.canonical(doc["config"]):
                     clashes.setdefault((level, at), [first.name]).append(name)   # `n = 100` and `n = 100.0`: one key
-        for (level, at), names in clashes.items():   # as `flytune verify` refuses both: neither serves
+        for (level, at), names in clashes.items():
             del found[level][at]
-            idx.problems.append(f"{' and '.join(map(str, names))}: one key ({dict(zip(axes, at))}) and different "
-                                f"configs: neither is served (`flytune verify` names the conflict)")
+            idx.problems.append(serving.conflict(names, dict(zip(axes, at))))
         for level, hits in found.items():   # within a group, the first file wins (core.serving.best)
             yield level, list(hits), list(hits.values())
 
