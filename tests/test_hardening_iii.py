@@ -250,6 +250,15 @@ def test_every_public_function_refuses_an_argument_of_the_wrong_shape(call):
         call(ft)
 
 
+def test_merge_of_no_directory_is_refused_and_makes_no_output(tmp_path):
+    """It made an empty output directory and called that a merge."""
+    import flytune_build as ft
+
+    with pytest.raises(ft.UsageError, match="dirs.*at least one artifact directory"):
+        ft.merge([], tmp_path / "OUT")
+    assert not (tmp_path / "OUT").exists()
+
+
 def test_reset_to_zero_as_one_name_is_that_name_not_its_characters():
     import triton
     import triton.language as tl

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..core import arguments, artifactdir, codec, fsutil, serving
 from ..core.artifact import Artifact
-from ..core.errors import InputError
+from ..core.errors import InputError, UsageError
 
 PREFER = ("faster", "newer")
 CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
@@ -207,6 +207,8 @@ def merge(dirs, output, *, prefer: str | None = None) -> Merged:
     nothing. Identities with different winners are conflicts (nothing is written) unless `prefer`
     (faster | newer) decides them. InputError/ArtifactError for a missing directory or invalid file."""
     dirs = [Path(d) for d in arguments.paths(dirs, "dirs")]  # merge("AB", out) would merge A and B
+    if not dirs:   # an empty union would still make `output`
+        raise UsageError("is empty: name at least one artifact directory to merge", field="dirs")
     output = arguments.path(output, "output")
     if prefer is not None and prefer not in PREFER:
         raise InputError(f"prefer must be one of {', '.join(PREFER)}, not {prefer!r}")
