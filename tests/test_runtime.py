@@ -185,6 +185,40 @@ def test_invalid_artifact_falls_back_with_its_reason(tmp_path, monkeypatch, conf
     assert any(reason in r for r in ft.stats()["t.invalid"]["fallbacks"])
 
 
+@triton.jit
+def _probe(x, out, n, BLOCK: tl.constexpr, S: tl.constexpr = 1, EVEN: tl.constexpr = False):
+    tl.store(out, BLOCK + tl.load(x) * 0)   # writes the BLOCK it was launched with
+
+
+@pytest.mark.parametrize("configs, served", [
+    # EVEN set by one declared config only: an artifact may leave it to the kernel's default, as the others do
+    ([Config({"BLOCK": 16}), Config({"BLOCK": 32, "EVEN": True}), Config({"BLOCK": 64})], Config({"BLOCK": 64})),
+    # S declared 1 in one config and 0.5 in another, in either order: both types are S's
+    ([Config({"BLOCK": 16, "S": 1}), Config({"BLOCK": 64, "S": 0.5})], Config({"BLOCK": 64, "S": 0.5})),
+    ([Config({"BLOCK": 64, "S": 0.5}), Config({"BLOCK": 16, "S": 1})], Config({"BLOCK": 16, "S": 1})),
+    ([Config({"BLOCK": 16, "S": None}), Config({"BLOCK": 64, "S": 8})], Config({"BLOCK": 16, "S": None})),
+])
+def test_an_artifact_of_a_declared_config_is_served_whatever_the_others_set(tmp_path, monkeypatch, configs, served):
+    """Every tuned parameter was required and its type was the last declared config's: flytune's own
+    searched winner ({"BLOCK": 64}, beside a config setting EVEN) was refused by the scratch and offline
+    tiers, and the searches ran again in every process."""
+    k = ft.autotune(configs, ["n"], name="t.partial")(_probe)
+    artifact_dir(tmp_path, monkeypatch, "t.partial", {"n": 101}, served)
+    x, out = torch.zeros(4), torch.zeros(1)
+    k[(1,)](x, out, 101)
+    assert calls(k)["offline"] == 1 and out.item() == served.kwargs["BLOCK"]
+    assert not ft.stats()["t.partial"]["fallbacks"]
+
+
+def test_an_artifact_must_still_set_what_every_declared_config_sets(tmp_path, monkeypatch):
+    k = ft.autotune([Config({"BLOCK": 16, "S": 2}), Config({"BLOCK": 32, "S": 2, "EVEN": True})], ["n"],
+                    name="t.partial_unset")(_probe)
+    artifact_dir(tmp_path, monkeypatch, "t.partial_unset", {"n": 101}, Config({"BLOCK": 32}))
+    with pytest.warns(FlytuneWarning, match="does not set S"):
+        k[(1,)](torch.zeros(4), torch.zeros(1), 101)
+    assert calls(k)["offline"] == 0
+
+
 def test_artifact_overriding_a_caller_argument_is_rejected(tmp_path, monkeypatch):
     k = make_add("t.caller", key=("n",), default=lambda a: Config({"BLOCK": 16}))
     d = tmp_path / "a"
@@ -386,6 +420,30 @@ def test_dtype_is_part_of_the_key(tmp_path, monkeypatch):
     add(k, dtype=torch.float32)
     add(k, dtype=torch.float16)
     assert calls(k)["offline"] == 1 and calls(k)["heuristic"] == 1
+
+
+@triton.jit
+def _scaled_probe(x, out, alpha, BLOCK: tl.constexpr):
+    tl.store(out, BLOCK + alpha * 0 + tl.load(x) * 0)   # writes the BLOCK it was launched with
+
+
+def test_a_numpy_scalar_keys_as_the_number_it_holds(tmp_path, monkeypatch):
+    """It keyed as its dtype (`float64`): every value shared one decision, the heuristic's, and no tuned
+    value was served."""
+    np = pytest.importorskip("numpy")
+    d = tmp_path / "a"
+    Artifact("t.np", {"alpha": 0.5}, INTERPRETER, Config({"BLOCK": 64})).save(d)
+    Artifact("t.np", {"alpha": 2.0}, INTERPRETER, Config({"BLOCK": 16})).save(d)
+    monkeypatch.setenv("FLYTUNE_ARTIFACT_DIR", str(d))
+    autotuner.reset_stats()
+    k = ft.autotune([Config({"BLOCK": b}) for b in (16, 32, 64)], ["alpha"], name="t.np",
+                    default=lambda a: Config({"BLOCK": 32}))(_scaled_probe)
+    x = torch.zeros(4)
+    for alpha, block in ((np.float64(0.5), 64), (np.float64(2.0), 16), (0.5, 64), (np.float64(0.5), 64)):
+        out = torch.zeros(1)
+        k[(1,)](x, out, alpha)
+        assert out.item() == block and k.decision(x, out, alpha).key == {"alpha": float(alpha)}
+    assert calls(k) == {"scratch": 0, "offline": 4, "heuristic": 0, "search": 0}
 
 
 def test_keyword_arguments_reach_the_key(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import numbers
 import re
 
 from collections.abc import Callable, Sequence
@@ -74,6 +75,17 @@ def getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
         return lambda a: (getattr(a[p0], "dtype", a[p0]), getattr(a[p1], "dtype", a[p1]),
                           getattr(a[p2], "dtype", a[p2]), getattr(a[p3], "dtype", a[p3]))
     return lambda a: tuple([getattr(a[p], "dtype", a[p]) for p in positions])
+
+
+def raw(value: Any) -> Any:
+    """What one key argument contributes to a call's key off the hot path: a tensor its dtype, a numpy
+    scalar (`numpy.float64(0.5)`: it has a dtype too, and Triton launches it as the number) the number it
+    holds, anything else itself. `getter`'s keys read the dtype of both: a numpy scalar's call is never
+    a hit, it is decided (by this key) every call, and every value of it keys as itself."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return value
+    return value.item() if isinstance(value, numbers.Number) else dtype
 
 
 def scalar(value: Any) -> Any:

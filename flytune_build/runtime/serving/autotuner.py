@@ -196,7 +196,7 @@ class Autotuned(Kernel):
         if missing:
             raise DeclarationError(f"key parameter(s) {', '.join(missing)} were not passed", file=self.name,
                                    field="key")
-        raw = tuple(getattr(bound[a], "dtype", bound[a]) for a in self.axis_names)
+        raw = tuple(keys.raw(bound[a]) for a in self.axis_names)
         while True:
             d, flight = self._flights.enter(raw)
             if flight is None:
@@ -290,8 +290,11 @@ class Autotuned(Kernel):
 
     def decision(self, *args, **kwargs) -> Decision | None:
         """How a call with these arguments was served (None before its first call)."""
-        kwargs = dict(kwargs)
-        return self._memo.get(_raw_key(self, _positional(self.arg_names, args, kwargs), kwargs))
+        bound = {**dict(zip(self.arg_names, args)), **kwargs}
+        try:
+            return self._memo.get(tuple(keys.raw(bound[a]) for a in self.axis_names))
+        except KeyError:   # a key parameter not passed: no call of these arguments was served
+            return None
 
     @contextlib.contextmanager
     def forcing(self, config):
@@ -431,11 +434,11 @@ def _raw_key(k: Autotuned, args: tuple, kwargs: dict) -> tuple | None:
     """A call's memo key (each key parameter's dtype or value), the same whichever way it is passed, as
     `_decide` stores it; None when a key parameter is missing (deciding then says which)."""
     try:
-        return k._key(args)
+        return k._key(args)   # a numpy scalar's misses here: `_decide` keys it (`keys.raw`)
     except IndexError:  # a key parameter came by keyword after one that did not
         bound = {**dict(zip(k.arg_names, args)), **kwargs}
         try:
-            return tuple(getattr(bound[a], "dtype", bound[a]) for a in k.axis_names)
+            return tuple(keys.raw(bound[a]) for a in k.axis_names)
         except KeyError:
             return None
 

@@ -101,10 +101,10 @@ class Kernel:
         self.declared = list(declared)
         self.configs = [Config.coerce(c) for c in self.declared]
         self.config_set = frozenset(self.configs)  # a config read from a cache must be one of them
-        self.tuned_kwargs = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
+        self.tuned_kwargs = Binding.tuned_types(self.configs)
         self.hooks = callbacks.ConfigHooks(self.arg_names, self.declared, self.configs)
         self.binding = Binding(name, tuple(self.arg_names), tuple(axis_names), self.tuned_kwargs, self.hooks.declared,
-                               **binding)
+                               required=Binding.set_by_all(self.configs), **binding)
         self.space_hash = space_hash(self.configs)
         self._stats = Stats()
 
