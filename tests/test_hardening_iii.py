@@ -645,6 +645,28 @@ def test_an_artifact_dir_set_after_import_serves_ported_and_adopted_kernels(tmp_
                                                                                            "adopted": 32}
 
 
+AFTER_IMPORT_TWICE = AFTER_IMPORT.replace("for name, k in", "for name, k in 2 * ").replace(
+    "    except ft.TierMissError:\n        out[name] = \"TierMissError\"",
+    "    except ft.FlytuneError as e:\n        out.setdefault(name + '_errors', []).append(type(e).__name__)")
+
+
+def test_an_invalid_setting_set_after_import_is_refused_by_every_call_not_only_the_first(tmp_path):
+    """The first decision raised SettingsError; the next ones quietly kept the settings the import read,
+    so an artifact directory set with it was never served."""
+    from flytune_build.core.device import INTERPRETER
+
+    arts = tmp_path / "arts"
+    Artifact("mylib.ported", {"n": 100}, INTERPRETER, Config({"BLOCK": 32})).save(arts)
+    (tmp_path / "mylib.py").write_text(MYLIB)
+    env = {"FLYTUNE_ARTIFACT_DIR": str(arts), "FLYTUNE_PRINT_AUTOTUNING": "true"}
+    r = subprocess.run([sys.executable, "-c", AFTER_IMPORT_TWICE, json.dumps(env)], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path, env=python_env(PYTHONPATH=tmp_path, TRITON_INTERPRET=1,
+                                                                 FLYTUNE_AUTOTUNE=0, FLYTUNE_CACHE_DIR=tmp_path / "c"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"ported_errors": ["SettingsError"] * 2,
+                                                     "adopted_errors": ["SettingsError"] * 2}
+
+
 def test_an_adopted_kernel_reads_its_offline_tier_again_after_the_device_changes(tmp_path, monkeypatch):
     """After FLYTUNE_DEVICE changed and reset_stats(), the adopted kernel served the artifacts of the device
     it was adopted on; a ported kernel raised TierMissError, as both now do."""

@@ -170,17 +170,19 @@ def settle() -> bool:
     """Called when a key is first decided (a kernel's first call): settings read before it, while modules
     were imported and kernels defined or adopted, were provisional, so the environment is read again once,
     and what was set between `import mylib` and the first kernel call takes effect. Every later call keeps
-    what this one read. True (each `on_change` listener called) when the settings changed."""
+    what this one read; a value this read refuses (a SettingsError) is refused by every decision after it
+    until it is fixed, never dropped for what the import read. True (each `on_change` listener called) when the settings changed."""
     global _process, _settled
     if _settled:
         return False
     with _lock:
         if _settled:
             return False
-        try:  # settled even where reading raises: the environment is read again once, as documented
-            if _process is None:  # never read: `current()` reads it now
-                return False
-            fresh = read()
+        if _process is None:  # never read: `current()` reads it now
+            _settled = True
+            return False
+        fresh = read()   # a value it refuses raises here, and again at every decision until it is fixed: an
+        try:             # invalid setting is never dropped for the import's settings after one error
             if fresh == _process:
                 return False
             _process = fresh
