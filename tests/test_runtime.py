@@ -253,6 +253,27 @@ def test_accepted_artifact_failure_is_not_masked(tmp_path, monkeypatch):
     assert calls(k)["heuristic"] == 0
 
 
+@pytest.mark.parametrize("call, error", [
+    (lambda k, x, out: k[(1,)](x, out, 100, num_warps=8), TypeError),           # a keyword the config sets
+    (lambda k, x, out: k[(1,)](x, out, 100, 5, 6), TypeError),                  # more arguments than parameters
+    (lambda k, x, out: k[(1,)](x, out, n=100, BLOCK=64), TypeError),            # the tuned constexpr itself
+    (lambda k, x, out: k[(1,)](x, out, 2 ** 70), (OverflowError, ValueError)),  # no launch passes it
+])
+def test_a_callers_mistake_on_an_offline_key_is_the_callers_error_not_the_artifacts(tmp_path, monkeypatch, call,
+                                                                                   error):
+    """It was an ArtifactExecutionError naming the accepted artifact, which is sound: the same mistake on a
+    heuristic key is Triton's own error, and now so is it on an offline key, noted as the call's."""
+    artifact_dir(tmp_path, monkeypatch, "t.mistake", {"n": 100}, Config({"BLOCK": 64}))
+    k = ft.autotune([Config({"BLOCK": b}) for b in (16, 32, 64)], [ft.nearest("n")], name="t.mistake")(_probe)
+    x, out = torch.zeros(4), torch.zeros(1)
+    k[(1,)](x, out, 100)
+    assert calls(k)["offline"] == 1 and out.item() == 64
+    with pytest.raises(error) as e:
+        call(k, x, out)
+    assert not isinstance(e.value, ArtifactExecutionError)
+    assert any("the call's own error, not the accepted artifact t.mistake-" in n for n in e.value.__notes__)
+
+
 def test_corrupt_shard_or_artifact_file_is_ignored_with_warning(tmp_path, monkeypatch):
     k = make_add("t.corrupt", default=lambda a: Config({"BLOCK": 16}))
     d = artifact_dir(tmp_path, monkeypatch, "t.corrupt", {"x": "float32", "n": N}, Config({"BLOCK": 64}))

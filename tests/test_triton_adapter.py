@@ -59,6 +59,23 @@ def test_adopted_kernel_benchmarks_nothing_on_tuned_shapes(bundle_dir):
     assert calls == [] and k.best_config.kwargs == {"BLOCK": 64} and k.best_config.num_warps == 2
 
 
+@pytest.mark.parametrize("hits", [True, False])
+def test_a_callers_mistake_on_a_seeded_key_is_the_callers_error_not_the_artifacts(bundle_dir, hits):
+    """Passing `num_warps` (the served config sets it) raised an ArtifactExecutionError naming the accepted
+    artifact, on a memo hit and on Triton's path alike; Triton's own TypeError now, noted as the call's."""
+    from flytune_build.core.errors import ArtifactExecutionError
+
+    k = make()
+    adapter.adopt(k, name="ext.add")
+    if hits:
+        call(k, 100)   # remembered: the next call is a memo hit
+    x = torch.randn(100)
+    with pytest.raises(TypeError) as e:
+        k[(2,)](x, x, torch.empty(100), 100, num_warps=8)
+    assert not isinstance(e.value, ArtifactExecutionError)
+    assert any("the call's own error, not the accepted artifact ext.add-" in n for n in e.value.__notes__)
+
+
 def test_adopting_again_under_another_name_reports_the_kernel_once(bundle_dir):
     import flytune_build as ft
     from flytune_build.runtime.serving import registry

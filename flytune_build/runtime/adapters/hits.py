@@ -306,7 +306,7 @@ class Path:
 
     def failed(self, args, kwargs, e):
         adopted = self.adopted
-        adopted.launch_failed(adopted.failure(args, kwargs, e), e)  # raises, unless a pack's config was refused
+        adopted.launch_failed(adopted.failure(args, kwargs, e), e, args, kwargs)  # raises, unless a pack's was refused
         return self.run(*args, **kwargs)  # decided again: the next tier serves
 
 

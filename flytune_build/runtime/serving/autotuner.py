@@ -121,7 +121,7 @@ class Autotuned(Kernel):
                 return d.run(*args, grid=grid, **d.launch)  # the launcher, or the pre_hook then the launcher
             except Exception as e:
                 d.calls -= 1  # a launch that failed served no call (the tier that serves it instead counts it)
-                failed(d, e)  # raises, unless a config pack's config was refused: the next tier serves
+                failed(d, e, args)  # raises, unless a config pack's config was refused: the next tier serves
                 return run(*args, grid=grid)
         return run
 
@@ -174,7 +174,7 @@ class Autotuned(Kernel):
             return self._launch(*args, grid=grid, **kwargs, **d.launch)
         except Exception as e:
             d.calls -= 1  # as on the hot path: a failed launch served no call
-            self.launch_failed(d, e)  # raises, unless a config pack's config was refused: the next tier serves
+            self.launch_failed(d, e, args, kwargs)  # raises, unless a pack's config was refused: the next tier serves
             return self._run_keywords(args, kwargs, grid, False)
 
     def _known(self, args, kwargs) -> Decision | None:
@@ -413,7 +413,7 @@ def compile_only(kernel, args: tuple, kwargs: dict, grid, decided: Decision | No
         try:
             compiled.append(kernel.fn.warmup(*args, grid=grid, **kwargs, **cfg.launch_kwargs()))
         except Exception as e:
-            err = launch_error(decided, e)
+            err = launch_error(decided, e, (kernel.arg_names, args, kwargs))
             if err is None:
                 raise
             raise err from e

@@ -160,11 +160,11 @@ class Kernel:
         """Raise an ArtifactError unless an artifact's key has the axes this kernel keys on."""
         self.binding.check_key(key, file)
 
-    def launch_failed(self, d: Decision | None, e: Exception) -> None:
-        """A launch served by `d` raised `e` (called in its handler): returns where the next tier serves
-        instead (a config pack's config, refused: the caller calls again); raises otherwise, the
-        accepted artifact's failure naming it (`launch_error`), or `e` itself."""
-        err = launch_error(d, e)
+    def launch_failed(self, d: Decision | None, e: Exception, args: tuple = (), kwargs: dict | None = None) -> None:
+        """A launch of the call (`args`, `kwargs`) served by `d` raised `e` (called in its handler): returns
+        where the next tier serves instead (a config pack's config, refused: the caller calls again);
+        raises otherwise, the accepted artifact's failure naming it (`launch_error`), or `e` itself."""
+        err = launch_error(d, e, (self.arg_names, args, kwargs))
         if err is None:
             raise e
         if not self.refused_pack(d, e):
@@ -216,7 +216,32 @@ def rediscover() -> None:
 settings.on_change(rediscover)
 
 
-def launch_error(d: Decision | None, e: Exception) -> ArtifactExecutionError | None:
+def launch_error(d: Decision | None, e: Exception, call: tuple | None = None) -> ArtifactExecutionError | None:
     """Launch-or-fail: the error a failed launch of `d`'s config raises instead of `e`: an accepted
-    artifact's failure names it (never retried with a default); None: `e` stands."""
-    return failure(d, e) if d is not None and d.tier == "offline" else None
+    artifact's failure names it (never retried with a default); None: `e` stands, as it does for a
+    failure the call (`call`: the kernel's parameter names, the call's args and kwargs) makes whatever
+    config serves it (`call_fault`), noted as the call's own."""
+    if d is None or d.tier != "offline":
+        return None
+    why = call_fault(d, *call) if call is not None else None
+    if why is None:
+        return failure(d, e)
+    if hasattr(e, "add_note"):   # Python 3.11+
+        e.add_note(f"flytune: the call's own error, not the accepted artifact {d.origin}'s: {why}")
+    return None
+
+
+def call_fault(d: Decision, names: Sequence[str], args: tuple, kwargs: dict | None) -> str | None:
+    """Why a call fails whatever config serves it (None: nothing seen): more positional arguments than
+    the kernel has parameters, an argument (by position or keyword) the served config passes too, an
+    integer no launch passes."""
+    if len(args) > len(names):
+        return f"it passes {len(args)} positional arguments to a kernel of {len(names)} parameters"
+    kwargs = kwargs or {}
+    clash = sorted((set(names[:len(args)]) | set(kwargs)) & set(d.launch) - {"warmup", "grid"})
+    if clash:
+        return f"it passes {', '.join(clash)}, which the config it is served sets"
+    big = next((v for v in (*args, *kwargs.values()) if type(v) is int and not -2 ** 63 <= v < 2 ** 64), None)
+    if big is not None:
+        return f"it passes the integer {big}, wider than the 64 bits a launch passes"
+    return None
