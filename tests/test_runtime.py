@@ -114,6 +114,30 @@ def test_force_search_emits_artifact_that_offline_tier_serves(tmp_path, monkeypa
     assert ft.stats()["t.emit"]["searches"] == 0
 
 
+@pytest.mark.parametrize("kind", ["ported", "adopted"])
+def test_an_emit_dir_that_cannot_be_written_is_said_and_the_searched_winner_still_serves(tmp_path, monkeypatch,
+                                                                                        kind):
+    """FLYTUNE_EMIT_DIR a file: a ported kernel searched in full, then raised OutputError, at every call
+    (three calls, three searches); an adopted one raised once, then emitted nothing and said nothing."""
+    from test_triton_adapter import make
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    monkeypatch.setenv("FLYTUNE_EMIT_DIR", str(tmp_path / "afile"))
+    if kind == "ported":
+        k = make_add("t.emitfile", default=lambda a: Config({"BLOCK": 16}))
+    else:
+        k = make()
+        ft.triton.adopt(k, name="t.emitfile")
+    with pytest.warns(FlytuneWarning, match=r"kernel t.emitfile: the searched winner for key .* was not saved to "
+                                            r"FLYTUNE_EMIT_DIR=.*afile \(.*afile is not a directory\)"):
+        add(k)
+    for _ in range(2):
+        add(k)
+    assert ft.stats()["t.emitfile"]["searches"] == 1 and (tmp_path / "afile").read_text() == "x"
+
+
 def test_offline_tier_beats_heuristic_and_never_writes_scratch(tmp_path, monkeypatch):
     k = make_add("t.offline", default=lambda a: Config({"BLOCK": 16}))
     artifact_dir(tmp_path, monkeypatch, "t.offline", {"x": "float32", "n": N}, Config({"BLOCK": 64}, num_warps=2))

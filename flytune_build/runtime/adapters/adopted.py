@@ -251,7 +251,7 @@ class Adopted(Kernel):
         s = settings.current()
         if seconds is not None and s.autotune == "search" and s.emit_dir:  # FLYTUNE_AUTOTUNE=1: as a ported kernel
             d.artifact = triton_search.winner_artifact(self.tuner, self.name, bench.ranking(), key, args, kwargs, winner)
-            d.artifact.save(s.emit_dir)
+            self.emit(d.artifact)
         events.announce(self.name, d)
         return None
 

@@ -362,9 +362,8 @@ def _from_search(k: Autotuned, args, kwargs, bound: dict, key: dict, grid, emit:
                         identity.provenance(found.candidates, k.space_hash, found.ranking, spec,
                                             measurement=found.measurement, selection=found.selection,
                                             outputs=found.outputs))
-    out_dir = settings.current().emit_dir
-    if emit and out_dir:
-        artifact.save(out_dir)
+    if emit:
+        k.emit(artifact)
     search.report(search.Found(k.name, artifact, found.candidates, winner))
     return Decision(winner.config, "scratch", key, first_tier="search", search=found, artifact=artifact,
                     hook=k.hooks.bind(winner.config, found.hook_source))

@@ -195,6 +195,23 @@ class Kernel:
         self._stats.fallback(reason)
         warning.once((self.name, reason), f"flytune: kernel {self.name}: {reason}")
 
+    def emit(self, artifact) -> None:
+        """FLYTUNE_AUTOTUNE=1 with FLYTUNE_EMIT_DIR: save a searched winner's artifact there. One that cannot
+        be saved is said (one warning per artifact: the setting, the path, why) and the winner still
+        serves: its search is neither lost for this process nor made again."""
+        out = settings.current().emit_dir
+        if out is None:
+            return
+        try:
+            if out.exists() and not out.is_dir():
+                raise OSError(f"{out} is not a directory")
+            artifact.save(out)
+        except (OSError, FlytuneError) as e:
+            warning.once(("emit", artifact.filename, str(out)),
+                         f"flytune: kernel {self.name}: the searched winner for key {artifact.key} was not saved "
+                         f"to FLYTUNE_EMIT_DIR={out} ({e}); it still serves this process: make FLYTUNE_EMIT_DIR a "
+                         f"directory this process can write")
+
     def stats(self) -> dict:
         """This kernel's counters (see `flytune_build.stats()`)."""
         return self._stats.to_json()
