@@ -520,6 +520,30 @@ def test_declared_config_binding_to_nothing_is_a_decoration_error():
         ft.autotune([Config({"BLOKC": 16})], ["n"], name="t.badcfg")(_add)
 
 
+@pytest.mark.parametrize("returned, message", [
+    (None, "Field `default` returned NoneType, which is no config"),
+    ({}, "Field `default` returned .*, which leaves BLOCK unset: a parameter of kernel t.badheur with no default"),
+])
+def test_a_default_that_returns_no_usable_config_is_named(returned, message):
+    """None was blamed on `configs`; {} reached the launch as Triton's TypeError, naming no `default`."""
+    k = ft.autotune([Config({"BLOCK": 16}), Config({"BLOCK": 32})], ["n"], name="t.badheur",
+                    default=lambda a: returned)(_probe)
+    with pytest.raises(DeclarationError, match=message):
+        k[(1,)](torch.zeros(4), torch.zeros(1), 100)
+
+
+def test_a_default_may_leave_what_the_kernel_defaults_or_a_heuristics_wrapper_sets():
+    @triton.heuristics({"BLOCK": lambda a: 16})
+    @triton.jit
+    def probe(x, out, n, BLOCK: tl.constexpr, S: tl.constexpr = 1):
+        tl.store(out, BLOCK + tl.load(x) * 0)
+
+    k = ft.autotune([Config({"S": 1}), Config({"S": 2})], ["n"], name="t.heurwrap", default=lambda a: {})(probe)
+    out = torch.zeros(1)
+    k[(1,)](torch.zeros(4), out, 100)
+    assert out.item() == 16 and calls(k)["heuristic"] == 1
+
+
 def test_triton_config_is_accepted():
     import triton
     from kernels import _add

@@ -15,3 +15,16 @@ def chain(obj: Any) -> Iterator[Any]:
             return
         yield obj
         obj = getattr(obj, "fn", None)
+
+
+def heuristic_names(fn: Any) -> set[str]:
+    """The parameters `@triton.heuristics` wrappers around `fn` set (the caller never passes them): each
+    wrapper's `values`, down to the first `@triton.jit` function under `fn`."""
+    out: set = set()
+    for o in chain(fn):
+        if o is not fn and type(o).__name__ in ("JITFunction", "InterpretedFunction") and hasattr(o, "arg_names"):
+            break
+        values = getattr(o, "values", None)
+        if isinstance(values, dict):
+            out |= set(values)
+    return out

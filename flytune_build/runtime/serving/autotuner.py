@@ -265,9 +265,7 @@ class Autotuned(Kernel):
                 del self._memo[raw]
 
     def _from_default(self, bound, key) -> Decision | None:
-        returned = self.default(bound)
-        config = Config.coerce(returned)
-        self.check_binds(config, set(bound), "default")
+        config = self.heuristic(returned := self.default(bound), bound, self.fn)
         return Decision(config, "heuristic", key, hook=self.hooks.bind(config, returned))
 
     def _first_config(self, bound, kwargs, key) -> Decision:

@@ -90,6 +90,7 @@ class Kernel:
 
     name: str
     validate: Callable | None
+    _needed: tuple | None = None   # the parameters a launch must be given (`heuristic`), read once
 
     def declare(self, name: str, arg_names: Sequence[str], declared: Sequence[Any], axis_names: Sequence[str],
                 **binding) -> None:
@@ -155,6 +156,27 @@ class Kernel:
     def check_binds(self, config: Config, caller: set, what: str, file=None) -> None:
         """Raise unless `config` may be launched for a call passing `caller` (`binding.Binding.check`)."""
         self.binding.check(config, caller, what, file)
+
+    def heuristic(self, returned: Any, bound: dict, fn: Callable) -> Config:
+        """The config a `default` callback returned for a call (`bound`: its arguments by name), checked as
+        a declaration is: a DeclarationError naming `default` where it returned no config, one that binds
+        what it may not (`check_binds`), or one that leaves a parameter of `fn` with no default value
+        unset where the call does not pass it either (the launch would fail on Triton's TypeError)."""
+        try:
+            config = Config.coerce(returned)
+        except DeclarationError as e:
+            raise DeclarationError(f"returned {type(returned).__name__}, which is no config: a heuristic default "
+                                   f"returns a flytune_build.Config, a triton.Config or a dict of the kernel's "
+                                   f"tuned parameters", file=self.name, field="default") from e
+        self.check_binds(config, set(bound), "default")
+        if self._needed is None:
+            self._needed = _launch_parameters(fn)
+        unset = [n for n in self._needed if n not in bound and n not in config.kwargs]
+        if unset:
+            raise DeclarationError(f"returned {config}, which leaves {', '.join(unset)} unset: a parameter of kernel "
+                                   f"{self.name} with no default value that the call does not pass either",
+                                   file=self.name, field="default")
+        return config
 
     def check_key(self, key, file) -> None:
         """Raise an ArtifactError unless an artifact's key has the axes this kernel keys on."""
@@ -231,6 +253,19 @@ def rediscover() -> None:
 
 
 settings.on_change(rediscover)
+
+
+def _launch_parameters(fn: Callable) -> tuple[str, ...]:
+    """The parameters of the Python function under `fn` with no default value that no `@triton.heuristics`
+    wrapper sets: a launch must be given each."""
+    import inspect
+
+    from ..wrapping import chain, heuristic_names
+
+    python = next((o for o in chain(fn) if inspect.isfunction(o)), None)
+    derived = heuristic_names(fn)
+    return tuple(n for n, p in (inspect.signature(python).parameters.items() if python else ())
+                 if p.default is p.empty and n not in derived)
 
 
 def launch_error(d: Decision | None, e: Exception, call: tuple | None = None) -> ArtifactExecutionError | None:

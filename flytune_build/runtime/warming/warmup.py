@@ -55,7 +55,7 @@ from ...core.errors import BundleError, FlytuneError, foreign_failure
 from .. import device, warning
 from ..serving import registry
 from . import binder, compiler, forks  # noqa: F401 - forks: a fork waits for a warm-up thread's import
-from ..wrapping import chain
+from ..wrapping import chain, heuristic_names
 
 STATUSES = ("compiled", "cached", "interpreter", "skipped", "failed")
 MAX_VARIANT_AXES = 3   # bucketed axes whose alignment variants are warmed (2**3 - 1 variants at most)
@@ -457,7 +457,7 @@ def _prime(unit: Unit, notes: list[str]) -> None:
             if hasattr(k, "prime_key"):
                 decided = k.prime_key(key)
             else:
-                exclude = set(k.tuned_kwargs) | _heuristic_names(k.fn)
+                exclude = set(k.tuned_kwargs) | heuristic_names(k.fn)
                 decided = k.prime(**binder.stand_ins(unit.spec, unit.config, key, exclude=exclude))
             if decided is None:
                 notes.append(f"{unit.kernel} {key}: compiled, but its config is chosen at its first call, not "
@@ -469,18 +469,6 @@ def _prime(unit: Unit, notes: list[str]) -> None:
         except (binder.Mismatch, FlytuneError) as e:
             notes.append(f"{unit.kernel} {key}: not decided ahead ({e}); decided on its first call")
             return
-
-
-def _heuristic_names(fn) -> set[str]:
-    """The parameters `@triton.heuristics` wrappers around `fn` set (the caller never passes them)."""
-    out = set()
-    for o in chain(fn):
-        if o is not fn and binder.is_jit(o):
-            break
-        values = getattr(o, "values", None)
-        if isinstance(values, dict):
-            out |= set(values)
-    return out
 
 
 _normal = serving.normalize
