@@ -49,6 +49,30 @@ def test_a_process_records_each_missed_key_with_its_tier_and_calls(tmp_path, mon
     assert all(m.device == "interpreter" for m in misses_file.misses(misses_file.load(path)))
 
 
+@pytest.mark.parametrize("held", [b"", b"\n  \n"])
+def test_a_misses_file_made_empty_beforehand_is_recorded_into(tmp_path, monkeypatch, held):
+    """`touch misses.json` (a mount's placeholder) was "not valid JSON": one warning per run, never written."""
+    from flytune_build.runtime.serving import misses
+
+    path = tmp_path / "misses.json"
+    path.write_bytes(held)
+    monkeypatch.setenv("FLYTUNE_MISSES", str(path))
+    add(make_add("t.misses.touched", default=lambda a: Config({"BLOCK": 32})), 100)
+    misses.flush()
+    assert [(m.kernel, m.key["n"]) for m in misses_file.misses(misses_file.load(path))] == [("t.misses.touched", 100)]
+
+
+@pytest.mark.parametrize("name", ["FLYTUNE_MISSES", "FLYTUNE_CACHE_DIR", "FLYTUNE_EMIT_DIR"])
+def test_a_path_setting_of_blanks_only_is_refused_naming_it(name):
+    """FLYTUNE_MISSES=" " wrote files named " " and " .lock" in the working directory."""
+    from flytune_build.core import settings
+    from flytune_build.core.errors import SettingsError
+
+    with pytest.raises(SettingsError, match=f"Field `{name}` must be a path"):
+        settings.read({name: " "})
+    assert settings.read({name: ""}).misses is None
+
+
 def test_a_served_tuned_key_is_no_miss_and_nothing_is_written_without_the_setting(tmp_path, monkeypatch):
     from flytune_build.core.artifact import Artifact
     from flytune_build.core.device import INTERPRETER

@@ -66,7 +66,8 @@ def empty() -> dict:
 
 
 def load(path: Path) -> dict:
-    """FILE's document (read through its real path), checked; an absent FILE is an empty one."""
+    """FILE's document (read through its real path), checked; an absent FILE, or one holding nothing but
+    blanks, is an empty one."""
     path = Path(path)
     try:
         data = fsutil.read_regular(real(path), InputError, MAX_BYTES)
@@ -74,6 +75,8 @@ def load(path: Path) -> dict:
         if not path.exists():
             return empty()
         raise
+    if not data.strip():   # a file made empty (`touch`, a mount's placeholder) holds no misses
+        return empty()
     doc = codec.loads(data, file=path, error=InputError, max_bytes=MAX_BYTES)
     f = Fields(path, InputError)
     f.table(doc, "", ("format", "misses"), ("dropped",))

@@ -88,12 +88,12 @@ def read(env=None) -> Settings:
         autotune=AUTOTUNE_MODES[raw],
         ranking=ranking,
         print_autotuning=printing == "1",
-        emit_dir=Path(env["FLYTUNE_EMIT_DIR"]) if env.get("FLYTUNE_EMIT_DIR") else None,
+        emit_dir=_path(env, "FLYTUNE_EMIT_DIR"),
         device=env.get("FLYTUNE_DEVICE") or None,
         interpret=env.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no"),
         artifact_dirs=dirs,
         refused_artifact_dirs=refused,
-        cache_dir=Path(env["FLYTUNE_CACHE_DIR"]) if env.get("FLYTUNE_CACHE_DIR") else None,
+        cache_dir=_path(env, "FLYTUNE_CACHE_DIR"),
         flydsl_dir=env.get("FLYDSL_AUTOTUNE_CONFIG_DIR") or None,
         # a build is never refused over its timestamp: anything but digits means "no epoch given"
         source_date_epoch=int(epoch) if epoch.isascii() and epoch.isdigit() else None,
@@ -101,8 +101,17 @@ def read(env=None) -> Settings:
         visible_devices=tuple((v, env[v]) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if v in env),
         packs=packs,
         warmup="off" if warmup == "0" else warmup,
-        misses=Path(env["FLYTUNE_MISSES"]) if env.get("FLYTUNE_MISSES") else None,
+        misses=_path(env, "FLYTUNE_MISSES"),
     )
+
+
+def _path(env, name: str) -> Path | None:
+    """The path a variable names (None: unset or empty); one of blanks only, or holding a NUL, is refused (it
+    would name a file called " " in the working directory, or no file at all)."""
+    value = env.get(name, "")
+    if value and (not value.strip() or "\0" in value):
+        raise SettingsError(f"must be a path (or unset), not {value!r}", field=name)
+    return Path(value) if value else None
 
 
 # what a directory that is simply not there answers (every reader says "not a directory" and goes on); any
