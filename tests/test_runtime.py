@@ -459,6 +459,18 @@ def test_nearest_snaps_to_tuned_values(tmp_path, monkeypatch):
     assert calls(k)["offline"] == 5
 
 
+def test_nearest_snaps_infinities_to_the_ends_and_nan_to_nothing():
+    """inf snapped to the smallest tuned value (every distance a tie at inf), NaN to a tuned value."""
+    from flytune_build.core.key import Axis, bucket
+
+    axis, tuned = nearest("n"), [64, 256, 1024]
+    assert isinstance(axis, Axis)
+    assert bucket(float("inf"), axis, tuned) == 1024 and bucket(float("-inf"), axis, tuned) == 64
+    assert bucket(1e300, axis, tuned) == 1024 and bucket(2 ** 70, axis, tuned) == 1024
+    nan = float("nan")
+    assert bucket(nan, axis, tuned) is nan
+
+
 def test_dtype_is_part_of_the_key(tmp_path, monkeypatch):
     k = make_add("t.dtype", default=lambda a: Config({"BLOCK": 16}))
     artifact_dir(tmp_path, monkeypatch, "t.dtype", {"x": "float16", "n": N}, Config({"BLOCK": 64}))

@@ -116,6 +116,8 @@ def bucket(value: Any, axis: Axis, tuned: Sequence[Any] | None = None) -> Any:
         return 1 if value <= 1 else 1 << (value - 1).bit_length()
     if axis.mode == "nearest" and tuned and isinstance(value, (int, float)) and not isinstance(value, bool):
         nums = [t for t in tuned if isinstance(t, (int, float)) and not isinstance(t, bool)]
-        if nums:
+        if nums and value == value:   # NaN is near no value: it keys as itself (a miss)
+            if value >= max(nums) or value <= min(nums):   # past the ends (inf, 1e300: every distance rounds alike)
+                return max(nums) if value >= max(nums) else min(nums)
             return min(nums, key=lambda t: (abs(t - value), t))
     return value
