@@ -7,6 +7,8 @@ Any error, and nothing is rewritten. Then each target is written atomically, and
 source that is not a target removed (names may overlap in any order: nothing read is lost); an exact duplicate
 (same identity, same config) is folded into one file. A file replaced or removed must still hold the bytes
 read from it (`fsutil.unchanged`, `fsutil.remove_unchanged`): one changed meanwhile is left as it is, named.
+A run interrupted while it rewrites (Ctrl-C, a kill) loses nothing but is not undone: each file is then
+its original, its canonical copy, or both (one identity, one config), and running `fmt` again finishes.
 """
 from __future__ import annotations
 
