@@ -80,6 +80,44 @@ def test_tune_refuses_what_it_cannot_run_and_writes_nothing(tmp_path, kwargs, me
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.json"))
 
 
+@pytest.mark.parametrize("kernels", [[], (), ""])
+def test_tune_of_no_kernel_is_refused_never_every_kernel(tmp_path, kernels, sample_importable):
+    with pytest.raises(ft.UsageError, match="is empty") as e:
+        ft.tune(SAMPLE, kernels=kernels, output=tmp_path / "out", ranking="synthetic")
+    assert e.value.field == "kernels" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda d, t: ft.merge([d], t / "x\0y"), "output"),
+    (lambda d, t: ft.merge([f"{d}\0"], t / "o"), "dirs[0]"),
+    (lambda d, t: ft.tune(SAMPLE, output=f"{t}/o\0"), "output"),
+    (lambda d, t: ft.tune(SAMPLE, plan="o\0"), "plan"),
+    (lambda d, t: ft.tune(f"{SAMPLE}\0"), "project"),
+    (lambda d, t: ft.tune(SAMPLE, misses="m\0"), "misses"),
+    (lambda d, t: ft.verify(f"{d}\0"), "path"),
+    (lambda d, t: ft.fmt([f"{d}\0"]), "paths[0]"),
+    (lambda d, t: ft.review.write(t / "r\0.html", d), "path"),
+], ids=["merge-output", "merge-dirs", "tune-output", "tune-plan", "tune-project", "tune-misses", "verify", "fmt",
+        "report"])
+def test_a_nul_byte_in_a_path_is_a_usage_error_naming_the_field(tmp_path, call, field):
+    """Python refuses a NUL in a path with a bare ValueError; the API's one path rule says which argument."""
+    with pytest.raises(ft.UsageError, match="NUL byte") as e:
+        call(SAMPLE / "artifacts" / "interpreter", tmp_path)
+    assert e.value.field == field and not list(tmp_path.iterdir())
+
+
+def test_an_empty_name_is_refused_as_an_empty_path_is(monkeypatch):
+    with pytest.raises(ft.UsageError, match="empty name") as e:
+        ft.warmup("")
+    assert e.value.field == "distributions[0]"
+    with pytest.raises(ft.UsageError, match="empty name") as e:
+        ft.tune(SAMPLE, kernels=["sample_pkg.matmul", ""])
+    assert e.value.field == "kernels[1]"
+    for default in ({"plan": ""}, {"output": ""}):   # "" there means the default, as it always has
+        with pytest.raises(ft.UsageError, match="not in the tuning plan"):
+            ft.tune(SAMPLE, kernels=["sample_pkg.nope"], **default)
+
+
 def test_tune_of_a_project_without_a_table_is_a_project_error(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\nversion = '1'\n")
     with pytest.raises(ft.ProjectError, match=r"has no \[tool.flytune\] table"):

@@ -361,7 +361,9 @@ def test_help_lists_exit_codes_and_every_option_and_argument_has_help():
 def test_diff_and_fmt_exit_nonzero_on_missing_inputs(tmp_path):
     artifact(100, 32).save(tmp_path / "old")
     r = flytune("diff", tmp_path / "old", tmp_path / "missing")
-    assert r.returncode == 1 and "missing" in r.stdout
+    assert r.returncode == 1 and "0 added, 1 removed" in r.stdout and "missing" not in r.stdout
+    assert r.stderr == f"flytune: error: {tmp_path / 'missing'}: does not exist: pass a wheel, an sdist, a directory " \
+                       f"or an installed distribution's name\n"   # as every command's errors
     assert flytune("diff", tmp_path / "old", tmp_path / "old").returncode == 0
     r = flytune("fmt", tmp_path / "old", tmp_path / "missing")
     assert r.returncode == 1 and r.stderr == f"flytune: error: {tmp_path / 'missing'}: is not a directory of artifact files (it does not exist)\n"
@@ -384,6 +386,24 @@ def test_closed_stdout_ends_quietly(wheel):
     finally:
         os.close(write)
     assert r.returncode == 120 and r.stderr == ""
+
+
+@pytest.mark.parametrize("command", ["merge", "verify", "warmup"])
+def test_a_stdout_closed_from_the_start_keeps_the_work_and_exits_120(tmp_path, command):
+    """`flytune merge ... >&-`: Python starts with sys.stdout None; the merge is done all the same, its
+    summary dropped, exit 120 as for a reader gone, and no error line."""
+    artifact(100, 32).save(tmp_path / "a")
+    args = {"merge": ["merge", tmp_path / "a", "--output", tmp_path / "m"], "verify": ["verify", tmp_path / "a"],
+            "warmup": ["warmup", "--json", "no-such-distribution"]}[command]
+    r = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "flytune_build.cli", *map(str, args)],
+                       capture_output=True, text=True, env=python_env())
+    assert "Error" not in r.stderr, r.stderr
+    if command == "warmup":  # a failure is still the failure it is, said on stderr
+        assert r.returncode == 1 and r.stderr.startswith("flytune: error:"), r.stderr
+        return
+    assert r.returncode == 120 and r.stderr == "", r.stderr
+    if command == "merge":
+        assert [p.name for p in (tmp_path / "m").iterdir()] == [p.name for p in (tmp_path / "a").iterdir()]
 
 
 def test_unexpected_error_is_one_line_without_traceback(monkeypatch, capsys, tmp_path):
@@ -551,6 +571,22 @@ def test_bundle_into_a_misspelled_package_directory_is_refused_and_makes_nothing
     assert "--output fixpkh does not exist" in r.stderr and "--output fixpkg" in r.stderr
     assert not (proj / "fixpkh").exists()
     assert flytune("bundle", "--output", "fixpkg", cwd=proj).returncode == 0
+
+
+@pytest.mark.parametrize("output", ["fixpkg/_flytune", "fixpkg/_flytune/deeper", "fresh/_flytune"])
+def test_bundle_into_a_bundle_directory_is_refused_naming_the_package_directory(tmp_path, output):
+    proj = make_project(tmp_path / "p")
+    assert flytune("bundle", "--output", "fixpkg", cwd=proj).returncode == 0
+    (proj / "fixpkg" / "_flytune" / "deeper").mkdir()
+    (proj / "fresh" / "_flytune").mkdir(parents=True)
+    before = sorted(p.relative_to(proj) for p in proj.rglob("*"))
+    r = flytune("bundle", "--output", output, cwd=proj)
+    parent = output.split("/_flytune")[0]
+    assert r.returncode == 2 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
+    assert "flytune bundle directory" in r.stderr and f"--output {parent}\n" in r.stderr, r.stderr
+    assert sorted(p.relative_to(proj) for p in proj.rglob("*")) == before   # nothing built, nothing nested
+    (proj / "fixpkg" / "_flytune" / "deeper").rmdir()
+    assert flytune("bundle", "--output", "fixpkg", cwd=proj).returncode == 0   # the right one, as ever
 
 
 def test_a_runtime_warning_during_a_command_is_one_line_as_the_commands_own(tmp_path):

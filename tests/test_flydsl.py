@@ -164,3 +164,67 @@ def test_import_refuses_a_backend_option_verify_would_refuse_and_writes_nothing(
                         "--output", str(tmp_path / "out"), str(written)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "Traceback" not in r.stderr and option in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def export_cli(*args):
+    from conftest import python_env
+
+    return subprocess.run([sys.executable, "-m", "flytune_build.cli", "export", "--format", "flydsl", *map(str, args)],
+                          capture_output=True, text=True, env=python_env())
+
+
+def test_export_never_writes_into_what_it_reads(tmp_path):
+    """`export hip3 --output hip3` would put FlyDSL files among the artifacts (hip3 no longer verifies):
+    an output that is, lies inside or holds the source is refused, nothing written; a project's output
+    only has to stay apart from its pyproject.toml and the folders its sources walk."""
+    from buildkit import make_project
+
+    src = tmp_path / "hip3"
+    hip_artifact().save(src)
+    for output in (src, src / "fly", tmp_path):
+        r = export_cli(src, "--output", output)
+        assert r.returncode == 2 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
+        assert f"the input {src}" in r.stderr and "apart from every input" in r.stderr, r.stderr
+        assert [p.name for p in tmp_path.rglob("*")] == ["hip3", hip_artifact().filename]
+    proj = make_project(tmp_path / "p")   # interpreter artifacts: exported as none, skipped with why
+    for output in (proj / "artifacts" / "fly", proj, proj / "pyproject.toml"):
+        r = export_cli(proj, "--output", output)
+        assert r.returncode == 2 and "apart from every input" in r.stderr, r.stderr
+    r = export_cli(proj, "--output", proj / "flydsl")   # in the project, where no source walks: fine
+    assert r.returncode == 0 and "wrote 0 FlyDSL config(s)" in r.stdout and (proj / "flydsl").is_dir(), r.stderr
+
+
+def test_export_into_a_file_is_refused_even_with_nothing_to_export(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    empty = tmp_path / "cuda"
+    Artifact("sample.add", {"n": 1}, DeviceIdentity("cuda", "sm_90", "NVIDIA H200", 132), Config({"BLOCK": 1})).save(empty)
+    for src in (empty, tmp_path / "hip"):
+        hip_artifact().save(tmp_path / "hip")
+        r = export_cli(src, "--output", tmp_path / "afile")
+        assert r.returncode == 1 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
+        assert "cannot be an output directory: it is a file" in r.stderr and "wrote" not in r.stdout, r.stderr
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_export_that_fails_part_way_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+    """All or nothing, as import and merge: the files written are removed, and a file replaced (the
+    identity's earlier winner) is put back byte for byte."""
+    from flytune_build.core import fsutil
+    from flytune_build.core.errors import OutputError
+
+    out = tmp_path / "fly"
+    (earlier,), _ = fly.export([hip_artifact(n=1, block=128)], out)
+    before = earlier.read_bytes()
+    real, calls = fsutil.atomic_write, []
+
+    def third_fails(target, data, mode=0o644):
+        calls.append(target)
+        if len(calls) == 3:
+            raise OutputError("cannot be written: No space left on device", file=target)
+        real(target, data, mode)
+
+    monkeypatch.setattr(fsutil, "atomic_write", third_fails)
+    arts = [hip_artifact(n=1, block=256), hip_artifact(n=2), hip_artifact(n=3)]
+    with pytest.raises(OutputError, match="No space left on device"):
+        fly.export(arts, out)
+    assert list(out.iterdir()) == [earlier] and earlier.read_bytes() == before

@@ -370,6 +370,32 @@ def test_a_killed_wheel_build_leaves_nothing_in_the_wheel_directory(tmp_path):
     assert wheel_artifacts(out) == 2
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError, lambda: ArtifactError("unreadable", file="x")],
+                         ids=["ctrl-c", "any-exception", "flytune-error"])
+def test_an_sdist_rewrite_that_fails_or_is_interrupted_leaves_no_sdist(tmp_path, monkeypatch, stop):
+    """setuptools' sdist lacks the artifacts until flytune's rewrite adds them: whatever stops the rewrite
+    (Ctrl-C, any exception, a typed error), no sdist is left, and the stop goes on as it was."""
+    from flytune_build.dist import sdist
+    from flytune_build.pipeline import pep517 as hooks
+
+    proj = make_project(tmp_path / "p")
+    out = tmp_path / "dist"
+    out.mkdir()
+
+    def build(directory, config_settings):
+        (Path(directory) / "fixpkg-1.0.tar.gz").write_bytes(b"setuptools' sdist, without the artifacts")
+        return "fixpkg-1.0.tar.gz"
+
+    def rewrite(target, extra):
+        raise stop()
+
+    monkeypatch.chdir(proj)
+    monkeypatch.setattr(sdist, "rewrite", rewrite)
+    with pytest.raises(SystemExit if stop not in (KeyboardInterrupt, RuntimeError) else stop):
+        hooks.build_sdist(build, str(out), None)
+    assert list(out.iterdir()) == []
+
+
 # -- class 7: conflicts and collisions -----------------------------------------------------------------------
 def same_runtime_key(other_config, key_value=256.0):
     def mutate(p):

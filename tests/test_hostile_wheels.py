@@ -317,7 +317,7 @@ def test_inspect_and_diff_are_hardened_alike(good, tmp_path, case):
     r = flytune("inspect", "--json", whl)
     assert r.returncode == 1 and json.loads(r.stdout)["errors"]
     r = flytune("diff", good, whl)
-    assert r.returncode == 1 and "error:" in r.stdout
+    assert r.returncode == 1 and "flytune: error:" in r.stderr
 
 
 @pytest.mark.parametrize("algorithm", ["sha256", "sha384", "sha512", "blake2b", "blake2s", "sha3_256", "sha3_512"])

@@ -233,3 +233,29 @@ def test_import_that_fails_part_way_leaves_nothing_written(tmp_path, monkeypatch
     with pytest.raises(OutputError, match="No space left on device"):
         importers.save_all(arts, out)
     assert len(calls) == 3 and list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "flydsl"])
+def test_import_never_writes_into_the_directory_its_files_come_from(tmp_path, fmt):
+    """`import fd/*.json --output fd` would mix artifacts among another tool's files (the directory no
+    longer verifies); an output that is, lies inside or holds an input is refused, nothing written."""
+    from flytune_build.core.config import Config
+    from flytune_build.interop.flydsl import to_flydsl
+
+    if fmt == "vllm":
+        path = write(tmp_path / "in", "E=8,N=4096,device_name=AMD_Instinct_MI300X.json", {"1": CONFIGS["1"]})
+        extra = ("--kernel", "mypkg.fused_moe")
+    else:
+        mi300x = DeviceIdentity("hip", "gfx942", "AMD Instinct MI300X", 304)
+        fname, data = to_flydsl(Artifact("ka", {"n": 100}, mi300x, Config({"BLOCK": 16})))
+        (tmp_path / "in").mkdir()
+        path = tmp_path / "in" / fname
+        path.write_bytes(data)
+        extra = ()
+    for output in (tmp_path / "in", tmp_path, path):
+        r = flytune("import", "--format", fmt, *extra, "--output", output, path)
+        assert r.returncode == 2 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
+        assert f"the input {path}" in r.stderr and "apart from every input" in r.stderr, r.stderr
+        assert [p.name for p in tmp_path.rglob("*")] == ["in", path.name]
+    r = flytune("import", "--format", fmt, *extra, "--output", tmp_path / "out", path)
+    assert r.returncode == 0, r.stderr

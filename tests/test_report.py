@@ -223,6 +223,33 @@ def test_the_page_is_never_written_over_its_source(tmp_path):
     assert run_report(str(d), "--output", str(d / "review.html")) == 0  # a page beside the artifacts is fine
 
 
+def test_the_page_never_replaces_a_file_report_did_not_write(tmp_path, capsys, monkeypatch):
+    """A project's own inputs (pyproject.toml, the tuning plan, the tune state), or any other file, are
+    refused before anything is read; a page `report` wrote is replaced."""
+    proj = make_project(tmp_path / "proj")
+    (proj / "tune").mkdir()
+    (proj / "tune" / "plan.toml").write_text("[[entries]]\n")
+    (proj / ".flytune-tune-state").write_text("{}\n")
+    (tmp_path / "notes.html").write_text("<!DOCTYPE html>\n<p>mine</p>\n")
+    opened = []
+    from flytune_build.audit import source
+
+    monkeypatch.setattr(source, "open_source", lambda p: opened.append(p) or open_source(p))
+    for out in (proj / "pyproject.toml", proj / "tune" / "plan.toml", proj / ".flytune-tune-state",
+                tmp_path / "notes.html"):
+        before = out.read_bytes()
+        assert run_report(str(proj), "--output", str(out)) == 2, out
+        assert out.read_bytes() == before and not opened   # refused before any source was read
+        assert f"flytune: error: --output {out}: exists and is not a page `flytune report` wrote" in \
+            capsys.readouterr().err
+    with pytest.raises(UsageError, match="not a page"):
+        review.write(proj / "pyproject.toml", proj)
+    out = tmp_path / "r.html"
+    assert run_report(str(proj), "--output", str(out)) == 0 and opened
+    assert run_report(str(SM90), "--output", str(out)) == 0   # its own page: replaced
+    assert "sample_pkg.matmul" in out.read_text("utf-8")
+
+
 def test_artifacts_of_older_releases_render_what_they_have(tmp_path):
     d = tmp_path / "old"
     dev = DeviceIdentity("cuda", "sm_80", "NVIDIA A100-SXM4-80GB", 108)

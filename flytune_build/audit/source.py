@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import artifactdir, bundle, serving, verification
+from ..core import artifactdir, bundle, fsutil, serving, verification
 from ..core import installed as installed_bundles
 from ..core.artifact import Artifact
 from ..core.errors import (
@@ -52,6 +52,8 @@ class Source:
     mixed: list[FlytuneError] = field(default_factory=list)  # rankings mixed on one device: warnings unless --strict
     modules: set[str] = field(default_factory=set)  # packages the project or distribution itself declares
     execution: list[dict] | None = None  # verify --execute: per artifact, executed (ok) or skipped and why
+    reads: tuple[str, ...] = ()  # what it was read from (the file, the directory; a project's pyproject.toml and
+    # the folders its sources walk): what a command writing beside it keeps apart from (fsutil.apart)
 
     @property
     def ok(self) -> bool:
@@ -69,11 +71,13 @@ def open_source(path: str) -> Source:
     a path the system cannot look at (too long, a loop of links, no permission) is that source's error,
     and the other sources of one command are still read."""
     try:
-        return _open(path)
+        src = _open(path)
     except OSError as e:
         src = Source(path, "unknown")
         src.errors.append(InputError(f"cannot be read: {e.strerror or e}", file=e.filename or path))
-        return src
+    if not src.reads and src.kind != "installed" and os.path.lexists(path):
+        src.reads = (path,)
+    return src
 
 
 def _open(path: str) -> Source:
@@ -305,6 +309,7 @@ def _project(root: Path, label: str) -> Source:
         src.errors.append(ProjectError("has no [tool.flytune] table: a build makes no bundle of it",
                                        file=root / "pyproject.toml"))
         return src
+    src.reads = (str(root / "pyproject.toml"), *(str(fsutil.walk_root(root, s)) for s in proj.sources))
     state = verify.verify(collect.collect(build_mod.BuildState(proj)))
     src.artifacts, src.errors, src.targets = state.artifacts, list(state.rejected), proj.targets
     src.package, src.modules = proj.package, {proj.package}

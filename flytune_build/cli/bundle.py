@@ -24,6 +24,7 @@ def command(args) -> int:
     from ..core import bundle
     from ..pipeline import directory
 
+    directory.check_output(args.output)   # inside a bundle (pkg/_flytune): refused before anything is built
     root = Path(args.project).resolve()
     proj = pipeline.load(root)
     if proj is None:

@@ -3,6 +3,9 @@
 """
 from __future__ import annotations
 
+import sys
+
+from ..core.errors import printable
 from .output import EXIT_OK, EXIT_VIOLATIONS, JSON_FORMAT, dump
 
 
@@ -22,4 +25,6 @@ def command(args) -> int:
     old, new = source.open_source(args.old), source.open_source(args.new)
     changes = inspection.diff(old, new)
     print(dump(changes) if args.json else render.render_diff(changes))
+    for e in () if args.json else changes["errors"]:   # --json holds them in its document
+        print(f"flytune: error: {printable(e['message'])}", file=sys.stderr)
     return EXIT_OK if old.ok and new.ok else EXIT_VIOLATIONS

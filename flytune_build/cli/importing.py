@@ -10,12 +10,14 @@ from .output import EXIT_OK, EXIT_USAGE
 
 def add_command(command) -> None:
     m = command("import", "turn another tool's tuned configs into flytune artifacts (all or nothing)",
-                "0 imported, 1 a file or entry is refused (nothing is written), 2 usage error")
+                "0 imported, 1 a file or entry is refused (nothing is written), 2 usage error (DIR is, lies inside or "
+                "holds a FILE)")
     m.add_argument("paths", nargs="+", metavar="FILE", help="config files in the chosen format")
     m.add_argument("--format", choices=("flydsl", "vllm", "sglang"), required=True,
                    help="flydsl: FlyDSL offline configs; vllm, sglang: fused-MoE config files "
                         "(E=..,N=..,device_name=..[,dtype=..][,block_shape=[..]].json)")
-    m.add_argument("--output", required=True, help="artifact directory to write into")
+    m.add_argument("--output", required=True, metavar="DIR",
+                   help="artifact directory to write into (apart from every FILE)")
     m.add_argument("--kernel", "--name", dest="kernel", metavar="NAME",
                    help="kernel name to import under (required for vllm and sglang; flydsl default: the "
                         "FlyDSL name, '-' -> '_')")
@@ -24,6 +26,9 @@ def add_command(command) -> None:
 
 
 def command(args) -> int:
+    from ..core import fsutil
+
+    fsutil.apart(args.output, args.paths)  # `import fd/*.json --output fd`: artifacts among the files they came from
     if args.format == "flydsl":
         if args.device:
             print("flytune: error: --device applies to --format vllm and sglang (FlyDSL files name their "

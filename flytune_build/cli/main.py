@@ -59,13 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    text_streams()
+    closed = text_streams()
     warning_lines()
     args = build_parser().parse_args(argv)
     try:
         code = _command(args.command).command(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
-        return code
+        return EXIT_BROKEN_PIPE if closed else code  # `>&-`: the work is done, its output had nowhere to go
     except UsageError as e:  # the run cannot start as asked: nothing was done
         print(f"flytune: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -102,15 +102,24 @@ def warning_lines() -> None:
         warnings.showwarning = show
 
 
-def text_streams() -> None:
+def text_streams() -> bool:
     """stdout and stderr write what they cannot encode as Python escapes: a path is printed whatever its
     bytes (a file name that is no UTF-8 reaches Python as lone surrogates, which a strict UTF-8 stream
-    refuses with UnicodeEncodeError), and what a command prints never fails for the text it holds."""
+    refuses with UnicodeEncodeError), and what a command prints never fails for the text it holds.
+
+    A stream closed from the start (`>&-`: Python makes it None) writes to os.devnull: what is printed
+    there is dropped, and the work is done all the same, never an AttributeError after it. Returns
+    whether stdout was closed so (exit 120, as for a reader gone)."""
+    closed = sys.stdout is None
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 - the process's own
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError, OSError):  # not a text stream of ours (an embedding replaced it)
             pass
+    return closed
 
 
 def broken_pipe() -> int:

@@ -10,7 +10,8 @@ EXIT_CODES = """exit codes:
   0    success: everything checked is clean
   1    violations found, or the command failed (one line `flytune: error: ...` on stderr)
   2    usage error: bad arguments, no pyproject.toml or no [tool.flytune] table, `tune` refused where CI is set
-  120  stdout was closed before the output was written (`flytune ... | head`); nothing more is printed, as pip does
+  120  stdout was closed before the output was written (`flytune ... | head`, or `>&-`); nothing more is printed,
+       as pip does (the work itself, a merge or a write, is done)
   130  interrupted"""
 
 

@@ -36,8 +36,7 @@ def render_diff(d: dict) -> str:
         lines.append(f"~ {key(x)}: {printable(x['old'])} -> {printable(x['new'])}{m}")
     lines.append(f"{len(d['added'])} added, {len(d['removed'])} removed, {len(d['changed'])} changed, "
                  f"{d['unchanged']} unchanged")
-    lines += [f"error: {printable(e['message'])}" for e in d["errors"]]
-    return "\n".join(lines)
+    return "\n".join(lines)  # its errors are `flytune: error: ...` lines on stderr, as every command's
 
 
 def render_installed(info: dict) -> str:

@@ -5,8 +5,9 @@ winners that changed and by how much.
 A source with violations, or one that cannot be read at all, is still reported: the page shows what
 could be read and lists every error (as `flytune diff` prints its diff all the same), each error is
 printed on stderr, and the exit code is 1. Nothing is written only on a usage error (exit 2: the
-output is a directory, its folder does not exist, or it is a SOURCE file or a *.json inside a SOURCE
-directory) or when the file cannot be written (exit 1).
+output is a directory, its folder does not exist, it is a SOURCE file or a *.json inside a SOURCE
+directory, or it is an existing file that is not a page `report` wrote, such as a project's pyproject.toml)
+or when the file cannot be written (exit 1).
 """
 from __future__ import annotations
 
@@ -40,10 +41,11 @@ def command(args) -> int:
     from .. import review
     from ..audit.source import open_source
 
-    sources = [open_source(p) for p in (args.source, args.new) if p is not None]
-    try:
+    try:  # --output is a SOURCE, an artifact file in one, or a file no report wrote: refused before any reading
+        review.check_output(out, [p for p in (args.source, args.new) if p is not None])
+        sources = [open_source(p) for p in (args.source, args.new) if p is not None]
         review.write(out, *sources, title=args.title)  # an OutputError is main's one-line error, exit 1
-    except UsageError as e:  # --output is a SOURCE, or an artifact file in one: nothing is written
+    except UsageError as e:
         print(f"flytune: error: --output {e}", file=sys.stderr)
         return EXIT_USAGE
     for s in sources:

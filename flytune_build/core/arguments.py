@@ -3,7 +3,8 @@ takes a list of paths or names, a time limit or a count goes through them.
 
 A bare string where a list goes is refused, never iterated (`merge("AB", "OUT")` would merge `A` and
 `B`); a time limit is a finite number of seconds above zero (`nan` would mean none, `-1` fail every job);
-a count is a positive integer; a path is never empty. The errors are `ArgumentTypeError` (a TypeError) for a wrong type and
+a count is a positive integer; a path or a name is never empty, and a path holds no NUL byte (no system
+takes one). The errors are `ArgumentTypeError` (a TypeError) for a wrong type and
 `UsageError` (a ValueError) for a value out of range: the CLI's exit code 2 either way.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ def paths(value: Any, name: str) -> list:
 
 
 def names(value: Any, name: str) -> list[str]:
-    """`value` as a list of strings, refusing one bare string and anything else."""
+    """`value` as a list of strings, refusing one bare string, an empty name and anything else."""
     return _items(value, name, "names", (str,))
 
 
@@ -32,8 +33,11 @@ def path(value: Any, name: str) -> Any:
     (as the CLI refuses `--output ""`: it never means the current directory, which is ".")."""
     if isinstance(value, (bytes, bytearray)) or not isinstance(value, (str, os.PathLike)):
         raise ArgumentTypeError(f"must be a path (a str or os.PathLike), not {type(value).__name__}", field=name)
-    if os.fspath(value) == "":
+    text = os.fspath(value)
+    if text == "":
         raise UsageError("is an empty path: it never means the current directory (pass \".\" for that)", field=name)
+    if ("\0" if isinstance(text, str) else b"\0") in text:
+        raise UsageError(f"holds a NUL byte ({text!r}), which no path can: pass the path without it", field=name)
     return value
 
 
@@ -97,4 +101,6 @@ def _items(value: Any, name: str, what: str, types: tuple) -> list:
             raise ArgumentTypeError(f"must hold {what}, not {type(item).__name__} ({item!r})", field=f"{name}[{i}]")
         if what == "paths":
             path(item, f"{name}[{i}]")
+        elif item == "":
+            raise UsageError(f"is an empty name, which names nothing: pass a name (or leave {name} out for the default)", field=f"{name}[{i}]")
     return items

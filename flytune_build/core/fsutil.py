@@ -1,6 +1,8 @@
 """Files read and written safely, for every layer.
 
-- `atomic_write`: a reader sees the old file or the new one, never half of either.
+- `atomic_write`: a reader sees the old file or the new one, never half of either; `write_all`: a set of
+  files, all or none.
+- `apart`: an output never is, lies inside or holds what its command reads (`overlap`).
 - `read_regular`: opened without blocking (a FIFO does not hang the caller), checked to be a regular
   file after opening (a link to /dev/zero is refused, not read forever), read up to a cap.
 - `find`: the files a path or glob reaches under a root, walked without leaving the root (each
@@ -20,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import OutputError
+from .errors import OutputError, UsageError
 
 MAX_ENTRIES = 1_000_000  # directory entries one source may visit
 MAX_DEPTH = 64           # directory levels below the root
@@ -74,10 +76,12 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
         raise
 
 
-def write_all(files: list[tuple[Path, bytes]]) -> None:
-    """Write each (path, bytes) with `atomic_write`, all or none: when one fails (an OutputError naming
-    it is raised), those already written by this call are removed. For new files only: a path that
-    existed before is the caller's to leave alone."""
+def write_all(files: list[tuple[Path, bytes]], previous: dict | None = None) -> None:
+    """Write each (path, bytes) with `atomic_write`, all or none: when one fails or the write is interrupted
+    (an OutputError naming it, or whatever stopped it, is raised), those already written by this call are
+    removed, and a path in `previous` (path -> the bytes the caller read from it) is put back as it was.
+    Any other path that existed before is the caller's to leave alone."""
+    previous = {Path(p): data for p, data in (previous or {}).items()}
     written: list[Path] = []
     try:
         for path, data in files:
@@ -86,10 +90,66 @@ def write_all(files: list[tuple[Path, bytes]]) -> None:
     except BaseException:
         for path in written:
             try:
-                os.unlink(path)
+                if path in previous:
+                    atomic_write(path, previous[path])
+                else:
+                    os.unlink(path)
             except OSError:
                 pass
         raise
+
+
+def head(path: str | os.PathLike, size: int) -> bytes | None:
+    """The first `size` bytes of the regular file at `path` (links followed), opened without blocking; None
+    for anything else (missing, unreadable, a FIFO, a device, a directory)."""
+    try:
+        fd = os.open(path, _OPEN)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def overlap(output: str | os.PathLike, inputs) -> tuple[str, str] | None:
+    """(the first of `inputs` that `output` is, lies inside, or holds; that relation in words: "is", "is
+    inside", "holds"), or None where the output is apart from every input. Links are resolved, and two
+    names of one file (a hard link, another case on macOS) are one."""
+    out = os.path.realpath(output)
+    for given in inputs:
+        real = os.path.realpath(given)
+        if out == real or (os.path.exists(out) and os.path.exists(real) and os.path.samefile(out, real)):
+            return os.fspath(given), "is"
+        if out.startswith(real.rstrip(os.sep) + os.sep):
+            return os.fspath(given), "is inside"
+        if real.startswith(out.rstrip(os.sep) + os.sep):
+            return os.fspath(given), "holds"
+    return None
+
+
+def apart(output: str | os.PathLike, inputs, *, flag: str = "--output") -> None:
+    """A UsageError naming `output` where it is, lies inside or holds one of `inputs` (what the command
+    reads): a command never writes into what it reads, where its output would replace or mix with it."""
+    found = overlap(output, inputs)
+    if found is not None:
+        given, how = found
+        raise UsageError(f"{how} the input {given}: the output would replace or mix with what the command reads; "
+                         f"pass a {flag} apart from every input (not it, not inside it, not holding it)", file=output)
+
+
+def walk_root(root: str | os.PathLike, pattern: str) -> Path:
+    """Where `find(root, pattern)` starts walking: `root` joined with the pattern's segments before its
+    first glob (`artifacts/*/x` -> root/artifacts); every file it reaches lies under it."""
+    segs = [s for s in pattern.replace("\\", "/").split("/") if s not in ("", ".")]
+    plain = []
+    for seg in segs:
+        if _MAGIC & set(seg):
+            break
+        plain.append(seg)
+    return Path(root, *plain)
 
 
 def holds(path: str | os.PathLike, data: bytes | None) -> bool:

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
-from ..core import codec, options
+from ..core import codec, fsutil, options
 from ..core.artifact import KERNEL_NAME, KERNEL_NAME_MAX, Artifact, read_capped
 from ..core.config import Config
 from ..core.device import DeviceIdentity
-from ..core.errors import ArtifactError
-from ..core.fsutil import atomic_write
+from ..core.errors import ArtifactError, OutputError
 from ..core.key import dtype_name
 
 VERSION = 1
@@ -97,8 +97,12 @@ def from_flydsl(path: str | Path, *, name: str | None = None) -> Artifact:
 
 
 def export(artifacts, out_dir: str | Path) -> tuple[list[Path], list[str]]:
-    """Write every expressible artifact; returns (written files, reasons for the skipped ones)."""
-    written, skipped, made, clashing = [], [], {}, set()
+    """Write every expressible artifact into `out_dir`, all or none; returns (written files, reasons for the
+    skipped ones). `out_dir` is made where need be, and refused (an OutputError) before anything is
+    written where it cannot be a directory (a file); a FlyDSL file of the same name there (the identity's
+    earlier winner) is replaced, and put back as it was when the write fails."""
+    out = fsutil.output_directory(out_dir)
+    skipped, made, clashing = [], {}, set()
     for art in artifacts:
         try:
             name, data = to_flydsl(art)
@@ -110,8 +114,8 @@ def export(artifacts, out_dir: str | Path) -> tuple[list[Path], list[str]]:
             clashing.add(name)
             skipped.append(str(ArtifactError(f"is FlyDSL's {name}, as {first[0].filename} is, with another config: "
                                              f"neither is written", file=art.filename)))
-    for name, (_, data) in made.items():
-        if name not in clashing:
-            atomic_write(Path(out_dir) / name, data)
-            written.append(Path(out_dir) / name)
-    return written, skipped
+    files = [(out / name, data) for name, (_, data) in made.items() if name not in clashing]
+    previous = {path: fsutil.read_regular(path, OutputError, codec.MAX_DOCUMENT_BYTES)  # a non-file there: refused
+                for path, _ in files if os.path.lexists(path)}
+    fsutil.write_all(files, previous)  # all or none
+    return [path for path, _ in files], skipped

@@ -6,7 +6,8 @@ ships package data (flit_core, pdm-backend, maturin, scikit-build-core, ...) the
 directory is replaced whole, so a removed kernel leaves no stale shard; a directory of that name that
 is not a flytune bundle, or a bundle holding anything a bundle never holds (a file not named as a
 manifest, shard or provenance file is, a folder, a link), is never touched: it is refused, each such
-entry named.
+entry named. A package directory that is a bundle directory, or lies inside one, is refused before anything
+is built (`check_output`).
 """
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import tempfile
 from pathlib import Path
 
 from ..core import bundle, serving
-from ..core.errors import BundleError
+from ..core.errors import BundleError, UsageError
 from ..core.fsutil import atomic_write
 from .state import BuildState
 
 
 def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
     """Replace `<package_dir>/_flytune/` with the assembled bundle; returns the files written."""
+    check_output(package_dir)
     package_dir = Path(package_dir)
     target = package_dir / bundle.DIRNAME
     prefix = serving.bundle_prefix(state.project.package)
@@ -54,6 +56,19 @@ def write(state: BuildState, package_dir: str | os.PathLike) -> list[Path]:
         if staging.exists():
             shutil.rmtree(staging)
     return [target / name[len(prefix):] for name in sorted(state.files)]
+
+
+def check_output(package_dir: str | os.PathLike) -> None:
+    """A UsageError, before anything is built, where `package_dir` is a bundle directory (named `_flytune`)
+    or lies inside one (a `_flytune/` holding a manifest): the bundle would be written into a bundle, where
+    nothing reads it, and the next bundle into the package would be refused for the folder left there."""
+    real = Path(os.path.realpath(package_dir))
+    for place in (real, *real.parents):
+        if place.name == bundle.DIRNAME and (place == real or (place / bundle.MANIFEST).is_file()):
+            where = "is" if place == real else f"is inside {place}, which is"
+            raise UsageError(f"{where} a flytune bundle directory ({bundle.DIRNAME}/), not a package's: the bundle "
+                             f"would nest in a bundle; pass the package directory that holds it: --output "
+                             f"{os.path.relpath(place.parent)}", file=package_dir)
 
 
 _LITTER = frozenset((".DS_Store", "Thumbs.db"))   # what file browsers leave in any folder: lost with nothing of value

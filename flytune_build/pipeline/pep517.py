@@ -3,7 +3,9 @@
 Each function takes the backend's hook as an argument: this module imports no backend. A failure
 is one line on stderr and exit status 1, never a traceback; the backend writes into a private
 directory beside the wheel directory, so a failed verification, or a build killed at any moment,
-leaves no wheel (and no directory holding a bundle-less one) in the wheel directory.
+leaves no wheel (and no directory holding a bundle-less one) in the wheel directory. An sdist whose
+rewrite fails or is interrupted (any exception, Ctrl-C too) is removed: none is left without the
+artifacts it must carry.
 """
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ def build_sdist(build, sdist_directory, config_settings) -> str:
         target = Path(sdist_directory) / name
         try:
             or_exit(sdist.rewrite, target, extra)
-        except SystemExit:  # no sdist left behind without what it must carry
+        except BaseException:  # failed, or interrupted (Ctrl-C): no sdist left behind without what it must carry
             target.unlink(missing_ok=True)
             raise
     return name

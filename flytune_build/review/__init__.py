@@ -3,7 +3,8 @@
     render(source)            one source: an artifact directory, a wheel, an sdist, an installed
                               distribution (a path or name, or an `audit.source.Source` already open)
     render(old, new)          two: the second charted, the winners that changed listed and marked
-    write(path, *sources)     the page written atomically; returns the path
+    write(path, *sources)     the page written atomically; returns the path (never over a source, nor
+                              over a file that is not a page `report` wrote: `check_output`)
 
 Engine modules, data to page: `shape` (one artifact's candidates, finalists, band, measurement, all
 optional), `chart` (its inline SVG), `coverage` (kernels x targets, match levels), `toolchain`
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from ..audit.source import Source, open_source
+from ..core import arguments, fsutil
 from ..core.errors import InputError, UsageError
 from ..core.fsutil import atomic_write
 
@@ -32,23 +34,33 @@ def render(*sources: Source | str | os.PathLike, title: str | None = None) -> st
 def write(path: str | os.PathLike, *sources: Source | str | os.PathLike, title: str | None = None) -> Path:
     """Render and write the page atomically (a reader sees the old file or the whole new one).
 
-    Raises UsageError, writing nothing, where the page would overwrite what it reports: a SOURCE file
-    itself (a wheel replaced by HTML), or a *.json under a SOURCE directory (read as an artifact next)."""
+    Raises UsageError, before any source is read and writing nothing, where the page would replace what it
+    does not own (`check_output`)."""
+    path = arguments.path(path, "path")
+    check_output(path, sources)
     opened = [s if isinstance(s, Source) else open_source(os.fspath(s)) for s in sources]
-    check_output(path, opened)
     atomic_write(path, render(*opened, title=title).encode("utf-8"))
     return Path(path)
 
 
-def check_output(path: str | os.PathLike, sources: list[Source]) -> None:
-    """Raise UsageError where writing the page at `path` would destroy a source's data."""
-    out = Path(path).resolve()
-    for s in sources:
-        if s.kind == "installed":  # a distribution name, not a path
-            continue
-        src = Path(s.path).resolve()
-        same = out == src or (out.exists() and src.exists() and os.path.samefile(out, src))
-        if same or (src.is_dir() and out.suffix == ".json" and src in out.parents):
-            raise UsageError(f"is the source {s.path} itself: the page would overwrite it" if same else
-                             f"is a *.json file in the source directory {s.path}: the next reading of it would "
-                             f"take the page for an artifact", file=path)
+def check_output(path: str | os.PathLike, sources) -> None:
+    """Raise UsageError where writing the page at `path` would destroy what it reads or anything else: the
+    page is never a SOURCE file (a wheel replaced by HTML), never a *.json under a SOURCE directory (read as
+    an artifact next), and never replaces an existing file that is not a page `report` wrote (its head holds
+    `page.MARK`): a project's pyproject.toml, its tuning plan, its .flytune-tune-state stay as they are."""
+    from .page import MARK
+
+    named = [s.path if isinstance(s, Source) else os.fspath(s) for s in sources
+             if not (isinstance(s, Source) and s.kind == "installed")]
+    found = fsutil.overlap(path, [p for p in named if os.path.lexists(p)])  # a name that is no path: installed
+    if found is not None and (found[1] == "is" or (found[1] == "is inside" and Path(path).suffix == ".json")):
+        given, how = found
+        raise UsageError(f"is the source {given} itself: the page would overwrite it" if how == "is" else
+                         f"is a *.json file in the source directory {given}: the next reading of it would "
+                         f"take the page for an artifact", file=path)
+    if os.path.lexists(path):
+        top = fsutil.head(path, 1024) or b""
+        if not (top.startswith(b"<!DOCTYPE html>") and MARK.encode() in top):
+            raise UsageError("exists and is not a page `flytune report` wrote: the page never replaces another "
+                             "file; pass a new file name (or remove the file first, if it is yours to lose)",
+                             file=path)

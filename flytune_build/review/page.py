@@ -21,6 +21,7 @@ from ..core.version import VERSION
 from . import chart, comparison, coverage, shape, toolchain
 from .markup import Markup, element, escape, void
 
+MARK = '<meta name="generator" content="flytune '   # in the head of every page written: what `report` may replace
 TEMPLATE = string.Template("""<!DOCTYPE html>
 <html lang="en">
 <head>

@@ -47,6 +47,9 @@ def tune(project: str | Path | project_mod.Project = ".", *, plan: str | Path | 
         arguments.count(workers, "workers")  # the type, by the one rule; the range is the executor's to say
     if kernels is not None and not isinstance(kernels, str):
         kernels = arguments.names(kernels, "kernels")
+    if kernels is not None and len(kernels) == 0:   # [] is no kernel, never every kernel (None is every kernel)
+        raise UsageError("is empty: name at least one kernel of the plan to tune (or leave kernels out to tune "
+                         "every kernel)", field="kernels")
     plan = None if plan is None or plan == "" else arguments.path(plan, "plan")   # "": the default, as ever
     margin = MIN_IMPROVEMENT_PCT if min_improvement is None else arguments.percent(min_improvement, "min_improvement")
     ranking = arguments.choice(ranking, "ranking", (None, *settings.RANKINGS))
