@@ -404,6 +404,11 @@ def test_a_stdout_closed_from_the_start_keeps_the_work_and_exits_120(tmp_path, c
     assert r.returncode == 120 and r.stderr == "", r.stderr
     if command == "merge":
         assert [p.name for p in (tmp_path / "m").iterdir()] == [p.name for p in (tmp_path / "a").iterdir()]
+    else:   # violations found are still exit 1 with stdout closed: a failure is never read as a reader gone
+        (tmp_path / "a" / "broken.json").write_text("{")
+        r = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "flytune_build.cli",
+                            *map(str, args)], capture_output=True, text=True, env=python_env())
+        assert r.returncode == 1, r.stderr
 
 
 def test_unexpected_error_is_one_line_without_traceback(monkeypatch, capsys, tmp_path):

@@ -176,16 +176,19 @@ def export_cli(*args):
 def test_export_never_writes_into_what_it_reads(tmp_path):
     """`export hip3 --output hip3` would put FlyDSL files among the artifacts (hip3 no longer verifies):
     an output that is, lies inside or holds the source is refused, nothing written; a project's output
-    only has to stay apart from its pyproject.toml and the folders its sources walk."""
+    only has to stay apart from its pyproject.toml and the folders its sources walk; the folder that holds
+    the source folder may take the output."""
     from buildkit import make_project
 
     src = tmp_path / "hip3"
     hip_artifact().save(src)
-    for output in (src, src / "fly", tmp_path):
+    for output in (src, src / "fly"):
         r = export_cli(src, "--output", output)
         assert r.returncode == 2 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
         assert f"the input {src}" in r.stderr and "apart from every input" in r.stderr, r.stderr
         assert [p.name for p in tmp_path.rglob("*")] == ["hip3", hip_artifact().filename]
+    r = export_cli(src, "--output", tmp_path)   # beside the source, not in it: what it writes mixes with nothing
+    assert r.returncode == 0 and "wrote 1 FlyDSL config(s)" in r.stdout, r.stdout + r.stderr
     proj = make_project(tmp_path / "p")   # interpreter artifacts: exported as none, skipped with why
     for output in (proj / "artifacts" / "fly", proj, proj / "pyproject.toml"):
         r = export_cli(proj, "--output", output)

@@ -164,6 +164,14 @@ def padded_manifest(m):
 
 # id, build(good, tmp_path) -> wheel, fragments the text report must hold
 CASES = [
+    # what installers refuse before installing anything (the wheel read ok, then pip refused it)
+    ("renamed", lambda g, t: raw(t / "other-9.9-py3-none-any.whl", g.read_bytes()),
+     ["is not the .dist-info of other 9.9, which the file name says"]),
+    ("no-wheel-name", lambda g, t: raw(t / "notawheel.whl", g.read_bytes()), ["is no wheel file name"]),
+    ("no-WHEEL", lambda g, t: rewritten(g, t, lambda m: m.pop(f"{DIST}/WHEEL")), ["WHEEL: is missing"]),
+    ("wheel-version-2", lambda g, t: rewritten(g, t, lambda m: m.__setitem__(
+        f"{DIST}/WHEEL", m[f"{DIST}/WHEEL"].replace(b"Wheel-Version: 1.0", b"Wheel-Version: 2.0"))),
+     ["Field `Wheel-Version` must say 1.x, not '2'"]),
     ("not-a-zip", lambda g, t: raw(t / g.name, b"PK\x03\x04 not a zip"), ["not a readable zip archive"]),
     ("truncated", lambda g, t: raw(t / g.name, g.read_bytes()[: g.stat().st_size // 2]),
      ["not a readable zip archive"]),

@@ -252,10 +252,12 @@ def test_import_never_writes_into_the_directory_its_files_come_from(tmp_path, fm
         path = tmp_path / "in" / fname
         path.write_bytes(data)
         extra = ()
-    for output in (tmp_path / "in", tmp_path, path):
+    for output in (tmp_path / "in", path):
         r = flytune("import", "--format", fmt, *extra, "--output", output, path)
         assert r.returncode == 2 and r.stderr.count("flytune: error:") == 1, r.stdout + r.stderr
         assert f"the input {path}" in r.stderr and "apart from every input" in r.stderr, r.stderr
         assert [p.name for p in tmp_path.rglob("*")] == ["in", path.name]
+    r = flytune("import", "--format", fmt, *extra, "--output", tmp_path / "in" / "sub", path)
+    assert r.returncode == 0, r.stderr   # in the folder that holds the input, not beside it: apart
     r = flytune("import", "--format", fmt, *extra, "--output", tmp_path / "out", path)
     assert r.returncode == 0, r.stderr

@@ -70,7 +70,22 @@ def test_a_path_setting_of_blanks_only_is_refused_naming_it(name):
 
     with pytest.raises(SettingsError, match=f"Field `{name}` must be a path"):
         settings.read({name: " "})
-    assert settings.read({name: ""}).misses is None
+    field = {"FLYTUNE_MISSES": "misses", "FLYTUNE_CACHE_DIR": "cache_dir", "FLYTUNE_EMIT_DIR": "emit_dir"}[name]
+    assert getattr(settings.read({name: ""}), field) is None and getattr(settings.read({name: "p"}), field) is not None
+
+
+def test_a_key_json_cannot_hold_is_not_recorded_and_never_fails_the_call(tmp_path, monkeypatch):
+    """A NaN key value raised ValueError out of the kernel call (the entry's canonical JSON)."""
+    from flytune_build.runtime.serving import misses
+
+    path = tmp_path / "misses.json"
+    monkeypatch.setenv("FLYTUNE_MISSES", str(path))
+    k = make_add("t.misses.nan", key=(ft.nearest("n"),), default=lambda a: Config({"BLOCK": 32}))
+    x = torch.randn(8)
+    with pytest.warns(ft.FlytuneWarning, match="cannot be written as JSON"):
+        k[(1,)](x, x, torch.empty(8), float("nan"))   # masked by n: stores nothing
+    misses.flush()
+    assert not path.exists()
 
 
 def test_a_served_tuned_key_is_no_miss_and_nothing_is_written_without_the_setting(tmp_path, monkeypatch):

@@ -243,7 +243,8 @@ def test_verify_refuses_an_editable_bundle_in_a_wheel_that_is_not_editable(tmp_p
     state = pipeline.run(owner_project(tmp_path), out=io.StringIO())
     files = {k.replace(f"{PKG}/_flytune/", "__flytune_editable__/ownpkg/"): v for k, v in state.files.items()}
     files.update(extra, **{"ownpkg-1.0.dist-info/entry_points.txt":
-                           b"[flytune.bundles]\nownpkg = __flytune_editable__.ownpkg\n"})
+                           b"[flytune.bundles]\nownpkg = __flytune_editable__.ownpkg\n",
+                           "ownpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-any\n"})
     src = source.verify(str(wheel(tmp_path / "ownpkg-1.0-py3-none-any.whl", files)))
     assert src.ok is ok, render.render_verify(src)
     if not ok:

@@ -160,37 +160,6 @@ def test_a_pool_worker_that_meets_the_misses_log_first_flushes_it_when_joined(tm
     assert r.stdout.split()[-1] == "12"   # before: 2 of 12 (each worker's first write only)
 
 
-POOL_TERMINATED = textwrap.dedent('''
-    import json, os, sys
-    import torch
-    from kernels import make_add, grid
-    k = make_add("rs.pool", key=("n",))
-    def call(n):
-        x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
-        k[grid(n)](x, y, out, n)
-    if __name__ == "__main__":
-        import multiprocessing as mp
-        with mp.get_context(sys.argv[1]).Pool(2) as pool:   # its end terminates the workers (SIGTERM)
-            pool.map(call, list(range(101, 113)), chunksize=1)
-        doc = json.load(open(os.environ["FLYTUNE_MISSES"]))
-        print(sum(m["calls"] for m in doc["misses"]))
-''')
-
-
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_a_pool_terminated_at_its_blocks_end_loses_no_worker_miss(tmp_path, method):
-    """`with Pool() as p:` terminates its workers as soon as the results are back: SIGTERM ended them before
-    any finalizer, and the misses their writer threads had not written yet were lost (3 of 8 seen)."""
-    script = tmp_path / "pool.py"
-    script.write_text(POOL_TERMINATED)
-    env = python_env(TRITON_INTERPRET=1, FLYTUNE_AUTOTUNE=0, FLYTUNE_MISSES=tmp_path / "m.json",
-                     FLYTUNE_CACHE_DIR=tmp_path / "c")
-    env["PYTHONPATH"] = os.pathsep.join([str(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split()[-1] == "12"
-
-
 FORK_WAIT = textwrap.dedent('''
     import os, threading, time
     os.register_at_fork(before=lambda: time.sleep(2.0))   # a hook that waits, as warming.forks' does for an import

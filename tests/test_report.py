@@ -248,6 +248,8 @@ def test_the_page_never_replaces_a_file_report_did_not_write(tmp_path, capsys, m
     assert run_report(str(proj), "--output", str(out)) == 0 and opened
     assert run_report(str(SM90), "--output", str(out)) == 0   # its own page: replaced
     assert "sample_pkg.matmul" in out.read_text("utf-8")
+    (tmp_path / "made.html").write_bytes(b"")   # `mktemp`'s empty file: nothing in it to lose
+    assert run_report(str(proj), "--output", str(tmp_path / "made.html")) == 0
 
 
 def test_artifacts_of_older_releases_render_what_they_have(tmp_path):

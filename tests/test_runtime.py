@@ -501,6 +501,10 @@ def test_a_numpy_scalar_keys_as_the_number_it_holds(tmp_path, monkeypatch):
         k[(1,)](x, out, alpha)
         assert out.item() == block and k.decision(x, out, alpha).key == {"alpha": float(alpha)}
     assert calls(k) == {"scratch": 0, "offline": 4, "heuristic": 0, "search": 0}
+    from flytune_build.core.key import raw
+
+    assert raw(np.bool_(True)) is True and raw(np.bool_(False)) is False and raw(np.int64(7)) == 7
+    assert raw(torch.tensor(3)) == torch.int64 and raw(np.zeros(3)) == np.dtype("float64")   # tensors: dtypes
 
 
 def test_keyword_arguments_reach_the_key(tmp_path, monkeypatch):

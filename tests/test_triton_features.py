@@ -73,7 +73,8 @@ def test_artifact_matching_no_declared_config_of_a_hooked_kernel_is_refused(tmp_
     with pytest.warns(FlytuneWarning, match="matches none of kernel t.nohook's declared configs, which carry "
                                             "pre_hooks") as rec:
         assert fk.scale(k, 100) and fk.scale(k, 100)
-    assert len(rec) == 1 and k.decision(None, None, 100, 2.0).tier == "heuristic"
+    assert len([w for w in rec if "matches none" in str(w.message)]) == 1   # once (a stray warning of another
+    assert k.decision(None, None, 100, 2.0).tier == "heuristic"             # cause, a GC's ResourceWarning, aside)
 
 
 def test_adopt_serves_the_declared_config_with_its_pre_hook(tmp_path, monkeypatch):

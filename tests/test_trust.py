@@ -197,11 +197,14 @@ def artifacts(proj: Path) -> dict:
     return {(a.kernel, a.key["n"]): a for a in load_dir(out_of(proj))}
 
 
+WHEEL = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+
+
 def wheel_of(proj: Path, path: Path) -> Path:
     """The project's bundle in a minimal wheel (its package, entry point and a RECORD that matches)."""
     files = dict(pipeline.run(proj, out=io.StringIO()).files)
     files |= {f"{PKG}/__init__.py": b"", f"{PKG}-1.0.dist-info/entry_points.txt":
-              f"[flytune.bundles]\n{PKG} = {PKG}._flytune\n".encode()}
+              f"[flytune.bundles]\n{PKG} = {PKG}._flytune\n".encode(), f"{PKG}-1.0.dist-info/WHEEL": WHEEL}
     record = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, d in files.items()) + f"{PKG}-1.0.dist-info/RECORD,,\n"
     with zipfile.ZipFile(path, "w") as zf:
         for name, data in {**files, f"{PKG}-1.0.dist-info/RECORD": record.encode()}.items():

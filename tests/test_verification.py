@@ -42,10 +42,13 @@ def bundle_files(proj):
     return dict(pipeline.run(proj, out=io.StringIO()).files)
 
 
+WHEEL = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+
+
 def wheel_of(files, path: Path) -> Path:
     """A minimal wheel holding a build's bundle, with a RECORD that matches every member."""
     files = {**files, "fixpkg/__init__.py": b"", "fixpkg-1.0.dist-info/entry_points.txt":  # the bundle's own package
-             b"[flytune.bundles]\nfixpkg = fixpkg._flytune\n"}
+             b"[flytune.bundles]\nfixpkg = fixpkg._flytune\n", "fixpkg-1.0.dist-info/WHEEL": WHEEL}
     record = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, d in files.items()) + "fixpkg-1.0.dist-info/RECORD,,\n"
     with zipfile.ZipFile(path, "w") as zf:
         for name, data in {**files, "fixpkg-1.0.dist-info/RECORD": record.encode()}.items():

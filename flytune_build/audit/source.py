@@ -118,6 +118,7 @@ def _wheel(path: Path) -> Source:
         src.errors.append(e)
         return src
     with whl.zf:
+        whl.check_identity()
         whl.check_record()
         eps = whl.entry_points(bundle.ENTRY_POINT_GROUP)
         src.modules = wheelfile.modules(whl.members)

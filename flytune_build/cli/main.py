@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     try:
         code = _command(args.command).command(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
-        return EXIT_BROKEN_PIPE if closed else code  # `>&-`: the work is done, its output had nowhere to go
+        return EXIT_BROKEN_PIPE if closed and code == 0 else code  # `>&-`: done, its output had nowhere to go
     except UsageError as e:  # the run cannot start as asked: nothing was done
         print(f"flytune: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,7 +11,8 @@ EXIT_CODES = """exit codes:
   1    violations found, or the command failed (one line `flytune: error: ...` on stderr)
   2    usage error: bad arguments, no pyproject.toml or no [tool.flytune] table, `tune` refused where CI is set
   120  stdout was closed before the output was written (`flytune ... | head`, or `>&-`); nothing more is printed,
-       as pip does (the work itself, a merge or a write, is done)
+       as pip does (the work itself, a merge or a write, is done); with `>&-`, a run that found violations
+       still exits 1
   130  interrupted"""
 
 

@@ -115,9 +115,11 @@ def head(path: str | os.PathLike, size: int) -> bytes | None:
 
 
 def overlap(output: str | os.PathLike, inputs) -> tuple[str, str] | None:
-    """(the first of `inputs` that `output` is, lies inside, or holds; that relation in words: "is", "is
-    inside", "holds"), or None where the output is apart from every input. Links are resolved, and two
-    names of one file (a hard link, another case on macOS) are one."""
+    """(the first of `inputs` that `output` is, lies inside, or holds as one of its own files; that relation
+    in words: "is", "is inside", "holds"), or None where the output is apart from every input. An input
+    further down (`--output .` beside `dist/x.whl` or `arts/`) is apart: what is written into the output
+    neither replaces nor mixes with it. Links are resolved, and two names of one file (a hard link, another
+    case on macOS) are one."""
     out = os.path.realpath(output)
     for given in inputs:
         real = os.path.realpath(given)
@@ -125,7 +127,7 @@ def overlap(output: str | os.PathLike, inputs) -> tuple[str, str] | None:
             return os.fspath(given), "is"
         if out.startswith(real.rstrip(os.sep) + os.sep):
             return os.fspath(given), "is inside"
-        if real.startswith(out.rstrip(os.sep) + os.sep):
+        if os.path.dirname(real) == out.rstrip(os.sep) and not os.path.isdir(real):
             return os.fspath(given), "holds"
     return None
 

@@ -85,7 +85,8 @@ def raw(value: Any) -> Any:
     dtype = getattr(value, "dtype", None)
     if dtype is None:
         return value
-    return value.item() if isinstance(value, numbers.Number) else dtype
+    numpy_scalar = isinstance(value, numbers.Number) or (type(value).__module__ == "numpy" and value.shape == ())
+    return value.item() if numpy_scalar else dtype   # (numpy.bool_ is no numbers.Number)
 
 
 def scalar(value: Any) -> Any:

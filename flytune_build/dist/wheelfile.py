@@ -105,6 +105,41 @@ class Wheel:
             raise BundleError(f"is not valid UTF-8 (byte {e.start}): installers and importlib.metadata cannot read it",
                               file=f"{self.path}!{name}") from None
 
+    def check_identity(self) -> None:
+        """What installers check before they install anything (pip, installer): a file name of the wheel
+        name scheme, a `.dist-info` of that project and version, and a `WHEEL` of format 1."""
+        from pathlib import PurePath
+
+        from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+        from packaging.version import InvalidVersion, Version
+
+        file = PurePath(self.path).name
+        try:
+            name, version, _, _ = parse_wheel_filename(file)
+        except (InvalidWheelFilename, InvalidVersion) as e:
+            self.errors.append(BundleError(f"is no wheel file name ({e}): installers refuse it; a wheel is named "
+                                           f"NAME-VERSION-PYTHON-ABI-PLATFORM.whl", file=self.path))
+            return
+        if self.dist_info is None:
+            return
+        stem = self.dist_info.removesuffix(".dist-info")
+        got, _, raw = stem.rpartition("-")
+        try:
+            same = canonicalize_name(got) == name and Version(raw) == version
+        except InvalidVersion:
+            same = False
+        if not same:
+            self.fail(self.dist_info, f"is not the .dist-info of {name} {version}, which the file name says: "
+                                      f"installers refuse the wheel")
+        wheel = self.text(f"{self.dist_info}/WHEEL", MAX_RECORD_BYTES)
+        major = next((line.split(":", 1)[1].strip().split(".")[0] for line in (wheel or "").splitlines()
+                      if line.lower().startswith("wheel-version:")), None)
+        if wheel is None:
+            self.fail(f"{self.dist_info}/WHEEL", "is missing: installers refuse a wheel without it")
+        elif major != "1":
+            self.fail(f"{self.dist_info}/WHEEL", f"must say 1.x, not {major!r}: installers refuse any other format",
+                      "Wheel-Version")
+
     # -- RECORD ----------------------------------------------------------------------------------------
     def check_record(self) -> None:
         """Every member against RECORD, both ways, hashing each as a stream."""

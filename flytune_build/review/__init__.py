@@ -59,8 +59,8 @@ def check_output(path: str | os.PathLike, sources) -> None:
                          f"is a *.json file in the source directory {given}: the next reading of it would "
                          f"take the page for an artifact", file=path)
     if os.path.lexists(path):
-        top = fsutil.head(path, 1024) or b""
-        if not (top.startswith(b"<!DOCTYPE html>") and MARK.encode() in top):
+        top = fsutil.head(path, 1024)
+        if top is None or (top and not (top.startswith(b"<!DOCTYPE html>") and MARK.encode() in top)):  # b"": mktemp's
             raise UsageError("exists and is not a page `flytune report` wrote: the page never replaces another "
                              "file; pass a new file name (or remove the file first, if it is yours to lose)",
                              file=path)

@@ -28,8 +28,7 @@ State: `_pending` (one `Log`) is this process's: its recorded decisions, each wi
 decision already counted, the keys it saw dropped, whether a lock wait timed out, its writer thread.
 `_lock` guards the log's entries and thread; `_registered` says the exit's `flush` is registered (an
 atexit function a forked child inherits; a multiprocessing child, which ends in os._exit, flushes as
-its finalizers run, whether this module was imported before its fork or first in it, and, where SIGTERM
-has its default action, before a terminated pool's SIGTERM ends it: `_flush_at_terminate`). A forked child (os.register_at_fork) gets a new `Log` of the same decisions with
+its finalizers run, whether this module was imported before its fork or first in it). A forked child (os.register_at_fork) gets a new `Log` of the same decisions with
 every call so far and every decision counted as the parent's, no writer thread, no dropped keys, no
 timeout, and a fresh `_lock`: nothing it would count twice.
 """
@@ -38,7 +37,6 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
-import signal
 import threading
 from dataclasses import dataclass, field
 from multiprocessing import util as multiprocessing_util  # loaded with torch already
@@ -107,7 +105,11 @@ def record(kernel: str, d, device: str) -> None:
     if path is None or d.first_tier in SERVED:
         return
     global _registered
-    entry = Entry(os.path.abspath(path), kernel, dict(d.key), device, tier_of(d), d)
+    try:
+        entry = Entry(os.path.abspath(path), kernel, dict(d.key), device, tier_of(d), d)
+    except (ValueError, TypeError) as e:   # a key JSON cannot hold (NaN, inf): recording never fails a call
+        _warn(str(path), f"kernel {kernel}'s key {d.key} cannot be written as JSON ({e}), so it is not recorded")
+        return
     with _lock:
         log = _pending
         log.entries.append(entry)
@@ -119,8 +121,6 @@ def record(kernel: str, d, device: str) -> None:
             if multiprocessing.parent_process() is not None:   # a multiprocessing child this module was first
                 _flush_at_child_exit(None)                      # imported in (a pool's worker): it ends in os._exit
             _registered = True
-    if multiprocessing.parent_process() is not None:
-        _flush_at_terminate()
 
 
 def flush() -> None:
@@ -223,35 +223,6 @@ def _after_fork_in_child() -> None:
     global _pending, _lock
     parent, _pending, _lock = _pending, _pending.forked(), threading.Lock()
     parent.closed = True  # the parent's writer thread does not exist here; nothing may wait on it
-
-
-def _flush_at_terminate() -> None:
-    """A multiprocessing child is ended by SIGTERM where its pool is terminated (`with Pool() as p:` does it
-    at the block's end, as soon as the results are back), which ends it before any finalizer: its misses
-    would be lost. Where SIGTERM has its default action and this is the main thread (a pool's worker runs its
-    tasks there), a handler writes them first (`_flush_within`), then ends the process as the default
-    action does (SIGTERM again). A handler set by anyone else is left alone."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        return
-
-    def terminated(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        try:
-            _flush_within(misses_file.LOCK_TIMEOUT)
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)
-    signal.signal(signal.SIGTERM, terminated)
-
-
-def _flush_within(seconds: float) -> None:
-    """`flush`, from a signal handler: skipped where this thread was interrupted holding the log's locks
-    (waiting on them would wait on itself; each wait is bounded)."""
-    log = _pending
-    for lock in (_lock, log.writing):
-        if not lock.acquire(timeout=seconds):
-            return
-        lock.release()
-    _write(log)
 
 
 def _flush_at_child_exit(_) -> None:
