@@ -590,6 +590,25 @@ def test_corrupt_scratch_cache_warns_once_and_is_replaced(tmp_path, monkeypatch)
     assert len(doc["entries"]) == 1 and ft.stats()["t.scratchbad"]["searches"] == 1
 
 
+@pytest.mark.parametrize("value, what", [(5, "an integer"), ("x", "a string"), ({"config": None}, "null")])
+def test_a_scratch_entry_that_is_no_config_is_named_once_and_the_next_tier_serves(tmp_path, monkeypatch, value,
+                                                                                   what):
+    """An entry `5` was "must be an object, not null", the scratch file named twice."""
+    monkeypatch.setenv("FLYTUNE_AUTOTUNE", "")
+    monkeypatch.setenv("FLYTUNE_RANKING", "synthetic")
+    k = make_add("t.scratchentry")
+    add(k)   # searched: its winner in the scratch cache
+    doc = json.loads(k._scratch.path.read_text())
+    doc["entries"] = {address: value for address in doc["entries"]}
+    k._scratch.path.write_text(json.dumps(doc))
+    k.reset()
+    with pytest.warns(FlytuneWarning) as rec:
+        add(k)
+    (said,) = [str(w.message) for w in rec if "scratch entry ignored" in str(w.message)]
+    assert said.count(str(k._scratch.path)) == 1 and f"must be an object, not {what}" in said, said
+    assert calls(k)["scratch"] == 0 and ft.stats()["t.scratchentry"]["searches"] == 1   # searched again
+
+
 def test_scratch_key_changes_with_layout_and_space():
     k = make_add("t.skey")
     x, y, out = tensors()

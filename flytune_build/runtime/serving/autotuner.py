@@ -332,7 +332,7 @@ def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decisio
     if value is None:
         return None
     try:
-        config = Config.from_json(value.get("config") if isinstance(value, dict) else None,
+        config = Config.from_json(value.get("config") if isinstance(value, dict) else value,
                                   Fields(k._scratch.path, ArtifactError))
         k.check_binds(config, set(bound), "config", file=k._scratch.path)  # an artifact's rules: it is data
         if config not in k.config_set and ("early_config_prune" not in k.prune_configs_by
@@ -342,7 +342,7 @@ def _from_scratch(k: Autotuned, bound: dict, key: dict, kwargs: dict) -> Decisio
                                 file=k._scratch.path, field="config")
         hook = _served_hook(k, config, bound, kwargs, k._scratch.path)
     except FlytuneError as e:
-        warning.once(("scratch-entry", k.name), f"{k._scratch.path}: {e}; scratch entry ignored")
+        warning.once(("scratch-entry", k.name), f"{e}; scratch entry ignored")
         return None
     return Decision(config, "scratch", key, hook=hook)
 
