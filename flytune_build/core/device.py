@@ -65,13 +65,13 @@ def backend_of(arch: str) -> str:
 def parse_spec(spec: str, *, source: str = "FLYTUNE_DEVICE") -> DeviceIdentity:
     """Parse `interpreter` or `<backend>:<arch>:<units>:<name>`, e.g. `cuda:sm_90:132:NVIDIA H200`."""
     f = Fields(source, DeviceError)
-    spec = spec.strip()
+    given, spec = spec, spec.strip()   # blanks around a spec are no part of it; the error quotes what was given
     if spec == "interpreter":
         return INTERPRETER
     parts = spec.split(":", 3)
     if len(parts) != 4:
         f.fail("", f"must be `interpreter` or `<backend>:<arch>:<units>:<name>` "
-                   f"(e.g. `cuda:sm_90:132:NVIDIA H200`), not {spec!r}")
+                   f"(e.g. `cuda:sm_90:132:NVIDIA H200`), not {given!r}")
     backend, arch, units, name = parts
     if not (units.isascii() and units.isdigit()):  # str.isdigit accepts '١' and '²'; int() then fails or differs
         f.fail("units", f"must be a whole number in ASCII digits, not {units!r}")
