@@ -108,6 +108,24 @@ def flytune_wheel(tmp_path_factory):
 
 
 @pytest.fixture
+def third_write_fails(monkeypatch):
+    """`fsutil.atomic_write` fails at its third call, as on a full disk (an OutputError naming the file);
+    the list of the paths it was called with."""
+    from flytune_build.core import fsutil
+    from flytune_build.core.errors import OutputError
+
+    real, calls = fsutil.atomic_write, []
+
+    def third_fails(target, data, mode=0o644):
+        calls.append(target)
+        if len(calls) == 3:
+            raise OutputError("cannot be written: No space left on device", file=target)
+        real(target, data, mode)
+    monkeypatch.setattr(fsutil, "atomic_write", third_fails)
+    return calls
+
+
+@pytest.fixture
 def serialised_launches(monkeypatch):
     """Triton's interpreter keeps a launch's grid in process globals: launches on two threads are
     serialised (a GPU needs no such lock; flytune's own state is what threaded tests are about). A test

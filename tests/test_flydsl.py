@@ -209,24 +209,15 @@ def test_export_into_a_file_is_refused_even_with_nothing_to_export(tmp_path):
     assert (tmp_path / "afile").read_text() == "mine"
 
 
-def test_export_that_fails_part_way_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+def test_export_that_fails_part_way_leaves_the_output_as_it_was(tmp_path, request):
     """All or nothing, as import and merge: the files written are removed, and a file replaced (the
     identity's earlier winner) is put back byte for byte."""
-    from flytune_build.core import fsutil
     from flytune_build.core.errors import OutputError
 
     out = tmp_path / "fly"
     (earlier,), _ = fly.export([hip_artifact(n=1, block=128)], out)
     before = earlier.read_bytes()
-    real, calls = fsutil.atomic_write, []
-
-    def third_fails(target, data, mode=0o644):
-        calls.append(target)
-        if len(calls) == 3:
-            raise OutputError("cannot be written: No space left on device", file=target)
-        real(target, data, mode)
-
-    monkeypatch.setattr(fsutil, "atomic_write", third_fails)
+    request.getfixturevalue("third_write_fails")   # from here on: the earlier export wrote for real
     arts = [hip_artifact(n=1, block=256), hip_artifact(n=2), hip_artifact(n=3)]
     with pytest.raises(OutputError, match="No space left on device"):
         fly.export(arts, out)

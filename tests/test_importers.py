@@ -211,24 +211,15 @@ def test_flydsl_files_that_become_one_identity_with_two_configs_are_refused(tmp_
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
-def test_import_that_fails_part_way_leaves_nothing_written(tmp_path, monkeypatch):
+def test_import_that_fails_part_way_leaves_nothing_written(tmp_path, third_write_fails):
     """A write failing after others succeeded (a full disk, a read-only file system) removes those
     already written: the output is as it was, and the error names the file."""
-    from flytune_build.core import fsutil
     from flytune_build.core.errors import OutputError
 
     path = write(tmp_path / "configs", "E=8,N=64,device_name=NVIDIA_H200.json", CONFIGS)
     arts = importers.import_files([path], "vllm", "mylib.moe")
     assert len(arts) == 3
-    real, calls = fsutil.atomic_write, []
-
-    def third_fails(target, data, mode=0o644):
-        calls.append(target)
-        if len(calls) == 3:
-            raise OutputError("cannot be written: No space left on device", file=target)
-        real(target, data, mode)
-
-    monkeypatch.setattr(fsutil, "atomic_write", third_fails)
+    calls = third_write_fails
     out = tmp_path / "out"
     with pytest.raises(OutputError, match="No space left on device"):
         importers.save_all(arts, out)

@@ -89,6 +89,12 @@ def raw(value: Any) -> Any:
     return value.item() if numpy_scalar else dtype   # (numpy.bool_ is no numbers.Number)
 
 
+def raw_key(bound: dict, names: Sequence[str]) -> tuple:
+    """A call's key off the hot path: `raw` of each of the arguments `names` (`bound`: the call's arguments by
+    name); KeyError where one was not passed."""
+    return tuple([raw(bound[n]) for n in names])
+
+
 def scalar(value: Any) -> Any:
     """The JSON scalar an axis value is stored as: dtypes become their short name (`float16`)."""
     if isinstance(value, (bool, int, float, str)) or value is None:

@@ -180,7 +180,8 @@ def settle() -> bool:
     were imported and kernels defined or adopted, were provisional, so the environment is read again once,
     and what was set between `import mylib` and the first kernel call takes effect. Every later call keeps
     what this one read; a value this read refuses (a SettingsError) is refused by every decision after it
-    until it is fixed, never dropped for what the import read. True (each `on_change` listener called) when the settings changed."""
+    until it is fixed, never dropped for what the import read. True (each `on_change` listener called)
+    when the settings changed."""
     global _process, _settled
     if _settled:
         return False

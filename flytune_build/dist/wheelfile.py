@@ -18,11 +18,15 @@ import csv
 import hashlib
 import importlib.metadata
 import io
+import os
 import posixpath
 import struct
 import zipfile
 import zlib
 from pathlib import PurePosixPath
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from ..core.errors import BundleError
 from ..core.fsutil import one_file
@@ -108,12 +112,7 @@ class Wheel:
     def check_identity(self) -> None:
         """What installers check before they install anything (pip, installer): a file name of the wheel
         name scheme, a `.dist-info` of that project and version, and a `WHEEL` of format 1."""
-        from pathlib import PurePath
-
-        from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-        from packaging.version import InvalidVersion, Version
-
-        file = PurePath(self.path).name
+        file = os.path.basename(self.path)
         try:
             name, version, _, _ = parse_wheel_filename(file)
         except (InvalidWheelFilename, InvalidVersion) as e:

@@ -196,7 +196,7 @@ class Autotuned(Kernel):
         if missing:
             raise DeclarationError(f"key parameter(s) {', '.join(missing)} were not passed", file=self.name,
                                    field="key")
-        raw = tuple(keys.raw(bound[a]) for a in self.axis_names)
+        raw = keys.raw_key(bound, self.axis_names)
         while True:
             d, flight = self._flights.enter(raw)
             if flight is None:
@@ -290,7 +290,7 @@ class Autotuned(Kernel):
         """How a call with these arguments was served (None before its first call)."""
         bound = {**dict(zip(self.arg_names, args)), **kwargs}
         try:
-            return self._memo.get(tuple(keys.raw(bound[a]) for a in self.axis_names))
+            return self._memo.get(keys.raw_key(bound, self.axis_names))
         except KeyError:   # a key parameter not passed: no call of these arguments was served
             return None
 
@@ -435,7 +435,7 @@ def _raw_key(k: Autotuned, args: tuple, kwargs: dict) -> tuple | None:
     except IndexError:  # a key parameter came by keyword after one that did not
         bound = {**dict(zip(k.arg_names, args)), **kwargs}
         try:
-            return tuple(keys.raw(bound[a]) for a in k.axis_names)
+            return keys.raw_key(bound, k.axis_names)
         except KeyError:
             return None
 
